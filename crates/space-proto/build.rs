@@ -1,0 +1,11 @@
+//! Compiles proto/guest.proto with protox (pure Rust; no system protoc needed).
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/guest.proto");
+    let fds = protox::compile(["proto/guest.proto"], ["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}
