@@ -1,0 +1,9 @@
+//! The only crate of space allowed `unsafe`. Each raw syscall is wrapped once: a `-1` return
+//! becomes `io::Error::last_os_error()`, every file descriptor gets an owner (`OwnedFd`), and
+//! every `unsafe` block carries a `// SAFETY:` comment listing its invariants.
+
+pub mod btrfs;
+pub mod loopdev;
+pub mod mount;
+pub mod ns;
+pub mod process;
