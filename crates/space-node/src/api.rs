@@ -1,0 +1,141 @@
+//! The node API: what the control plane asks of a node. In all-in-one mode the control plane
+//! holds the in-process [`crate::Node`] behind `Arc<dyn NodeApi>`; a remote node client will
+//! implement the same trait. Every operation is idempotent on the sandbox id.
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use space_proto::guest_client::GuestClient;
+use tonic::transport::Channel;
+
+/// Resource limits of one sandbox. Applied through cgroups (v2, or the v1 hybrid layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// CPU quota in thousandths of a core (1000 = one full core).
+    pub cpu_millis: u32,
+    /// Memory limit in MiB (RAM; swap is not granted).
+    pub memory_mib: u64,
+    /// Maximum number of tasks (processes + threads).
+    pub pids: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            cpu_millis: 1000,
+            memory_mib: 512,
+            pids: 512,
+        }
+    }
+}
+
+/// What the control plane wants to exist on the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// 20 characters of [a-z0-9]; chosen by the control plane.
+    pub id: String,
+    pub template: String,
+    pub limits: Limits,
+    /// Environment every process in the sandbox starts with (on top of PATH, HOME, ...).
+    pub env: Vec<(String, String)>,
+    pub hostname: String,
+}
+
+/// Where a sandbox stands as the node observes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Init (space-daemon) is alive and the channel socket exists.
+    Running,
+    /// The rootfs exists but init is gone (it died, was killed, or the host rebooted).
+    Stopped,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxStatus {
+    pub id: String,
+    pub phase: Phase,
+    pub template: String,
+    pub runtime: String,
+    /// Host pid of the sandbox's init (space-daemon) while running.
+    pub init_pid: Option<u32>,
+    /// First host uid of the sandbox's id range (root inside = this uid outside).
+    pub uid_base: u32,
+    pub uid_count: u32,
+    /// Host path of the guest channel (unix socket).
+    pub channel: PathBuf,
+    /// Bytes of the sandbox's memory cgroup in use, when known.
+    pub memory_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateInfo {
+    pub name: String,
+    pub version: u32,
+    pub created_unix_ms: u64,
+    /// Host path of the read-only rootfs subvolume.
+    pub path: PathBuf,
+}
+
+/// Where an imported template's files come from (a path on the node's filesystem).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateSource {
+    Dir(PathBuf),
+    /// A tar archive (optionally gzip-compressed).
+    Tar(PathBuf),
+}
+
+/// Errors of the node API. `code()` is the stable machine-readable name the control plane
+/// shows clients; the message is safe to show too.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("{kind} {id} not found")]
+    NotFound { kind: &'static str, id: String },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("conflict: {0}")]
+    Conflict(String),
+    #[error("resource exhausted: {0}")]
+    Exhausted(String),
+    #[error("guest channel of sandbox {id} unavailable: {reason}")]
+    Unavailable { id: String, reason: String },
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl NodeError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            NodeError::NotFound { .. } => "not_found",
+            NodeError::InvalidArgument(_) => "invalid_argument",
+            NodeError::Conflict(_) => "conflict",
+            NodeError::Exhausted(_) => "resource_exhausted",
+            NodeError::Unavailable { .. } => "unavailable",
+            NodeError::Internal(_) => "internal",
+        }
+    }
+}
+
+#[async_trait]
+pub trait NodeApi: Send + Sync {
+    /// Create and start the sandbox. Idempotent: if it already runs with this id, returns its
+    /// status. Fails with NotFound for an unknown template.
+    async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError>;
+    /// Stop the sandbox and delete its rootfs, cgroups and channel. Idempotent: removing a
+    /// sandbox that is not there succeeds.
+    async fn remove_sandbox(&self, id: &str) -> Result<(), NodeError>;
+    /// Stop the sandbox's processes and free runtime resources, keeping its rootfs.
+    async fn stop_sandbox(&self, id: &str) -> Result<(), NodeError>;
+    async fn sandbox_status(&self, id: &str) -> Result<Option<SandboxStatus>, NodeError>;
+    /// Everything the node holds, for the reconciler.
+    async fn list_sandboxes(&self) -> Result<Vec<SandboxStatus>, NodeError>;
+    /// A gRPC client on the sandbox's guest channel (cached; cheap to call per request).
+    async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError>;
+    async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError>;
+    async fn import_template(
+        &self,
+        name: &str,
+        source: TemplateSource,
+    ) -> Result<TemplateInfo, NodeError>;
+}

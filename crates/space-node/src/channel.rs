@@ -1,0 +1,144 @@
+//! The host end of the guest channel: a tonic client over the sandbox's unix socket.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hyper_util::rt::TokioIo;
+use space_proto::InfoRequest;
+use space_proto::guest_client::GuestClient;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint};
+
+/// Connects to a sandbox's guest channel and checks readiness (the first RPC, `Info`).
+#[async_trait]
+pub trait GuestConnector: Send + Sync + 'static {
+    async fn connect(&self, socket: &Path) -> Result<GuestClient<Channel>, ChannelError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    #[error("failed to connect to {path}: {source}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("Info on {path} failed: {status}")]
+    Info {
+        path: PathBuf,
+        status: tonic::Status,
+    },
+    #[error("no answer on {path} within {timeout:?}")]
+    Timeout { path: PathBuf, timeout: Duration },
+}
+
+/// A client on `socket` without connecting yet (the first RPC connects).
+pub fn lazy_client(socket: &Path) -> GuestClient<Channel> {
+    let path = socket.to_path_buf();
+    let channel = endpoint().connect_with_connector_lazy(tower::service_fn(move |_| {
+        let path = path.clone();
+        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+    }));
+    wrap(channel)
+}
+
+fn endpoint() -> Endpoint {
+    Endpoint::from_static("http://guest")
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+}
+
+fn wrap(channel: Channel) -> GuestClient<Channel> {
+    GuestClient::new(channel)
+        .max_decoding_message_size(space_proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(space_proto::MAX_MESSAGE_BYTES)
+}
+
+/// The real connector: HTTP/2 over the unix socket, then one `Info` within `ready_timeout`.
+#[derive(Debug, Clone)]
+pub struct UnixConnector {
+    pub ready_timeout: Duration,
+}
+
+impl Default for UnixConnector {
+    fn default() -> Self {
+        Self {
+            ready_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[async_trait]
+impl GuestConnector for UnixConnector {
+    async fn connect(&self, socket: &Path) -> Result<GuestClient<Channel>, ChannelError> {
+        let path = socket.to_path_buf();
+        let work = async {
+            let p = path.clone();
+            let channel =
+                endpoint()
+                    .connect_with_connector(tower::service_fn(move |_| {
+                        let p = p.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(p).await?))
+                        }
+                    }))
+                    .await
+                    .map_err(|source| ChannelError::Connect {
+                        path: path.clone(),
+                        source,
+                    })?;
+            let mut client = wrap(channel);
+            client
+                .info(InfoRequest {})
+                .await
+                .map_err(|status| ChannelError::Info {
+                    path: path.clone(),
+                    status,
+                })?;
+            Ok(client)
+        };
+        match tokio::time::timeout(self.ready_timeout, work).await {
+            Ok(r) => r,
+            Err(_) => Err(ChannelError::Timeout {
+                path,
+                timeout: self.ready_timeout,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn missing_socket_is_a_connect_error_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("guest.sock");
+        let err = UnixConnector::default().connect(&sock).await.unwrap_err();
+        assert!(matches!(err, ChannelError::Connect { .. }), "{err}");
+        assert!(err.to_string().contains("guest.sock"));
+    }
+
+    #[tokio::test]
+    async fn silent_guest_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("guest.sock");
+        // Accepts connections but never speaks HTTP/2.
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let _accept = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let c = UnixConnector {
+            ready_timeout: Duration::from_millis(200),
+        };
+        let t0 = std::time::Instant::now();
+        let err = c.connect(&sock).await.unwrap_err();
+        assert!(matches!(err, ChannelError::Timeout { .. }), "{err}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,16 @@
+//! Node-local services: runtimes, btrfs storage, cgroups, templates, recovery.
+
+pub mod api;
+pub mod cgroup;
+pub mod channel;
+pub mod ids;
+pub mod node;
+pub mod runtime;
+pub mod state;
+pub mod storage;
+pub mod template;
+
+pub use api::{
+    Limits, NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource,
+};
+pub use node::{Node, NodeConfig, NodeParts};

@@ -1,0 +1,791 @@
+//! The in-process node agent: implements [`NodeApi`] over storage, templates, a [`Runtime`]
+//! and the guest channel.
+//!
+//! Every operation is idempotent on the sandbox id and serialized per id (different ids run
+//! in parallel). The in-memory table is rebuilt from `sandbox.json` records on open; running
+//! sandboxes are adopted (their channel is reconnected), never restarted.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use space_proto::guest_client::GuestClient;
+use tonic::transport::Channel;
+
+use crate::api::{
+    NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource,
+};
+use crate::channel::{GuestConnector, UnixConnector};
+use crate::ids::{self, UidAllocator};
+use crate::runtime::{LaunchPlan, Launched, Runtime};
+use crate::state::{RECORD_VERSION, SandboxRecord, now_unix_ms};
+use crate::storage::{self, Btrfs, Layout, StorageError, Subvolumes};
+use crate::template::{TemplateError, TemplateStore};
+
+/// Base environment of every sandbox (the spec's env is added on top and wins).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Configuration of the node agent.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// Persistent state: templates, sandbox rootfs and records. Default `/var/lib/space`.
+    pub data_dir: PathBuf,
+    /// Runtime state (sockets, logs); lost on reboot, like the sandboxes' processes.
+    /// Default `/run/space`.
+    pub run_dir: PathBuf,
+    /// Size of the sparse btrfs image created when `data_dir` is not btrfs. Default 16 GiB.
+    pub image_size_bytes: u64,
+    /// The static space-daemon binary on the host (bind-mounted into every sandbox).
+    /// Default `/usr/local/libexec/space/space-daemon`.
+    pub daemon_binary: PathBuf,
+    /// Static busybox the `base` template is built from. Default `/bin/busybox`
+    /// (Debian's busybox-static).
+    pub busybox: PathBuf,
+    /// First host uid/gid of the sandbox ranges. Default 1_000_000_000.
+    pub uid_base_start: u32,
+    /// Ids per sandbox (root inside = `uid_base` outside). Default 65536.
+    pub uid_count: u32,
+    /// Cgroup (per v1 controller, or in the v2 tree) under which sandboxes get `<id>`.
+    /// Default `space`.
+    pub cgroup_parent: String,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("/var/lib/space"),
+            run_dir: PathBuf::from("/run/space"),
+            image_size_bytes: 16 << 30,
+            daemon_binary: PathBuf::from("/usr/local/libexec/space/space-daemon"),
+            busybox: PathBuf::from("/bin/busybox"),
+            uid_base_start: 1_000_000_000,
+            uid_count: 65536,
+            cgroup_parent: "space".to_owned(),
+        }
+    }
+}
+
+/// The kernel-facing parts of a node, replaceable in tests.
+pub struct NodeParts {
+    /// Root of the btrfs volume (templates/ and sandboxes/ are created under it).
+    pub volume_root: PathBuf,
+    pub subvols: Arc<dyn Subvolumes>,
+    pub runtime: Arc<dyn Runtime>,
+    pub connector: Arc<dyn GuestConnector>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    record: SandboxRecord,
+    client: Option<GuestClient<Channel>>,
+}
+
+pub struct Node {
+    cfg: NodeConfig,
+    layout: Layout,
+    subvols: Arc<dyn Subvolumes>,
+    runtime: Arc<dyn Runtime>,
+    connector: Arc<dyn GuestConnector>,
+    templates: Arc<TemplateStore>,
+    table: Mutex<HashMap<String, Entry>>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    uids: Mutex<UidAllocator>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("volume", &self.layout.volume)
+            .field("run_dir", &self.layout.run_dir)
+            .field("runtime", &self.runtime.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<StorageError> for NodeError {
+    fn from(e: StorageError) -> Self {
+        NodeError::Internal(e.to_string())
+    }
+}
+
+impl From<TemplateError> for NodeError {
+    fn from(e: TemplateError) -> Self {
+        match e {
+            TemplateError::Source(m) => NodeError::InvalidArgument(m),
+            e => NodeError::Internal(e.to_string()),
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, NodeError> + Send + 'static,
+) -> Result<T, NodeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| NodeError::Internal(format!("blocking task failed: {e}")))?
+}
+
+impl Node {
+    /// Opens the node: prepares the btrfs volume (loop image if needed), builds the `base`
+    /// template if missing, starts the namespace runtime, and adopts running sandboxes.
+    pub async fn open(cfg: NodeConfig) -> Result<Arc<Node>, NodeError> {
+        let (data_dir, size) = (cfg.data_dir.clone(), cfg.image_size_bytes);
+        let volume = blocking(move || Ok(storage::prepare_volume(&data_dir, size)?)).await?;
+        let runtime = crate::runtime::namespace::NamespaceRuntime::new(
+            crate::runtime::namespace::NamespaceConfig {
+                cgroup_parent: cfg.cgroup_parent.clone(),
+                ..Default::default()
+            },
+        )
+        .map_err(|e| NodeError::Internal(format!("namespace runtime: {e}")))?;
+        if !cfg.daemon_binary.is_file() {
+            tracing::warn!(path = %cfg.daemon_binary.display(),
+                "space-daemon binary not found; sandboxes will fail to start");
+        }
+        Self::open_with(
+            cfg,
+            NodeParts {
+                volume_root: volume.root,
+                subvols: Arc::new(Btrfs),
+                runtime: Arc::new(runtime),
+                connector: Arc::new(UnixConnector::default()),
+            },
+        )
+        .await
+    }
+
+    /// Opens the node over the given parts (tests pass fakes).
+    pub async fn open_with(cfg: NodeConfig, parts: NodeParts) -> Result<Arc<Node>, NodeError> {
+        let layout = Layout {
+            volume: parts.volume_root,
+            run_dir: cfg.run_dir.clone(),
+        };
+        layout.create_dirs()?;
+        let templates = {
+            let (layout, subvols, busybox) =
+                (layout.clone(), parts.subvols.clone(), cfg.busybox.clone());
+            blocking(move || {
+                let store = TemplateStore::load(layout, subvols)?;
+                store.ensure_base(&busybox)?;
+                Ok(Arc::new(store))
+            })
+            .await?
+        };
+        let node = Arc::new(Node {
+            uids: Mutex::new(UidAllocator::new(cfg.uid_base_start, cfg.uid_count)?),
+            cfg,
+            layout,
+            subvols: parts.subvols,
+            runtime: parts.runtime,
+            connector: parts.connector,
+            templates,
+            table: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+        });
+        node.recover().await?;
+        Ok(node)
+    }
+
+    /// Rebuilds the table from `sandbox.json` records: adopts live sandboxes, marks the rest
+    /// stopped, removes half-created leftovers.
+    async fn recover(self: &Arc<Self>) -> Result<(), NodeError> {
+        let layout = self.layout.clone();
+        let subvols = self.subvols.clone();
+        let records = blocking(move || load_records(&layout, subvols.as_ref())).await?;
+        let mut adopt = Vec::new();
+        let mut dead = Vec::new();
+        {
+            let mut uids = self.uids.lock().unwrap_or_else(|e| e.into_inner());
+            let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            let mut conflicting = Vec::new();
+            for mut rec in records {
+                let id = rec.spec.id.clone();
+                let alive = rec.launched.as_ref().is_some_and(|l| self.runtime.alive(l));
+                if !uids.claim(rec.uid_base) {
+                    conflicting.push(id.clone());
+                }
+                if alive {
+                    adopt.push(id.clone());
+                } else if rec.launched.is_some() {
+                    dead.push((id.clone(), rec.launched.take()));
+                }
+                table.insert(
+                    id,
+                    Entry {
+                        record: rec,
+                        client: None,
+                    },
+                );
+            }
+            // Ranges are only mapped at launch (the rootfs is idmapped, never chowned), so a
+            // stopped sandbox whose range collides simply gets a fresh one.
+            for id in conflicting {
+                let Some(e) = table.get_mut(&id) else {
+                    continue;
+                };
+                if adopt.contains(&id) {
+                    tracing::error!(
+                        id,
+                        uid_base = e.record.uid_base,
+                        "running sandbox shares its uid range with another; stop one of them"
+                    );
+                    continue;
+                }
+                let new = uids.allocate()?;
+                tracing::warn!(
+                    id,
+                    old = e.record.uid_base,
+                    new,
+                    "reassigned a conflicting uid range"
+                );
+                e.record.uid_base = new;
+                e.record.uid_count = uids.count();
+            }
+        }
+        // Clean up what the runtime may have left of sandboxes that died while we were away.
+        for (id, launched) in dead {
+            if let Err(e) = self.runtime.destroy(&id, launched.as_ref()).await {
+                tracing::warn!(id, error = %e, "cleaning up a dead sandbox failed");
+            }
+            tracing::info!(id, "sandbox init is gone; marked stopped");
+            self.persist(&id, false).await?;
+        }
+        // Adopt running sandboxes: reconnect their channels (bounded parallelism).
+        let results: Vec<_> = futures::stream::iter(adopt)
+            .map(|id| {
+                let node = self.clone();
+                async move {
+                    let sock = node.layout.channel_socket(&id);
+                    (id, node.connector.connect(&sock).await)
+                }
+            })
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        let mut adopted = 0;
+        {
+            let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            for (id, res) in results {
+                match res {
+                    Ok(c) => {
+                        adopted += 1;
+                        if let Some(e) = table.get_mut(&id) {
+                            e.client = Some(c);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(id, error = %e, "adopted sandbox's channel did not answer; will retry on use")
+                    }
+                }
+            }
+        }
+        // Run dirs of sandboxes we know nothing about.
+        if let Ok(rd) = std::fs::read_dir(self.layout.run_sandboxes()) {
+            let known: Vec<String> = self
+                .table
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .keys()
+                .cloned()
+                .collect();
+            for ent in rd.flatten() {
+                let name = ent.file_name().to_string_lossy().into_owned();
+                if !known.contains(&name) {
+                    tracing::warn!(path = %ent.path().display(), "removing stale run dir");
+                    let _ = storage::remove_tree(&ent.path());
+                }
+            }
+        }
+        let total = self.table.lock().unwrap_or_else(|e| e.into_inner()).len();
+        tracing::info!(sandboxes = total, adopted, "node state recovered");
+        Ok(())
+    }
+
+    fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks.entry(id.to_string()).or_default().clone()
+    }
+
+    /// Drops the per-id lock when nobody else holds or waits on it.
+    fn release_lock(&self, id: &str, lock: Arc<tokio::sync::Mutex<()>>) {
+        let mut locks = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+        // One reference in the map, one here.
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(id);
+        }
+    }
+
+    fn entry(&self, id: &str) -> Option<Entry> {
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    fn is_running(&self, rec: &SandboxRecord) -> bool {
+        rec.launched.as_ref().is_some_and(|l| self.runtime.alive(l))
+    }
+
+    fn status_of(&self, rec: &SandboxRecord) -> SandboxStatus {
+        let running = self.is_running(rec);
+        SandboxStatus {
+            id: rec.spec.id.clone(),
+            phase: if running {
+                Phase::Running
+            } else {
+                Phase::Stopped
+            },
+            template: rec.spec.template.clone(),
+            runtime: rec.runtime.clone(),
+            init_pid: if running {
+                rec.launched.as_ref().map(|l| l.init_pid)
+            } else {
+                None
+            },
+            uid_base: rec.uid_base,
+            uid_count: rec.uid_count,
+            channel: self.layout.channel_socket(&rec.spec.id),
+            memory_bytes: if running {
+                self.runtime.memory_bytes(&rec.spec.id)
+            } else {
+                None
+            },
+        }
+    }
+
+    /// Writes the table's record of `id` to its sandbox.json.
+    async fn persist(&self, id: &str, durable: bool) -> Result<(), NodeError> {
+        let Some(e) = self.entry(id) else {
+            return Ok(());
+        };
+        let path = self.layout.sandbox_record(id);
+        blocking(move || Ok(storage::write_json_atomic(&path, &e.record, durable)?)).await
+    }
+
+    fn launch_plan(&self, rec: &SandboxRecord) -> LaunchPlan {
+        let spec = &rec.spec;
+        let mut env: Vec<(String, String)> = vec![
+            ("PATH".into(), DEFAULT_PATH.into()),
+            ("HOME".into(), "/root".into()),
+            ("TERM".into(), "xterm-256color".into()),
+            ("HOSTNAME".into(), spec.hostname.clone()),
+        ];
+        env.retain(|(k, _)| !spec.env.iter().any(|(k2, _)| k2 == k));
+        env.extend(spec.env.iter().cloned());
+        LaunchPlan {
+            id: spec.id.clone(),
+            rootfs: self.layout.sandbox_rootfs(&spec.id),
+            uid_base: rec.uid_base,
+            id_count: rec.uid_count,
+            hostname: spec.hostname.clone(),
+            limits: spec.limits,
+            env,
+            daemon_binary: self.cfg.daemon_binary.clone(),
+            channel_socket: self.layout.channel_socket(&spec.id),
+            run_dir: self.layout.run_sandbox_dir(&spec.id),
+        }
+    }
+
+    /// Launches the sandbox of `rec` (rootfs and record exist) and connects its channel.
+    /// On error nothing of the launch is left running.
+    async fn launch(
+        &self,
+        rec: &SandboxRecord,
+    ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
+        let id = rec.spec.id.clone();
+        // The runtime's init (host uid `uid_base`) attaches the idmapped rootfs at its host
+        // path, so it must be able to traverse `sandboxes/<id>`. Owning it (0700) lets it,
+        // while other host users still cannot reach the sandbox's files (which include
+        // set-uid binaries owned by on-disk uid 0).
+        let dir = self.layout.sandbox_dir(&id);
+        std::os::unix::fs::chown(&dir, Some(rec.uid_base), Some(rec.uid_base))
+            .map_err(|e| StorageError::io("chown", &dir, e))?;
+        let run = self.layout.run_sandbox_dir(&id);
+        storage::remove_tree(&run)?;
+        storage::mkdir_private(&run)?;
+        let plan = self.launch_plan(rec);
+        let launched = self
+            .runtime
+            .launch(&plan)
+            .await
+            .map_err(|e| NodeError::Internal(format!("failed to launch sandbox {id}: {e}")))?;
+        match self.connector.connect(&plan.channel_socket).await {
+            Ok(client) => Ok((launched, client)),
+            Err(e) => {
+                if let Err(d) = self.runtime.destroy(&id, Some(&launched)).await {
+                    tracing::warn!(id, error = %d, "destroy after failed connect failed");
+                }
+                Err(NodeError::Unavailable {
+                    id,
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
+
+    async fn create_new(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
+        let id = spec.id.clone();
+        let tmpl = self
+            .templates
+            .latest(&spec.template)
+            .ok_or_else(|| NodeError::NotFound {
+                kind: "template",
+                id: spec.template.clone(),
+            })?;
+        let uid_base = self
+            .uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .allocate()?;
+        let rec = SandboxRecord {
+            record_version: RECORD_VERSION,
+            spec: spec.clone(),
+            template_version: tmpl.version,
+            uid_base,
+            uid_count: self.cfg.uid_count,
+            runtime: self.runtime.kind().to_string(),
+            created_unix_ms: now_unix_ms(),
+            launched: None,
+        };
+        let result = async {
+            let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
+            blocking(move || {
+                let dir = layout.sandbox_dir(&rec2.spec.id);
+                if dir.exists() {
+                    // Leftover of a failed create or remove without a table entry.
+                    tracing::warn!(path = %dir.display(), "removing leftover sandbox dir");
+                    remove_sandbox_storage(&layout, subvols.as_ref(), &rec2.spec.id)?;
+                }
+                storage::mkdir_private(&dir)?;
+                subvols.snapshot(&tmpl.path, &dir, "rootfs", false)?;
+                // Atomic but not fsynced: an fsync costs ~7 ms on the loop image (a flush is an
+                // fsync of the image file). The record becomes durable with the next btrfs
+                // commit (<= 30 s), like the sandbox's own files; after a host crash before
+                // that, the sandbox is cleaned up as half-created and recreated by the
+                // control plane (its processes are gone anyway).
+                storage::write_json_atomic(&layout.sandbox_record(&rec2.spec.id), &rec2, false)?;
+                Ok(())
+            })
+            .await?;
+            self.launch(&rec).await
+        }
+        .await;
+        match result {
+            Ok((launched, client)) => {
+                let mut rec = rec;
+                rec.launched = Some(launched);
+                let status = self.status_of(&rec);
+                self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                    id.clone(),
+                    Entry {
+                        record: rec,
+                        client: Some(client),
+                    },
+                );
+                // Launched only matters while the host is up: no fsync needed.
+                if let Err(e) = self.persist(&id, false).await {
+                    tracing::warn!(id, error = %e, "failed to record the launched init");
+                }
+                tracing::info!(id, template = %spec.template, version = tmpl.version, uid_base, "sandbox created");
+                Ok(status)
+            }
+            Err(err) => {
+                tracing::warn!(id, error = %err, "create failed; rolling back");
+                let (layout, subvols, id2) =
+                    (self.layout.clone(), self.subvols.clone(), id.clone());
+                if let Err(e) =
+                    blocking(move || Ok(remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?))
+                        .await
+                {
+                    tracing::error!(id, error = %e, "rollback of sandbox storage failed");
+                }
+                self.uids
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .free(uid_base);
+                Err(err)
+            }
+        }
+    }
+
+    /// Starts a stopped sandbox again on its kept rootfs (limits, env and hostname from
+    /// `spec`). On failure the sandbox stays stopped; nothing of its data is removed.
+    async fn restart(
+        &self,
+        spec: &SandboxSpec,
+        mut entry: Entry,
+    ) -> Result<SandboxStatus, NodeError> {
+        entry.record.spec = spec.clone();
+        entry.record.launched = None;
+        let (launched, client) = self.launch(&entry.record).await?;
+        entry.record.launched = Some(launched);
+        entry.client = Some(client);
+        let status = self.status_of(&entry.record);
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(spec.id.clone(), entry);
+        self.persist(&spec.id, false).await?;
+        tracing::info!(id = %spec.id, "stopped sandbox started again");
+        Ok(status)
+    }
+}
+
+/// Deletes a sandbox's rootfs (with nested subvolumes), its dir and its run dir.
+fn remove_sandbox_storage(
+    layout: &Layout,
+    subvols: &dyn Subvolumes,
+    id: &str,
+) -> Result<(), StorageError> {
+    let rootfs = layout.sandbox_rootfs(id);
+    if subvols.is_subvolume(&rootfs) {
+        subvols.delete(&rootfs)?;
+    }
+    storage::remove_tree(&layout.sandbox_dir(id))?;
+    storage::remove_tree(&layout.run_sandbox_dir(id))?;
+    Ok(())
+}
+
+/// Reads every sandbox record; removes sandbox dirs without one (half-created).
+fn load_records(
+    layout: &Layout,
+    subvols: &dyn Subvolumes,
+) -> Result<Vec<SandboxRecord>, NodeError> {
+    let dir = layout.sandboxes();
+    let rd = std::fs::read_dir(&dir).map_err(|e| StorageError::io("read directory", &dir, e))?;
+    let mut out = Vec::new();
+    for ent in rd {
+        let ent = ent.map_err(|e| StorageError::io("read directory", &dir, e))?;
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let path = ent.path();
+        if ids::validate_sandbox_id(&name).is_err() {
+            tracing::warn!(path = %path.display(), "ignoring unexpected entry in sandboxes/");
+            continue;
+        }
+        let rec_path = layout.sandbox_record(&name);
+        // A record whose data never reached the disk (host crash right after create) reads
+        // back empty: the sandbox is half-created too.
+        let empty = std::fs::symlink_metadata(&rec_path).map(|m| m.len() == 0);
+        if !matches!(empty, Ok(false)) {
+            tracing::warn!(path = %path.display(), "removing half-created sandbox (no sandbox.json)");
+            remove_sandbox_storage(layout, subvols, &name)?;
+            continue;
+        }
+        match storage::read_json::<SandboxRecord>(&rec_path) {
+            Ok(rec) if rec.spec.id == name => out.push(rec),
+            Ok(rec) => tracing::error!(path = %rec_path.display(), id = %rec.spec.id,
+                "record names another sandbox; leaving it alone"),
+            Err(e) => tracing::error!(error = %e, "unreadable sandbox record; leaving it alone"),
+        }
+    }
+    Ok(out)
+}
+
+fn check_spec(spec: &SandboxSpec) -> Result<(), NodeError> {
+    ids::validate_sandbox_id(&spec.id)?;
+    ids::validate_template_name(&spec.template)?;
+    ids::validate_hostname(&spec.hostname)?;
+    ids::validate_env(&spec.env)?;
+    let l = &spec.limits;
+    if l.cpu_millis == 0 || l.memory_mib == 0 || l.pids == 0 {
+        return Err(NodeError::InvalidArgument(
+            "limits must be positive (cpu_millis, memory_mib, pids)".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl NodeApi for Node {
+    async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
+        check_spec(spec)?;
+        let lock = self.lock_for(&spec.id);
+        let _guard = lock.lock().await;
+        match self.entry(&spec.id) {
+            Some(entry) => {
+                if entry.record.spec.template != spec.template {
+                    return Err(NodeError::Conflict(format!(
+                        "sandbox {} exists with template {}",
+                        spec.id, entry.record.spec.template
+                    )));
+                }
+                if !self.is_running(&entry.record) {
+                    return self.restart(spec, entry).await;
+                }
+                if entry.client.is_none() {
+                    let sock = self.layout.channel_socket(&spec.id);
+                    if let Ok(c) = self.connector.connect(&sock).await
+                        && let Some(e) = self
+                            .table
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get_mut(&spec.id)
+                    {
+                        e.client = Some(c);
+                    }
+                }
+                Ok(self.status_of(&entry.record))
+            }
+            None => self.create_new(spec).await,
+        }
+    }
+
+    async fn remove_sandbox(&self, id: &str) -> Result<(), NodeError> {
+        ids::validate_sandbox_id(id)?;
+        let lock = self.lock_for(id);
+        let guard = lock.lock().await;
+        let entry = self.entry(id);
+        let dir_exists = self.layout.sandbox_dir(id).exists();
+        if entry.is_none() && !dir_exists && !self.layout.run_sandbox_dir(id).exists() {
+            drop(guard);
+            self.release_lock(id, lock);
+            return Ok(());
+        }
+        let launched = entry.as_ref().and_then(|e| e.record.launched.clone());
+        self.runtime
+            .destroy(id, launched.as_ref())
+            .await
+            .map_err(|e| NodeError::Internal(format!("failed to stop sandbox {id}: {e}")))?;
+        if let Some(e) = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(id)
+        {
+            e.record.launched = None;
+            e.client = None;
+        }
+        let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_string());
+        blocking(move || Ok(remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?)).await?;
+        if let Some(e) = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+        {
+            self.uids
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .free(e.record.uid_base);
+        }
+        tracing::info!(id, "sandbox removed");
+        drop(guard);
+        self.release_lock(id, lock);
+        Ok(())
+    }
+
+    async fn stop_sandbox(&self, id: &str) -> Result<(), NodeError> {
+        ids::validate_sandbox_id(id)?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let Some(entry) = self.entry(id) else {
+            return Err(NodeError::NotFound {
+                kind: "sandbox",
+                id: id.to_string(),
+            });
+        };
+        self.runtime
+            .destroy(id, entry.record.launched.as_ref())
+            .await
+            .map_err(|e| NodeError::Internal(format!("failed to stop sandbox {id}: {e}")))?;
+        let was_launched = {
+            let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            match table.get_mut(id) {
+                Some(e) => {
+                    e.client = None;
+                    e.record.launched.take().is_some()
+                }
+                None => false,
+            }
+        };
+        if was_launched {
+            self.persist(id, false).await?;
+            tracing::info!(id, "sandbox stopped");
+        }
+        Ok(())
+    }
+
+    async fn sandbox_status(&self, id: &str) -> Result<Option<SandboxStatus>, NodeError> {
+        Ok(self.entry(id).map(|e| self.status_of(&e.record)))
+    }
+
+    async fn list_sandboxes(&self) -> Result<Vec<SandboxStatus>, NodeError> {
+        let records: Vec<SandboxRecord> = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|e| e.record.clone())
+            .collect();
+        let mut out: Vec<_> = records.iter().map(|r| self.status_of(r)).collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError> {
+        let entry = self.entry(id).ok_or_else(|| NodeError::NotFound {
+            kind: "sandbox",
+            id: id.to_string(),
+        })?;
+        if !self.is_running(&entry.record) {
+            return Err(NodeError::Unavailable {
+                id: id.to_string(),
+                reason: "sandbox is stopped".into(),
+            });
+        }
+        if let Some(c) = entry.client {
+            // tonic's Channel reconnects by itself (through the same socket path) after the
+            // connection breaks, so a cached client stays usable.
+            return Ok(c);
+        }
+        // No client (adopt or an earlier connect failed): connect once now.
+        let sock = self.layout.channel_socket(id);
+        let client = self
+            .connector
+            .connect(&sock)
+            .await
+            .map_err(|e| NodeError::Unavailable {
+                id: id.to_string(),
+                reason: e.to_string(),
+            })?;
+        if let Some(e) = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(id)
+        {
+            e.client = Some(client.clone());
+        }
+        Ok(client)
+    }
+
+    async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
+        Ok(self.templates.list())
+    }
+
+    async fn import_template(
+        &self,
+        name: &str,
+        source: TemplateSource,
+    ) -> Result<TemplateInfo, NodeError> {
+        ids::validate_template_name(name)?;
+        let path = match &source {
+            TemplateSource::Dir(p) | TemplateSource::Tar(p) => p.clone(),
+        };
+        if !Path::new(&path).exists() {
+            return Err(NodeError::InvalidArgument(format!(
+                "template source {} does not exist",
+                path.display()
+            )));
+        }
+        let (store, name) = (self.templates.clone(), name.to_string());
+        blocking(move || Ok(store.import(&name, &source)?)).await
+    }
+}
+
+#[cfg(test)]
+#[path = "node_tests.rs"]
+mod tests;

@@ -1,0 +1,648 @@
+//! Node logic with a recording fake runtime, a fake guest connector and plain directories
+//! standing in for subvolumes (no root needed), plus one real-btrfs test.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use space_proto::guest_client::GuestClient;
+use tonic::transport::Channel;
+
+use super::*;
+use crate::api::Limits;
+use crate::channel::{ChannelError, GuestConnector, lazy_client};
+use crate::runtime::{Launched, RuntimeError};
+use crate::storage::fake::DirSubvolumes;
+
+#[derive(Default)]
+struct FakeRuntime {
+    calls: Mutex<Vec<String>>,
+    plans: Mutex<Vec<LaunchPlan>>,
+    alive: Mutex<HashSet<u32>>,
+    next_pid: AtomicU32,
+    fail_launch: Mutex<bool>,
+    launch_delay: Mutex<Option<Duration>>,
+}
+
+impl FakeRuntime {
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+    fn count(&self, prefix: &str) -> usize {
+        self.calls()
+            .iter()
+            .filter(|c| c.starts_with(prefix))
+            .count()
+    }
+    fn kill_all(&self) {
+        self.alive.lock().unwrap().clear();
+    }
+}
+
+#[async_trait]
+impl Runtime for FakeRuntime {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+    async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("launch {}", plan.id));
+        let delay = *self.launch_delay.lock().unwrap();
+        if let Some(d) = delay {
+            tokio::time::sleep(d).await;
+        }
+        if std::mem::take(&mut *self.fail_launch.lock().unwrap()) {
+            return Err(RuntimeError::NotReady("injected".into()));
+        }
+        assert!(plan.rootfs.is_dir(), "rootfs exists before launch");
+        assert!(plan.run_dir.is_dir(), "run dir exists before launch");
+        self.plans.lock().unwrap().push(plan.clone());
+        let pid = 1000 + self.next_pid.fetch_add(1, Ordering::SeqCst);
+        self.alive.lock().unwrap().insert(pid);
+        Ok(Launched {
+            init_pid: pid,
+            start_time: 7,
+        })
+    }
+    async fn destroy(&self, id: &str, launched: Option<&Launched>) -> Result<(), RuntimeError> {
+        self.calls.lock().unwrap().push(format!("destroy {id}"));
+        if let Some(l) = launched {
+            self.alive.lock().unwrap().remove(&l.init_pid);
+        }
+        Ok(())
+    }
+    fn alive(&self, launched: &Launched) -> bool {
+        self.alive.lock().unwrap().contains(&launched.init_pid)
+    }
+    fn memory_bytes(&self, _id: &str) -> Option<u64> {
+        Some(4096)
+    }
+}
+
+#[derive(Default)]
+struct FakeConnector {
+    connects: Mutex<Vec<PathBuf>>,
+    fail: Mutex<bool>,
+}
+
+#[async_trait]
+impl GuestConnector for FakeConnector {
+    async fn connect(&self, socket: &Path) -> Result<GuestClient<Channel>, ChannelError> {
+        self.connects.lock().unwrap().push(socket.to_path_buf());
+        if std::mem::take(&mut *self.fail.lock().unwrap()) {
+            return Err(ChannelError::Timeout {
+                path: socket.to_path_buf(),
+                timeout: Duration::from_millis(1),
+            });
+        }
+        Ok(lazy_client(socket))
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    rt: Arc<FakeRuntime>,
+    conn: Arc<FakeConnector>,
+    subvols: Arc<DirSubvolumes>,
+    node: Arc<Node>,
+}
+
+fn cfg(dir: &Path) -> NodeConfig {
+    NodeConfig {
+        data_dir: dir.join("data"),
+        run_dir: dir.join("run"),
+        daemon_binary: dir.join("space-daemon"),
+        ..Default::default()
+    }
+}
+
+async fn open(
+    dir: &Path,
+    rt: Arc<FakeRuntime>,
+    conn: Arc<FakeConnector>,
+    subvols: Arc<DirSubvolumes>,
+) -> Arc<Node> {
+    Node::open_with(
+        cfg(dir),
+        NodeParts {
+            volume_root: dir.join("vol"),
+            subvols,
+            runtime: rt,
+            connector: conn,
+        },
+    )
+    .await
+    .unwrap()
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Arc::new(FakeRuntime::default());
+    let conn = Arc::new(FakeConnector::default());
+    let subvols = Arc::new(DirSubvolumes::default());
+    let node = open(dir.path(), rt.clone(), conn.clone(), subvols.clone()).await;
+    Fixture {
+        dir,
+        rt,
+        conn,
+        subvols,
+        node,
+    }
+}
+
+fn spec(id: &str) -> SandboxSpec {
+    SandboxSpec {
+        id: id.into(),
+        template: "base".into(),
+        limits: Limits::default(),
+        env: vec![
+            ("FOO".into(), "bar".into()),
+            ("HOME".into(), "/home/x".into()),
+        ],
+        hostname: "box".into(),
+    }
+}
+
+const START: u32 = 1_000_000_000;
+
+#[tokio::test]
+async fn create_snapshots_records_launches_and_connects() {
+    let f = fixture().await;
+    let st = f.node.create_sandbox(&spec("aaa")).await.unwrap();
+    assert_eq!(st.phase, Phase::Running);
+    assert_eq!(st.uid_base, START);
+    assert_eq!(st.uid_count, 65536);
+    assert_eq!(st.runtime, "fake");
+    assert_eq!(st.init_pid, Some(1000));
+    assert_eq!(st.memory_bytes, Some(4096));
+    let vol = f.dir.path().join("vol");
+    assert_eq!(
+        st.channel,
+        f.dir.path().join("run/sandboxes/aaa/guest.sock")
+    );
+    // The rootfs is a snapshot of base.
+    assert!(vol.join("sandboxes/aaa/rootfs/bin/busybox").is_file());
+    assert!(
+        f.subvols
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|c| c.starts_with("snapshot")
+                && c.contains("templates/base/1/rootfs")
+                && c.ends_with("sandboxes/aaa/rootfs ro=false"))
+    );
+    // Persisted record with the launched init.
+    let rec: SandboxRecord = storage::read_json(&vol.join("sandboxes/aaa/sandbox.json")).unwrap();
+    assert_eq!(rec.template_version, 1);
+    assert_eq!(rec.launched.unwrap().init_pid, 1000);
+    // The plan: base env, spec env on top (HOME overridden), hostname, daemon binary.
+    let plan = f.rt.plans.lock().unwrap()[0].clone();
+    let env: HashMap<_, _> = plan.env.iter().cloned().collect();
+    assert_eq!(env["PATH"], DEFAULT_PATH);
+    assert_eq!(env["HOME"], "/home/x");
+    assert_eq!(env["FOO"], "bar");
+    assert_eq!(env["HOSTNAME"], "box");
+    assert_eq!(plan.env.iter().filter(|(k, _)| k == "HOME").count(), 1);
+    assert_eq!(plan.daemon_binary, f.dir.path().join("space-daemon"));
+    assert_eq!(plan.uid_base, START);
+    // The channel was connected once (readiness).
+    assert_eq!(f.conn.connects.lock().unwrap().len(), 1);
+    // The run dir is private.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(f.dir.path().join("run/sandboxes/aaa"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    assert!(f.node.guest("aaa").await.is_ok());
+}
+
+#[tokio::test]
+async fn create_is_idempotent_and_serialized_per_id() {
+    let f = fixture().await;
+    *f.rt.launch_delay.lock().unwrap() = Some(Duration::from_millis(30));
+    let s = spec("same");
+    let o = spec("other");
+    let (a, b, c) = tokio::join!(
+        f.node.create_sandbox(&s),
+        f.node.create_sandbox(&s),
+        f.node.create_sandbox(&o)
+    );
+    let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
+    assert_eq!(a, b);
+    assert_ne!(a.uid_base, c.uid_base);
+    assert_eq!(f.rt.count("launch same"), 1);
+    assert_eq!(f.rt.count("launch other"), 1);
+    // Again later: same status, no new launch.
+    assert_eq!(f.node.create_sandbox(&s).await.unwrap(), a);
+    assert_eq!(f.rt.count("launch same"), 1);
+    // Same id with another template is a conflict.
+    let mut other = s.clone();
+    other.template = "mine".into();
+    assert!(matches!(
+        f.node.create_sandbox(&other).await,
+        Err(NodeError::Conflict(_))
+    ));
+}
+
+#[tokio::test]
+async fn uid_slots_are_lowest_free_and_freed_on_remove() {
+    let f = fixture().await;
+    let a = f.node.create_sandbox(&spec("a1")).await.unwrap();
+    let b = f.node.create_sandbox(&spec("b1")).await.unwrap();
+    assert_eq!((a.uid_base, b.uid_base), (START, START + 65536));
+    f.node.remove_sandbox("a1").await.unwrap();
+    let c = f.node.create_sandbox(&spec("c1")).await.unwrap();
+    assert_eq!(c.uid_base, START);
+}
+
+#[tokio::test]
+async fn remove_is_idempotent_and_deletes_everything() {
+    let f = fixture().await;
+    f.node.create_sandbox(&spec("gone")).await.unwrap();
+    f.node.remove_sandbox("gone").await.unwrap();
+    assert_eq!(f.rt.count("destroy gone"), 1);
+    assert!(!f.dir.path().join("vol/sandboxes/gone").exists());
+    assert!(!f.dir.path().join("run/sandboxes/gone").exists());
+    assert!(
+        f.subvols
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|c| c.ends_with("sandboxes/gone/rootfs") && c.starts_with("delete"))
+    );
+    assert!(f.node.sandbox_status("gone").await.unwrap().is_none());
+    assert!(f.node.list_sandboxes().await.unwrap().is_empty());
+    // Again, and for an id that never existed.
+    f.node.remove_sandbox("gone").await.unwrap();
+    f.node.remove_sandbox("never").await.unwrap();
+    assert!(matches!(
+        f.node.remove_sandbox("../x").await,
+        Err(NodeError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        f.node.guest("gone").await,
+        Err(NodeError::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn failed_launch_rolls_back() {
+    let f = fixture().await;
+    *f.rt.fail_launch.lock().unwrap() = true;
+    let err = f.node.create_sandbox(&spec("bad")).await.unwrap_err();
+    assert!(matches!(err, NodeError::Internal(_)), "{err}");
+    assert!(!f.dir.path().join("vol/sandboxes/bad").exists());
+    assert!(!f.dir.path().join("run/sandboxes/bad").exists());
+    assert!(f.node.sandbox_status("bad").await.unwrap().is_none());
+    // The slot was freed and the id can be created now.
+    assert_eq!(
+        f.node.create_sandbox(&spec("bad")).await.unwrap().uid_base,
+        START
+    );
+}
+
+#[tokio::test]
+async fn failed_connect_destroys_and_rolls_back() {
+    let f = fixture().await;
+    *f.conn.fail.lock().unwrap() = true;
+    let err = f.node.create_sandbox(&spec("nochan")).await.unwrap_err();
+    assert!(matches!(err, NodeError::Unavailable { .. }), "{err}");
+    assert_eq!(f.rt.count("destroy nochan"), 1);
+    assert!(f.rt.alive.lock().unwrap().is_empty());
+    assert!(!f.dir.path().join("vol/sandboxes/nochan").exists());
+}
+
+#[tokio::test]
+async fn failed_snapshot_rolls_back() {
+    let f = fixture().await;
+    *f.subvols.fail_snapshot.lock().unwrap() = true;
+    assert!(f.node.create_sandbox(&spec("snap")).await.is_err());
+    assert_eq!(f.rt.count("launch"), 0);
+    assert!(!f.dir.path().join("vol/sandboxes/snap").exists());
+    assert_eq!(
+        f.node.create_sandbox(&spec("snap")).await.unwrap().uid_base,
+        START
+    );
+}
+
+#[tokio::test]
+async fn unknown_template_and_bad_specs() {
+    let f = fixture().await;
+    let mut s = spec("t1");
+    s.template = "nope".into();
+    match f.node.create_sandbox(&s).await {
+        Err(NodeError::NotFound { kind, id }) => {
+            assert_eq!((kind, id.as_str()), ("template", "nope"))
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut s = spec("Bad/Id");
+    assert!(matches!(
+        f.node.create_sandbox(&s).await,
+        Err(NodeError::InvalidArgument(_))
+    ));
+    s = spec("ok");
+    s.env.push(("A=B".into(), "x".into()));
+    assert!(matches!(
+        f.node.create_sandbox(&s).await,
+        Err(NodeError::InvalidArgument(_))
+    ));
+    assert_eq!(f.rt.count("launch"), 0);
+}
+
+#[tokio::test]
+async fn stop_keeps_rootfs_and_create_restarts_it() {
+    let f = fixture().await;
+    let first = f.node.create_sandbox(&spec("st")).await.unwrap();
+    let marker = f.dir.path().join("vol/sandboxes/st/rootfs/root/state");
+    std::fs::write(&marker, "keep").unwrap();
+    f.node.stop_sandbox("st").await.unwrap();
+    let st = f.node.sandbox_status("st").await.unwrap().unwrap();
+    assert_eq!(st.phase, Phase::Stopped);
+    assert_eq!(st.init_pid, None);
+    assert!(matches!(
+        f.node.guest("st").await,
+        Err(NodeError::Unavailable { .. })
+    ));
+    f.node.stop_sandbox("st").await.unwrap(); // idempotent
+    assert!(matches!(
+        f.node.stop_sandbox("zz").await,
+        Err(NodeError::NotFound { .. })
+    ));
+    // Create again: relaunched on the same rootfs and uid range.
+    let again = f.node.create_sandbox(&spec("st")).await.unwrap();
+    assert_eq!(again.phase, Phase::Running);
+    assert_eq!(again.uid_base, first.uid_base);
+    assert_eq!(f.rt.count("launch st"), 2);
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "keep");
+}
+
+#[tokio::test]
+async fn reopen_adopts_running_marks_dead_stopped_and_cleans_leftovers() {
+    let f = fixture().await;
+    f.node.create_sandbox(&spec("live")).await.unwrap();
+    f.node.create_sandbox(&spec("dead")).await.unwrap();
+    // "dead"'s init dies while the node is down.
+    let dead_pid = f
+        .node
+        .sandbox_status("dead")
+        .await
+        .unwrap()
+        .unwrap()
+        .init_pid
+        .unwrap();
+    f.rt.alive.lock().unwrap().remove(&dead_pid);
+    // A half-created sandbox (no record) and a stale run dir.
+    let half = f.dir.path().join("vol/sandboxes/half");
+    std::fs::create_dir_all(half.join("rootfs")).unwrap();
+    std::fs::create_dir_all(f.dir.path().join("run/sandboxes/stale")).unwrap();
+    let launches = f.rt.count("launch");
+    let live_status = f.node.sandbox_status("live").await.unwrap().unwrap();
+    drop(f.node);
+
+    let conn2 = Arc::new(FakeConnector::default());
+    let node = open(f.dir.path(), f.rt.clone(), conn2.clone(), f.subvols.clone()).await;
+    assert_eq!(f.rt.count("launch"), launches, "never restarts on open");
+    let list = node.list_sandboxes().await.unwrap();
+    assert_eq!(
+        list.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        ["dead", "live"]
+    );
+    assert_eq!(
+        node.sandbox_status("live").await.unwrap().unwrap(),
+        live_status
+    );
+    assert_eq!(
+        node.sandbox_status("dead").await.unwrap().unwrap().phase,
+        Phase::Stopped
+    );
+    assert_eq!(
+        *conn2.connects.lock().unwrap(),
+        vec![f.dir.path().join("run/sandboxes/live/guest.sock")]
+    );
+    assert!(
+        f.rt.count("destroy dead") >= 1,
+        "leftovers of the dead one are cleaned"
+    );
+    assert!(!half.exists());
+    assert!(!f.dir.path().join("run/sandboxes/stale").exists());
+    // The dead one's record no longer claims a live init.
+    let rec: SandboxRecord =
+        storage::read_json(&f.dir.path().join("vol/sandboxes/dead/sandbox.json")).unwrap();
+    assert!(rec.launched.is_none());
+    // Slots survive the restart: a new sandbox gets the next free one.
+    assert_eq!(
+        node.create_sandbox(&spec("new")).await.unwrap().uid_base,
+        START + 2 * 65536
+    );
+    // Base was not rebuilt.
+    assert_eq!(node.list_templates().await.unwrap()[0].version, 1);
+    f.rt.kill_all();
+}
+
+#[tokio::test]
+async fn guest_connects_when_no_client_is_cached() {
+    let f = fixture().await;
+    f.node.create_sandbox(&spec("g")).await.unwrap();
+    drop(f.node);
+    let conn2 = Arc::new(FakeConnector::default());
+    *conn2.fail.lock().unwrap() = true; // adopt fails...
+    let node = open(f.dir.path(), f.rt.clone(), conn2.clone(), f.subvols.clone()).await;
+    assert_eq!(conn2.connects.lock().unwrap().len(), 1);
+    node.guest("g").await.unwrap(); // ...guest() connects again
+    node.guest("g").await.unwrap(); // ...and caches
+    assert_eq!(conn2.connects.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn import_template_validates_and_versions() {
+    let f = fixture().await;
+    let src = f.dir.path().join("tree");
+    std::fs::create_dir_all(src.join("etc")).unwrap();
+    assert!(matches!(
+        f.node
+            .import_template("Bad Name", TemplateSource::Dir(src.clone()))
+            .await,
+        Err(NodeError::InvalidArgument(_))
+    ));
+    match f
+        .node
+        .import_template("x", TemplateSource::Dir(f.dir.path().join("missing")))
+        .await
+    {
+        Err(NodeError::InvalidArgument(m)) => assert!(m.contains("missing"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let v1 = f
+        .node
+        .import_template("base", TemplateSource::Dir(src.clone()))
+        .await
+        .unwrap();
+    assert_eq!(v1.version, 2);
+    let mut list = f.node.list_templates().await.unwrap();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].version, 2);
+    // New sandboxes use the newest version and pin it.
+    f.node.create_sandbox(&spec("pin")).await.unwrap();
+    let rec: SandboxRecord =
+        storage::read_json(&f.dir.path().join("vol/sandboxes/pin/sandbox.json")).unwrap();
+    assert_eq!(rec.template_version, 2);
+}
+
+/// Real kernel (root, btrfs-progs, loop devices): the node over a loop-mounted btrfs image
+/// with the real ioctl-backed storage and the fake runtime.
+#[tokio::test]
+async fn real_btrfs_create_and_remove_with_nested_subvolumes() {
+    use space_sys::btrfs;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path());
+    let vol = storage::prepare_volume(&c.data_dir, 512 << 20).unwrap();
+    let _unmount = crate::storage::tests::Unmount(vol.root.clone());
+    let rt = Arc::new(FakeRuntime::default());
+    let node = Node::open_with(
+        c,
+        NodeParts {
+            volume_root: vol.root.clone(),
+            subvols: Arc::new(Btrfs),
+            runtime: rt.clone(),
+            connector: Arc::new(FakeConnector::default()),
+        },
+    )
+    .await
+    .unwrap();
+    let base = vol.root.join("templates/base/1/rootfs");
+    assert!(btrfs::is_subvolume(&base).unwrap());
+    assert!(btrfs::is_readonly(&base).unwrap());
+
+    let mut times = Vec::new();
+    for i in 0..5 {
+        let t0 = std::time::Instant::now();
+        node.create_sandbox(&spec(&format!("r{i}"))).await.unwrap();
+        times.push(t0.elapsed());
+    }
+    times.sort();
+    eprintln!("node create (real btrfs, fake runtime) p50 {:?}", times[2]);
+    let rootfs = vol.root.join("sandboxes/r0/rootfs");
+    assert!(btrfs::is_subvolume(&rootfs).unwrap());
+    assert!(!btrfs::is_readonly(&rootfs).unwrap());
+    // Sandbox code makes nested subvolumes (allowed to unprivileged users) and a symlink to
+    // another sandbox's rootfs.
+    btrfs::create_subvolume(&rootfs.join("tmp"), "nested").unwrap();
+    btrfs::create_subvolume(&rootfs.join("tmp/nested"), "deeper").unwrap();
+    std::os::unix::fs::symlink(
+        vol.root.join("sandboxes/r1/rootfs"),
+        rootfs.join("tmp/evil"),
+    )
+    .unwrap();
+    node.remove_sandbox("r0").await.unwrap();
+    assert!(!vol.root.join("sandboxes/r0").exists());
+    assert!(vol.root.join("sandboxes/r1/rootfs/bin/busybox").exists());
+    for i in 1..5 {
+        node.remove_sandbox(&format!("r{i}")).await.unwrap();
+    }
+    assert!(
+        btrfs::child_subvolumes(&vol.root)
+            .unwrap()
+            .iter()
+            .all(|c| c.rel_path.starts_with("templates"))
+    );
+}
+
+/// End to end on the real kernel: loop-mounted btrfs, the namespace runtime and a real static
+/// space-daemon (path in SPACE_DAEMON_BIN). Creates, talks to, adopts after a node restart,
+/// and removes sandboxes; prints the create latency.
+#[tokio::test]
+#[ignore = "needs root and a static space-daemon: SPACE_DAEMON_BIN=... cargo test -- --ignored"]
+async fn real_node_end_to_end() {
+    let daemon = PathBuf::from(
+        std::env::var("SPACE_DAEMON_BIN").expect("SPACE_DAEMON_BIN names a static space-daemon"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    // Like /var/lib: traversable by the sandboxes' host uids.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = NodeConfig {
+        data_dir: dir.path().join("data"),
+        run_dir: dir.path().join("run"),
+        image_size_bytes: 1 << 30,
+        daemon_binary: daemon,
+        cgroup_parent: format!("space-nodetest-{}", std::process::id()),
+        ..Default::default()
+    };
+    let _cgroups = RemoveCgroupParent(c.cgroup_parent.clone());
+    let node = Node::open(c.clone()).await.unwrap();
+    let _unmount =
+        crate::storage::tests::Unmount(std::fs::canonicalize(&c.data_dir).unwrap().join("volume"));
+    let mut times = Vec::new();
+    for i in 0..10 {
+        let t0 = std::time::Instant::now();
+        let st = node.create_sandbox(&spec(&format!("e{i}"))).await.unwrap();
+        times.push(t0.elapsed());
+        assert_eq!(st.phase, Phase::Running);
+    }
+    times.sort();
+    eprintln!("create (real) p50 {:?} p90 {:?}", times[5], times[9]);
+    let info = node
+        .guest("e0")
+        .await
+        .unwrap()
+        .info(space_proto::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.hostname, "box");
+    let st = node.sandbox_status("e0").await.unwrap().unwrap();
+    drop(node);
+
+    // Restart the node: the sandbox is adopted, not restarted.
+    let node = Node::open(c.clone()).await.unwrap();
+    let st2 = node.sandbox_status("e0").await.unwrap().unwrap();
+    assert_eq!(st2.init_pid, st.init_pid);
+    assert_eq!(st2.phase, Phase::Running);
+    let info2 = node
+        .guest("e0")
+        .await
+        .unwrap()
+        .info(space_proto::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info2.started_unix_ms, info.started_unix_ms);
+
+    node.stop_sandbox("e1").await.unwrap();
+    assert_eq!(
+        node.sandbox_status("e1").await.unwrap().unwrap().phase,
+        Phase::Stopped
+    );
+    assert_eq!(
+        node.create_sandbox(&spec("e1")).await.unwrap().phase,
+        Phase::Running
+    );
+    for i in 0..10 {
+        node.remove_sandbox(&format!("e{i}")).await.unwrap();
+    }
+    assert!(node.list_sandboxes().await.unwrap().is_empty());
+}
+
+/// The runtime keeps the (empty once sandboxes are gone) parent cgroups; tests remove theirs.
+struct RemoveCgroupParent(String);
+
+impl Drop for RemoveCgroupParent {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(&self.0));
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+            for ent in rd.flatten() {
+                let _ = std::fs::remove_dir(ent.path().join(&self.0));
+            }
+        }
+    }
+}

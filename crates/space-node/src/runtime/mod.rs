@@ -1,0 +1,85 @@
+//! Isolation runtimes. Both produce the same thing: a running space-daemon reachable over one
+//! byte stream (here: a unix socket on the host). Everything above works the same for both.
+
+pub mod namespace;
+
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::api::Limits;
+
+/// Everything a runtime needs to start one sandbox. Built by the node from the spec, the
+/// storage layer and the id allocator.
+#[derive(Debug, Clone)]
+pub struct LaunchPlan {
+    pub id: String,
+    /// Host path of the sandbox's writable rootfs subvolume. Its files are owned by host
+    /// uid/gid 0..65536 on disk; the runtime maps them to uid_base.. with an idmapped mount.
+    pub rootfs: PathBuf,
+    /// First host uid and gid of the sandbox's range; `id_count` ids are mapped from 0.
+    pub uid_base: u32,
+    pub id_count: u32,
+    pub hostname: String,
+    pub limits: Limits,
+    /// Environment of space-daemon (and so the base of every process it starts).
+    pub env: Vec<(String, String)>,
+    /// Host path of the static space-daemon binary, bind-mounted read-only at
+    /// `/.space/space-daemon` inside the sandbox and exec'd as its PID 1.
+    pub daemon_binary: PathBuf,
+    /// Host path where the runtime binds the guest channel's listening unix socket.
+    pub channel_socket: PathBuf,
+    /// Per-sandbox host directory for runtime state (outside the sandbox).
+    pub run_dir: PathBuf,
+}
+
+/// What identifies a started sandbox across node restarts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launched {
+    /// Host pid of the sandbox's init.
+    pub init_pid: u32,
+    /// The init's start time (field 22 of /proc/PID/stat), so a recycled pid is not mistaken
+    /// for our init after a restart.
+    pub start_time: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("failed to {step}: {source}")]
+    Setup {
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("sandbox init failed during {step}: {source}")]
+    Child {
+        step: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cgroup error at {path}: {source}")]
+    Cgroup {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("guest did not become ready: {0}")]
+    NotReady(String),
+}
+
+#[async_trait]
+pub trait Runtime: Send + Sync {
+    /// "namespace" or "microvm".
+    fn kind(&self) -> &'static str;
+    /// Start the sandbox; returns once space-daemon runs and the channel socket is bound
+    /// (the node then connects to it). On error, everything this call set up is undone.
+    async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError>;
+    /// Kill every process of the sandbox and free its cgroups and socket. Idempotent; the
+    /// rootfs is left alone (storage owns it).
+    async fn destroy(&self, id: &str, launched: Option<&Launched>) -> Result<(), RuntimeError>;
+    /// Whether `launched` still names a live init of this sandbox.
+    fn alive(&self, launched: &Launched) -> bool;
+    /// Memory in use by the sandbox (from its cgroup), when known.
+    fn memory_bytes(&self, id: &str) -> Option<u64>;
+}

@@ -1,0 +1,491 @@
+//! The namespace runtime: space-daemon as PID 1 of fresh user, pid, mount, uts, ipc, net and
+//! cgroup namespaces, on an idmapped btrfs rootfs, with cgroup limits, a trimmed capability
+//! set, no_new_privs and a seccomp filter.
+//!
+//! Who does what (verified on Linux 6.18):
+//! - the parent (here) creates the channel socket, the cgroups, and, once the child's user
+//!   namespace exists, writes its uid/gid maps, places it in the cgroups and builds the
+//!   idmapped rootfs mount (`open_tree(OPEN_TREE_CLONE)` + `mount_setattr(MOUNT_ATTR_IDMAP)`:
+//!   only the host side holds CAP_SYS_ADMIN over the btrfs superblock);
+//! - the child (`space_sys::ns`) receives that detached mount over a socketpair,
+//!   `move_mount`s it in its own mount namespace, pivots into it and builds /proc, /dev, /tmp.
+//!
+//! Loopback is brought up by the child (SIOCSIFFLAGS) before it drops CAP_NET_ADMIN, so the
+//! daemon finds `lo` up.
+
+mod seccomp;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use space_sys::mount::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, idmapped_clone};
+use space_sys::ns::{self, InitSpec, NsError, SockFilter, caps};
+
+pub use self::seccomp::{DENIED as SECCOMP_DENIED, SeccompError};
+use super::{LaunchPlan, Launched, Runtime, RuntimeError};
+use crate::cgroup::{CgroupError, CgroupManager, LinuxCgroups};
+
+/// Capabilities the sandbox keeps (Docker's default set). Everything else, CAP_SYS_ADMIN,
+/// CAP_SYS_PTRACE, CAP_SYS_MODULE and CAP_NET_ADMIN included, is dropped from every set.
+pub const KEPT_CAPS: [u32; 14] = [
+    caps::CHOWN,
+    caps::DAC_OVERRIDE,
+    caps::FOWNER,
+    caps::FSETID,
+    caps::KILL,
+    caps::SETGID,
+    caps::SETUID,
+    caps::SETPCAP,
+    caps::NET_BIND_SERVICE,
+    caps::NET_RAW,
+    caps::SYS_CHROOT,
+    caps::AUDIT_WRITE,
+    caps::SETFCAP,
+    caps::MKNOD,
+];
+
+/// The kept capabilities as a bit mask (bit n = capability n).
+pub fn kept_caps_mask() -> u64 {
+    KEPT_CAPS.iter().fold(0, |m, c| m | (1u64 << c))
+}
+
+#[derive(Debug, Clone)]
+pub struct NamespaceConfig {
+    /// Name of the cgroup under which every sandbox gets `<id>` (per v1 controller, or in
+    /// the v2 tree).
+    pub cgroup_parent: String,
+    /// Where the cgroup filesystems are mounted.
+    pub cgroup_root: PathBuf,
+    /// Mount a read-only sysfs at /sys inside (best effort).
+    pub mount_sysfs: bool,
+    /// How long destroy waits for processes to die before giving up.
+    pub destroy_timeout: Duration,
+}
+
+impl Default for NamespaceConfig {
+    fn default() -> Self {
+        Self {
+            cgroup_parent: "space".to_owned(),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            mount_sysfs: true,
+            destroy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What we hold for a sandbox launched by this process.
+#[derive(Debug)]
+struct Tracked {
+    pidfd: OwnedFd,
+    exited: bool,
+    socket: PathBuf,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: NamespaceConfig,
+    cgroups: Arc<dyn CgroupManager>,
+    seccomp: Vec<Vec<SockFilter>>,
+    dev_null: OwnedFd,
+    tracked: Mutex<HashMap<String, Tracked>>,
+    reaper: std::sync::OnceLock<()>,
+}
+
+impl Inner {
+    /// Reap every tracked init that has exited (spaced is their parent, so nobody else will).
+    fn reap_exited(&self) {
+        let mut tracked = self.tracked.lock().unwrap();
+        for t in tracked.values_mut().filter(|t| !t.exited) {
+            // Err (ECHILD) means someone else reaped it: equally gone.
+            t.exited = !matches!(ns::waitid_pidfd(t.pidfd.as_fd(), libc::WNOHANG), Ok(None));
+        }
+    }
+
+    /// Start (once) the task that reaps exited inits on SIGCHLD. It needs no pidfd
+    /// registration with the reactor, and ends when the runtime is dropped.
+    fn ensure_reaper(self: &Arc<Self>) {
+        self.reaper.get_or_init(|| {
+            let weak = Arc::downgrade(self);
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
+                Ok(mut sigchld) => {
+                    tokio::spawn(async move {
+                        while sigchld.recv().await.is_some() {
+                            let Some(inner) = weak.upgrade() else { break };
+                            inner.reap_exited();
+                        }
+                    });
+                }
+                Err(e) => tracing::error!(error = %e, "cannot watch SIGCHLD; exited sandbox inits stay zombies until destroyed"),
+            }
+        });
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct NamespaceRuntime {
+    inner: Arc<Inner>,
+}
+
+fn setup(step: &'static str) -> impl FnOnce(io::Error) -> RuntimeError {
+    move |source| RuntimeError::Setup { step, source }
+}
+
+impl From<CgroupError> for RuntimeError {
+    fn from(e: CgroupError) -> Self {
+        RuntimeError::Cgroup {
+            path: e.path(),
+            source: io::Error::other(e),
+        }
+    }
+}
+
+impl From<NsError> for RuntimeError {
+    fn from(e: NsError) -> Self {
+        match e {
+            NsError::Parent { op, source } => RuntimeError::Setup { step: op, source },
+            NsError::Child { step, source } => RuntimeError::Child {
+                step: step.name().to_owned(),
+                source,
+            },
+            died @ NsError::Died(_) => RuntimeError::Child {
+                step: "exec space-daemon".to_owned(),
+                source: io::Error::other(died),
+            },
+            nul @ NsError::Nul(_) => RuntimeError::Setup {
+                step: "prepare the sandbox init",
+                source: io::Error::new(io::ErrorKind::InvalidInput, nul),
+            },
+        }
+    }
+}
+
+impl NamespaceRuntime {
+    /// The runtime on the host's cgroups (v2 or hybrid v1, detected).
+    pub fn new(cfg: NamespaceConfig) -> Result<NamespaceRuntime, RuntimeError> {
+        let cgroups = LinuxCgroups::detect(&cfg.cgroup_root, &cfg.cgroup_parent)?;
+        Self::with_cgroups(cfg, Arc::new(cgroups))
+    }
+
+    /// The runtime on any [`CgroupManager`] (a recording fake in unit tests).
+    pub fn with_cgroups(
+        cfg: NamespaceConfig,
+        cgroups: Arc<dyn CgroupManager>,
+    ) -> Result<NamespaceRuntime, RuntimeError> {
+        let seccomp = seccomp::programs().map_err(|e| RuntimeError::Setup {
+            step: "compile the seccomp filter",
+            source: io::Error::other(e),
+        })?;
+        let dev_null = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(setup("open /dev/null"))?;
+        Ok(NamespaceRuntime {
+            inner: Arc::new(Inner {
+                cfg,
+                cgroups,
+                seccomp,
+                dev_null: dev_null.into(),
+                tracked: Mutex::new(HashMap::new()),
+                reaper: std::sync::OnceLock::new(),
+            }),
+        })
+    }
+
+    pub fn cgroups(&self) -> &Arc<dyn CgroupManager> {
+        &self.inner.cgroups
+    }
+
+    /// Freeze (pause) or thaw every process of a sandbox.
+    pub async fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), RuntimeError> {
+        let inner = self.inner.clone();
+        let id = id.to_owned();
+        tokio::task::spawn_blocking(move || inner.cgroups.set_frozen(&id, frozen))
+            .await
+            .map_err(|e| RuntimeError::Setup {
+                step: "join the freezer task",
+                source: io::Error::other(e),
+            })?
+            .map_err(RuntimeError::from)
+    }
+}
+
+/// Removes what a failed launch created, unless disarmed.
+struct Cleanup<'a> {
+    inner: &'a Inner,
+    id: &'a str,
+    cgroup: bool,
+    socket: Option<&'a Path>,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if self.cgroup {
+            let _ = self
+                .inner
+                .cgroups
+                .kill_all(self.id, self.inner.cfg.destroy_timeout);
+            if let Err(e) = self.inner.cgroups.remove(self.id) {
+                tracing::warn!(id = self.id, error = %e, "cleanup of a failed launch left cgroups");
+            }
+        }
+        if let Some(s) = self.socket {
+            let _ = fs::remove_file(s);
+        }
+    }
+}
+
+fn bind_channel(path: &Path) -> Result<UnixListener, RuntimeError> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(setup("create the channel socket directory"))?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .map_err(setup("restrict the channel socket directory"))?;
+    }
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(setup("remove a stale channel socket")(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(setup("bind the channel socket"))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+        .map_err(setup("restrict the channel socket"))?;
+    Ok(listener)
+}
+
+/// What `/proc/PID/stat` says about a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ProcStat {
+    state: char,
+    start_time: u64,
+}
+
+fn parse_stat(s: &str) -> Option<ProcStat> {
+    // comm (field 2) may hold spaces and parentheses: fields restart after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // After the state (field 3), field 22 is the 19th.
+    let start_time = fields.nth(18)?.parse().ok()?;
+    Some(ProcStat { state, start_time })
+}
+
+fn read_stat(pid: u32) -> io::Result<ProcStat> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    parse_stat(&s).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat"))
+}
+
+fn is_alive(l: &Launched) -> bool {
+    matches!(read_stat(l.init_pid), Ok(st) if st.start_time == l.start_time && st.state != 'Z' && st.state != 'X')
+}
+
+fn validate(plan: &LaunchPlan) -> Result<(), RuntimeError> {
+    let bad = |what: &str| RuntimeError::Setup {
+        step: "validate the launch plan",
+        source: io::Error::new(io::ErrorKind::InvalidInput, what.to_owned()),
+    };
+    if plan.id.is_empty() || plan.id.contains('/') || plan.id.starts_with('.') {
+        return Err(bad("bad sandbox id"));
+    }
+    if plan.id_count == 0 || plan.uid_base.checked_add(plan.id_count).is_none() {
+        return Err(bad("bad uid range"));
+    }
+    Ok(())
+}
+
+fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedFd), RuntimeError> {
+    validate(plan)?;
+    fs::create_dir_all(&plan.run_dir).map_err(setup("create the run dir"))?;
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(plan.run_dir.join("daemon.log"))
+        .map_err(setup("open the daemon log"))?;
+    let listener = bind_channel(&plan.channel_socket)?;
+    let mut cleanup = Cleanup {
+        inner,
+        id: &plan.id,
+        cgroup: false,
+        socket: Some(&plan.channel_socket),
+    };
+    // Mark first: a half-created cgroup is removed too.
+    cleanup.cgroup = true;
+    inner.cgroups.create(&plan.id, &plan.limits)?;
+
+    let mut env: Vec<(String, String)> = plan
+        .env
+        .iter()
+        .filter(|(k, _)| k != "SPACE_CHANNEL_FD" && k != "SPACE_SANDBOX_ID")
+        .cloned()
+        .collect();
+    env.push(("SPACE_CHANNEL_FD".into(), ns::CHANNEL_FD.to_string()));
+    env.push(("SPACE_SANDBOX_ID".into(), plan.id.clone()));
+    let argv = ["space-daemon".to_owned()];
+    let cgroup_fd = inner.cgroups.clone_target(&plan.id);
+    let spec = InitSpec {
+        rootfs: &plan.rootfs,
+        daemon_binary: &plan.daemon_binary,
+        hostname: &plan.hostname,
+        argv: &argv,
+        env: &env,
+        stdin: inner.dev_null.as_fd(),
+        stdout: log.as_fd(),
+        channel: listener.as_fd(),
+        seccomp: &inner.seccomp,
+        keep_caps: kept_caps_mask(),
+        devpts_gid: (plan.id_count > 5).then_some(5),
+        mount_sysfs: inner.cfg.mount_sysfs,
+        cgroup: cgroup_fd.as_ref().map(|fd| fd.as_fd()),
+    };
+    let child = ns::spawn_sandbox_init(&spec)?;
+    let released = (|| -> Result<(), RuntimeError> {
+        child.write_id_maps(plan.uid_base, plan.id_count)?;
+        if cgroup_fd.is_none() {
+            inner.cgroups.add_process(&plan.id, child.pid())?;
+        }
+        let userns = child.open_userns()?;
+        let rootfs = idmapped_clone(
+            &plan.rootfs,
+            userns.as_fd(),
+            MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
+        )
+        .map_err(|e| RuntimeError::Setup {
+            step: "create the idmapped rootfs mount",
+            source: io::Error::other(e),
+        })?;
+        child.release(rootfs.as_fd())?;
+        Ok(())
+    })();
+    if let Err(e) = released {
+        child.kill_and_reap();
+        return Err(e);
+    }
+    let pid = child.pid();
+    let pidfd = child.wait_exec()?;
+    let start_time = match read_stat(pid) {
+        Ok(st) => st.start_time,
+        Err(e) => {
+            let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+            let _ = ns::waitid_pidfd(pidfd.as_fd(), 0);
+            return Err(setup("read the init's start time")(e));
+        }
+    };
+    cleanup.cgroup = false;
+    cleanup.socket = None;
+    drop(listener);
+    Ok((
+        Launched {
+            init_pid: pid,
+            start_time,
+        },
+        pidfd,
+    ))
+}
+
+/// Kill an init we did not start (adopted after a restart), checking its identity through a
+/// pidfd so a recycled pid is never signalled, and wait (bounded) until it is gone.
+async fn kill_adopted(l: &Launched, timeout: Duration) {
+    let Ok(pidfd) = ns::pidfd_open(l.init_pid) else {
+        return;
+    };
+    // The pidfd pins the process: if the start time still matches now, it is our init.
+    if !is_alive(l) {
+        return;
+    }
+    let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(200);
+    while is_alive(l) && Instant::now() < deadline {
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+#[async_trait]
+impl Runtime for NamespaceRuntime {
+    fn kind(&self) -> &'static str {
+        "namespace"
+    }
+
+    async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError> {
+        self.inner.ensure_reaper();
+        let inner = self.inner.clone();
+        let owned = plan.clone();
+        let (launched, pidfd) =
+            tokio::task::spawn_blocking(move || launch_blocking(&inner, &owned))
+                .await
+                .map_err(|e| RuntimeError::Setup {
+                    step: "join the launch task",
+                    source: io::Error::other(e),
+                })??;
+        let old = self.inner.tracked.lock().unwrap().insert(
+            plan.id.clone(),
+            Tracked {
+                pidfd,
+                exited: false,
+                socket: plan.channel_socket.clone(),
+            },
+        );
+        // It may have died before it was tracked (its SIGCHLD found nothing to reap).
+        self.inner.reap_exited();
+        if let Some(old) = old {
+            // A relaunch of a live id: the old init must not linger unowned.
+            let _ = ns::pidfd_send_signal(old.pidfd.as_fd(), libc::SIGKILL);
+        }
+        tracing::debug!(id = %plan.id, pid = launched.init_pid, "sandbox init running");
+        Ok(launched)
+    }
+
+    async fn destroy(&self, id: &str, launched: Option<&Launched>) -> Result<(), RuntimeError> {
+        let timeout = self.inner.cfg.destroy_timeout;
+        let tracked = self.inner.tracked.lock().unwrap().remove(id);
+        if let Some(t) = tracked {
+            // Killing PID 1 of the pid namespace takes every process in it along.
+            let _ = ns::pidfd_send_signal(t.pidfd.as_fd(), libc::SIGKILL);
+            // No longer in the map, so the SIGCHLD task will not reap it: wait here.
+            let pidfd = t.pidfd;
+            let _ = tokio::time::timeout(
+                timeout,
+                tokio::task::spawn_blocking(move || ns::waitid_pidfd(pidfd.as_fd(), 0)),
+            )
+            .await;
+            match fs::remove_file(&t.socket) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(setup("remove the channel socket")(e)),
+            }
+        } else if let Some(l) = launched {
+            kill_adopted(l, timeout).await;
+        }
+        let inner = self.inner.clone();
+        let id = id.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<(), CgroupError> {
+            inner.cgroups.kill_all(&id, timeout)?;
+            inner.cgroups.remove(&id)
+        })
+        .await
+        .map_err(|e| RuntimeError::Setup {
+            step: "join the destroy task",
+            source: io::Error::other(e),
+        })??;
+        Ok(())
+    }
+
+    fn alive(&self, launched: &Launched) -> bool {
+        is_alive(launched)
+    }
+
+    fn memory_bytes(&self, id: &str) -> Option<u64> {
+        self.inner.cgroups.memory_bytes(id)
+    }
+}

@@ -1,0 +1,64 @@
+//! The node-side record of one sandbox, persisted as `sandboxes/<id>/sandbox.json`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::SandboxSpec;
+use crate::runtime::Launched;
+
+/// Bumped when the record's shape changes incompatibly.
+pub const RECORD_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub record_version: u32,
+    pub spec: SandboxSpec,
+    /// The template version the rootfs was snapshotted from (pinned).
+    pub template_version: u32,
+    pub uid_base: u32,
+    pub uid_count: u32,
+    /// "namespace" or "microvm".
+    pub runtime: String,
+    pub created_unix_ms: u64,
+    /// The running init, when launched (meaningless after a host reboot; checked with
+    /// `Runtime::alive`).
+    pub launched: Option<Launched>,
+}
+
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Limits;
+
+    #[test]
+    fn record_roundtrips_through_json() {
+        let r = SandboxRecord {
+            record_version: RECORD_VERSION,
+            spec: SandboxSpec {
+                id: "abc".into(),
+                template: "base".into(),
+                limits: Limits::default(),
+                env: vec![("A".into(), "1".into())],
+                hostname: "abc".into(),
+            },
+            template_version: 3,
+            uid_base: 1_000_065_536,
+            uid_count: 65536,
+            runtime: "namespace".into(),
+            created_unix_ms: 1,
+            launched: Some(Launched {
+                init_pid: 42,
+                start_time: 7,
+            }),
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        let back: SandboxRecord = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+    }
+}
