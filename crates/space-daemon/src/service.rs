@@ -1,0 +1,294 @@
+//! The `Guest` gRPC service: parses requests, delegates to [`Procs`] and [`files`], and maps
+//! errors to gRPC status codes. Thin on purpose.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use space_proto::guest_server::Guest;
+use space_proto::*;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::config::Config;
+use crate::exec::ExecError;
+use crate::files::{self, FilesError, WriteMsg};
+use crate::procs::{ProcError, Procs, events};
+
+/// The daemon's service state.
+pub struct GuestService {
+    cfg: Arc<Config>,
+    procs: Arc<Procs>,
+    started_unix_ms: u64,
+}
+
+impl GuestService {
+    pub fn new(cfg: Arc<Config>, procs: Arc<Procs>, started_unix_ms: u64) -> Self {
+        Self {
+            cfg,
+            procs,
+            started_unix_ms,
+        }
+    }
+}
+
+/// "outer: cause: cause" — the whole error chain, for the status message.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        cur = s.source();
+    }
+    msg
+}
+
+fn io_code(e: &io::Error) -> Code {
+    use io::ErrorKind as K;
+    match e.kind() {
+        K::NotFound => Code::NotFound,
+        K::PermissionDenied => Code::PermissionDenied,
+        K::AlreadyExists => Code::AlreadyExists,
+        K::InvalidInput | K::InvalidFilename => Code::InvalidArgument,
+        K::IsADirectory
+        | K::NotADirectory
+        | K::DirectoryNotEmpty
+        | K::ReadOnlyFilesystem
+        | K::CrossesDevices
+        | K::ResourceBusy => Code::FailedPrecondition,
+        K::StorageFull | K::QuotaExceeded | K::FileTooLarge => Code::ResourceExhausted,
+        _ => match e.raw_os_error() {
+            Some(libc::ELOOP) | Some(libc::ENAMETOOLONG) => Code::InvalidArgument,
+            Some(libc::EPERM) => Code::PermissionDenied,
+            _ => Code::Internal,
+        },
+    }
+}
+
+impl From<FilesError> for Status {
+    fn from(e: FilesError) -> Self {
+        let code = match &e {
+            FilesError::InvalidPath { .. } | FilesError::Protocol(_) | FilesError::User(_) => {
+                Code::InvalidArgument
+            }
+            FilesError::Io { source, .. } => io_code(source),
+            FilesError::IsDir(_) | FilesError::NotDir(_) | FilesError::Root => {
+                Code::FailedPrecondition
+            }
+            FilesError::Exists(_) => Code::AlreadyExists,
+            FilesError::OutOfRange { .. } => Code::OutOfRange,
+            FilesError::Task(_) => Code::Internal,
+        };
+        Status::new(code, chain(&e))
+    }
+}
+
+impl From<ExecError> for Status {
+    fn from(e: ExecError) -> Self {
+        let code = match &e {
+            ExecError::Invalid(_) | ExecError::User(_) | ExecError::CwdNotDir(_) => {
+                Code::InvalidArgument
+            }
+            ExecError::NotFound(_) | ExecError::CwdNotFound(_) => Code::NotFound,
+            ExecError::NotExecutable(_) => Code::PermissionDenied,
+            ExecError::Pty(_) => Code::ResourceExhausted,
+            ExecError::Spawn { source, .. } => io_code(source),
+        };
+        Status::new(code, chain(&e))
+    }
+}
+
+impl From<ProcError> for Status {
+    fn from(e: ProcError) -> Self {
+        let code = match &e {
+            ProcError::NotFound(_) => Code::NotFound,
+            ProcError::OutOfRange { .. } => Code::OutOfRange,
+            ProcError::BadSignal(_) => Code::InvalidArgument,
+            ProcError::Exited(_)
+            | ProcError::NoStdin(_)
+            | ProcError::StdinClosed(_)
+            | ProcError::NoTty(_)
+            | ProcError::TtyStdin(_) => Code::FailedPrecondition,
+            ProcError::Signal { source, .. }
+            | ProcError::Stdin { source, .. }
+            | ProcError::Resize { source, .. } => io_code(source),
+        };
+        Status::new(code, chain(&e))
+    }
+}
+
+type EventResultStream = Pin<Box<dyn Stream<Item = Result<ProcessEvent, Status>> + Send>>;
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<FileChunk, Status>> + Send>>;
+
+fn uname_field(f: &std::ffi::CStr) -> String {
+    f.to_string_lossy().into_owned()
+}
+
+#[tonic::async_trait]
+impl Guest for GuestService {
+    async fn info(&self, _: Request<InfoRequest>) -> Result<Response<InfoReply>, Status> {
+        let uts = rustix::system::uname();
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        Ok(Response::new(InfoReply {
+            version: PROTOCOL_VERSION.to_owned(),
+            hostname: uname_field(uts.nodename()),
+            pid: std::process::id(),
+            started_unix_ms: self.started_unix_ms,
+            kernel_release: uname_field(uts.release()),
+            boot_id,
+        }))
+    }
+
+    type ExecStream = EventResultStream;
+
+    async fn exec(&self, req: Request<ExecRequest>) -> Result<Response<Self::ExecStream>, Status> {
+        let proc = self.procs.spawn(req.into_inner())?;
+        Ok(Response::new(Box::pin(events(proc, 0, true, true).map(Ok))))
+    }
+
+    async fn start(&self, req: Request<ExecRequest>) -> Result<Response<StartReply>, Status> {
+        let proc = self.procs.spawn(req.into_inner())?;
+        Ok(Response::new(StartReply { pid: proc.pid }))
+    }
+
+    type AttachStream = EventResultStream;
+
+    async fn attach(
+        &self,
+        req: Request<AttachRequest>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let r = req.into_inner();
+        let stream = self.procs.attach(r.pid, r.offset, r.follow)?;
+        Ok(Response::new(Box::pin(stream.map(Ok))))
+    }
+
+    async fn list_processes(
+        &self,
+        _: Request<ListProcessesRequest>,
+    ) -> Result<Response<ListProcessesReply>, Status> {
+        Ok(Response::new(ListProcessesReply {
+            processes: self.procs.list(),
+        }))
+    }
+
+    async fn signal(&self, req: Request<SignalRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        self.procs.signal(r.pid, r.signal, r.group)?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn write_stdin(&self, req: Request<StdinRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        self.procs.write_stdin(r.pid, &r.data).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn close_stdin(&self, req: Request<PidRequest>) -> Result<Response<Empty>, Status> {
+        self.procs.close_stdin(req.into_inner().pid).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn resize(&self, req: Request<ResizeRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        self.procs.resize(r.pid, r.rows, r.cols)?;
+        Ok(Response::new(Empty {}))
+    }
+
+    type ReadFileStream = ChunkStream;
+
+    async fn read_file(
+        &self,
+        req: Request<ReadFileRequest>,
+    ) -> Result<Response<Self::ReadFileStream>, Status> {
+        let r = req.into_inner();
+        let rx = files::read_file(&r.path, r.offset, r.length, CHUNK_BYTES).await?;
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx)
+            .map(|c| c.map(|data| FileChunk { data }).map_err(Status::from));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn write_file(
+        &self,
+        req: Request<Streaming<WriteFileRequest>>,
+    ) -> Result<Response<EntryInfo>, Status> {
+        let mut stream = req.into_inner();
+        let open = match stream.message().await? {
+            Some(WriteFileRequest {
+                msg: Some(write_file_request::Msg::Open(open)),
+            }) => open,
+            _ => return Err(FilesError::Protocol("the first message must be `open`").into()),
+        };
+        let (tx, task) = files::write_file(self.cfg.root.clone(), open).await?;
+        let outcome: Result<(), Status> = async {
+            loop {
+                match stream.message().await? {
+                    Some(WriteFileRequest {
+                        msg: Some(write_file_request::Msg::Data(d)),
+                    }) => {
+                        if tx.send(WriteMsg::Data(d)).await.is_err() {
+                            return Ok(()); // the writer failed; its error is reported below
+                        }
+                    }
+                    Some(WriteFileRequest {
+                        msg: Some(write_file_request::Msg::Open(_)),
+                    }) => return Err(FilesError::Protocol("`open` sent twice").into()),
+                    Some(WriteFileRequest { msg: None }) => {}
+                    None => {
+                        // hyper reports a client's RST_STREAM(CANCEL) as a clean end of the
+                        // request body. Yield once first: hyper checks for a reset whenever
+                        // this future is pending and drops it on one, so a cancelled upload
+                        // never reaches Commit (dropping `tx` discards the temp file).
+                        tokio::task::yield_now().await;
+                        let _ = tx.send(WriteMsg::Commit).await;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        .await;
+        drop(tx);
+        let written = task.await.map_err(|e| Status::from(FilesError::Task(e)));
+        outcome?;
+        Ok(Response::new(written??))
+    }
+
+    async fn stat(&self, req: Request<PathRequest>) -> Result<Response<EntryInfo>, Status> {
+        Ok(Response::new(files::stat(&req.into_inner().path).await?))
+    }
+
+    async fn list_dir(
+        &self,
+        req: Request<ListDirRequest>,
+    ) -> Result<Response<ListDirReply>, Status> {
+        let r = req.into_inner();
+        let entries = files::list_dir(&r.path, r.depth).await?;
+        Ok(Response::new(ListDirReply { entries }))
+    }
+
+    async fn make_dir(&self, req: Request<MakeDirRequest>) -> Result<Response<EntryInfo>, Status> {
+        let r = req.into_inner();
+        let e = files::make_dir(self.cfg.root.clone(), &r.path, r.mode, r.parents, &r.user).await?;
+        Ok(Response::new(e))
+    }
+
+    async fn remove(&self, req: Request<RemoveRequest>) -> Result<Response<Empty>, Status> {
+        let r = req.into_inner();
+        files::remove(&r.path, r.recursive).await?;
+        Ok(Response::new(Empty {}))
+    }
+
+    async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<EntryInfo>, Status> {
+        let r = req.into_inner();
+        Ok(Response::new(
+            files::rename(&r.from, &r.to, r.overwrite).await?,
+        ))
+    }
+
+    async fn sync(&self, _: Request<Empty>) -> Result<Response<Empty>, Status> {
+        files::sync().await?;
+        Ok(Response::new(Empty {}))
+    }
+}
