@@ -1,0 +1,12 @@
+//! space-api: the public DTOs of the space REST API v1 and an async Rust client.
+//!
+//! The types in [`types`] are pure data (serde); the wire contract is `api/openapi.yaml`.
+
+pub mod b64;
+pub mod client;
+pub mod types;
+
+pub use client::{ByteStream, Client, ClientError, EventStream, ExecOutput};
+/// Request bodies for uploads (`Body::wrap_stream` streams any byte stream).
+pub use reqwest::Body;
+pub use types::*;

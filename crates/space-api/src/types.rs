@@ -1,0 +1,630 @@
+//! The DTOs of the REST API v1. Pure data: no I/O. Every struct denies unknown fields, so a
+//! typo in a request is a 400 instead of a silently ignored option.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Length of a sandbox id: lowercase ASCII letters and digits.
+pub const SANDBOX_ID_LEN: usize = 20;
+
+/// Default template of a new sandbox.
+pub const DEFAULT_TEMPLATE: &str = "base";
+pub const DEFAULT_CPU: f64 = 1.0;
+pub const DEFAULT_MEMORY_MIB: u64 = 512;
+pub const DEFAULT_PIDS: u32 = 512;
+
+/// Whether `id` has the shape of a sandbox id (20 chars of `[a-z0-9]`).
+pub fn is_valid_sandbox_id(id: &str) -> bool {
+    id.len() == SANDBOX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// Whether `key` is a valid environment variable name: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn is_valid_env_key(key: &str) -> bool {
+    let mut bytes = key.bytes();
+    match bytes.next() {
+        Some(b) if b.is_ascii_alphabetic() || b == b'_' => {}
+        _ => return false,
+    }
+    bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Whether `name` is a valid template name: `[a-z0-9][a-z0-9._-]{0,62}`.
+pub fn is_valid_template_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    match bytes.next() {
+        Some(b) if b.is_ascii_lowercase() || b.is_ascii_digit() => {}
+        _ => return false,
+    }
+    name.len() <= 63
+        && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+}
+
+/// The error body of every failed request: `{"error":{"code":"...","message":"..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorDetail {
+    /// Stable machine-readable code: invalid_argument, unauthorized, not_found, conflict, ...
+    pub code: String,
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            error: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+}
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Default "base".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Cores, 0.01..=64; default 1.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// 16..=1048576; default 512.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// 8..=1000000; default 512.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Creating,
+    Running,
+    Stopped,
+    Failed,
+    Deleting,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Stopped => "stopped",
+            SandboxState::Failed => "failed",
+            SandboxState::Deleting => "deleting",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "creating" => SandboxState::Creating,
+            "running" => SandboxState::Running,
+            "stopped" => SandboxState::Stopped,
+            "failed" => SandboxState::Failed,
+            "deleting" => SandboxState::Deleting,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sandbox {
+    pub id: String,
+    pub template: String,
+    /// "namespace" (the only runtime so far).
+    pub runtime: String,
+    pub state: SandboxState,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    pub cpu: f64,
+    pub memory_mib: u64,
+    pub pids: u32,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub hostname: String,
+    /// Why the sandbox failed or stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Host pid of the sandbox's init while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_pid: Option<u32>,
+    /// First host uid of the sandbox's uid range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid_base: Option<u32>,
+    /// Bytes of memory the sandbox uses now (its memory cgroup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// argv; non-empty. argv[0] is looked up in PATH when it has no '/'.
+    pub cmd: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tty: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cols: Option<u16>,
+    /// Keep stdin open for `POST .../stdin`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stdin: bool,
+    /// Bytes written to stdin first (base64 on the wire).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::b64::option"
+    )]
+    pub stdin_data: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Return `{"pid":N}` (201) as soon as the process runs instead of streaming events.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub background: bool,
+}
+
+impl ExecRequest {
+    /// A request that runs `cmd` with everything else defaulted.
+    pub fn new<I, S>(cmd: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            cmd: cmd.into_iter().map(Into::into).collect(),
+            ..Self::default()
+        }
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// `201` reply of a background exec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Started {
+    pub pid: u32,
+}
+
+/// One line of an exec or output stream (ndjson).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ExecEvent {
+    Started {
+        pid: u32,
+    },
+    Stdout {
+        offset: u64,
+        #[serde(with = "crate::b64")]
+        data: Vec<u8>,
+    },
+    Stderr {
+        offset: u64,
+        #[serde(with = "crate::b64")]
+        data: Vec<u8>,
+    },
+    Pty {
+        offset: u64,
+        #[serde(with = "crate::b64")]
+        data: Vec<u8>,
+    },
+    /// Bytes `[from, to)` were dropped from the process's bounded output buffer.
+    Gap {
+        from: u64,
+        to: u64,
+    },
+    /// Last event: exactly one of `code` and `signal` is set.
+    Exit {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+    },
+    /// The stream failed midway (last event).
+    Error {
+        code: String,
+        message: String,
+    },
+}
+
+impl ExecEvent {
+    /// The shell-style exit status of an `Exit` event: the code, or 128 + signal.
+    pub fn exit_status(&self) -> Option<i32> {
+        match self {
+            ExecEvent::Exit { code, signal } => Some(match (code, signal) {
+                (_, Some(sig)) => 128 + sig,
+                (Some(code), None) => *code,
+                (None, None) => 0,
+            }),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub cmd: Vec<String>,
+    #[serde(default)]
+    pub tag: String,
+    pub tty: bool,
+    pub running: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    pub started_at: String,
+    pub output_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessList {
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// `GET .../processes/{pid}/output` query.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputQuery {
+    #[serde(default)]
+    pub offset: u64,
+    /// Keep streaming until the process exits (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow: Option<bool>,
+}
+
+/// A signal by name ("KILL", "SIGTERM") or number.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SignalSpec {
+    Number(i32),
+    Name(String),
+}
+
+impl SignalSpec {
+    /// The signal number, if the name is known and the number in 1..=64.
+    pub fn number(&self) -> Option<i32> {
+        match self {
+            SignalSpec::Number(n) => (1..=64).contains(n).then_some(*n),
+            SignalSpec::Name(name) => signal_number(name),
+        }
+    }
+}
+
+impl std::str::FromStr for SignalSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let spec = match s.parse::<i32>() {
+            Ok(n) => SignalSpec::Number(n),
+            Err(_) => SignalSpec::Name(s.to_string()),
+        };
+        match spec.number() {
+            Some(_) => Ok(spec),
+            None => Err(format!("unknown signal {s:?}")),
+        }
+    }
+}
+
+const SIGNALS: &[(&str, i32)] = &[
+    ("HUP", 1),
+    ("INT", 2),
+    ("QUIT", 3),
+    ("ILL", 4),
+    ("TRAP", 5),
+    ("ABRT", 6),
+    ("BUS", 7),
+    ("FPE", 8),
+    ("KILL", 9),
+    ("USR1", 10),
+    ("SEGV", 11),
+    ("USR2", 12),
+    ("PIPE", 13),
+    ("ALRM", 14),
+    ("TERM", 15),
+    ("STKFLT", 16),
+    ("CHLD", 17),
+    ("CONT", 18),
+    ("STOP", 19),
+    ("TSTP", 20),
+    ("TTIN", 21),
+    ("TTOU", 22),
+    ("URG", 23),
+    ("XCPU", 24),
+    ("XFSZ", 25),
+    ("VTALRM", 26),
+    ("PROF", 27),
+    ("WINCH", 28),
+    ("IO", 29),
+    ("PWR", 30),
+    ("SYS", 31),
+];
+
+/// Number of a Linux signal given by name, with or without the `SIG` prefix, any case.
+pub fn signal_number(name: &str) -> Option<i32> {
+    let upper = name.to_ascii_uppercase();
+    let bare = upper.strip_prefix("SIG").unwrap_or(&upper);
+    SIGNALS.iter().find(|(n, _)| *n == bare).map(|(_, v)| *v)
+}
+
+/// `POST .../processes/{pid}/signal`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    pub signal: SignalSpec,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub group: bool,
+}
+
+/// `POST .../processes/{pid}/resize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeRequest {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileType {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryInfo {
+    pub name: String,
+    pub path: String,
+    #[serde(rename = "type")]
+    pub file_type: FileType,
+    pub size: u64,
+    /// Permission bits (07777).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub modified_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryList {
+    pub entries: Vec<EntryInfo>,
+}
+
+/// Query of `GET/DELETE .../files`, `.../files/stat` and `.../files/list`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recursive: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<u32>,
+}
+
+/// Query of `PUT .../files`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileQuery {
+    pub path: String,
+    /// Octal permission bits, e.g. "644" or "0755".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parents: Option<bool>,
+}
+
+/// `POST .../files/mkdir`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MakeDirRequest {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub parents: bool,
+    /// Permission bits; default 0755.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+}
+
+/// `POST .../files/rename`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenameRequest {
+    pub from: String,
+    pub to: String,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub overwrite: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Template {
+    pub name: String,
+    pub version: u32,
+    pub created_at: String,
+    /// Host path of the template's read-only root filesystem (for operators and benchmarks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateList {
+    pub templates: Vec<Template>,
+}
+
+/// Formats unix milliseconds as RFC 3339 UTC with millisecond precision
+/// (`2024-05-01T12:00:00.123Z`).
+pub fn rfc3339_from_unix_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+        sod / 3600,
+        sod % 3600 / 60,
+        sod % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids() {
+        assert!(is_valid_sandbox_id("abcdefghij0123456789"));
+        assert!(!is_valid_sandbox_id("abcdefghij012345678"));
+        assert!(!is_valid_sandbox_id("ABCDEFGHIJ0123456789"));
+        assert!(!is_valid_sandbox_id("abcdefghij012345678/"));
+    }
+
+    #[test]
+    fn env_keys() {
+        assert!(is_valid_env_key("PATH"));
+        assert!(is_valid_env_key("_x1"));
+        assert!(!is_valid_env_key("1X"));
+        assert!(!is_valid_env_key("A=B"));
+        assert!(!is_valid_env_key(""));
+        assert!(!is_valid_env_key("A\0"));
+    }
+
+    #[test]
+    fn template_names() {
+        assert!(is_valid_template_name("base"));
+        assert!(is_valid_template_name("py3.12-slim"));
+        assert!(!is_valid_template_name("../x"));
+        assert!(!is_valid_template_name("Base"));
+        assert!(!is_valid_template_name(""));
+        assert!(!is_valid_template_name(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn exec_events_roundtrip() {
+        let line = r#"{"type":"stdout","offset":3,"data":"aGk="}"#;
+        let ev: ExecEvent = serde_json::from_str(line).unwrap();
+        assert_eq!(
+            ev,
+            ExecEvent::Stdout {
+                offset: 3,
+                data: b"hi".to_vec()
+            }
+        );
+        assert_eq!(serde_json::to_string(&ev).unwrap(), line);
+        let exit = ExecEvent::Exit {
+            code: None,
+            signal: Some(9),
+        };
+        assert_eq!(
+            serde_json::to_string(&exit).unwrap(),
+            r#"{"type":"exit","signal":9}"#
+        );
+        assert_eq!(exit.exit_status(), Some(137));
+        let started: ExecEvent = serde_json::from_str(r#"{"type":"started","pid":7}"#).unwrap();
+        assert_eq!(started, ExecEvent::Started { pid: 7 });
+    }
+
+    #[test]
+    fn create_denies_unknown_fields_and_defaults() {
+        let c: CreateSandbox = serde_json::from_str("{}").unwrap();
+        assert_eq!(c, CreateSandbox::default());
+        assert!(serde_json::from_str::<CreateSandbox>(r#"{"cpus":2}"#).is_err());
+        let e: ExecRequest =
+            serde_json::from_str(r#"{"cmd":["cat"],"stdin_data":"aGk="}"#).unwrap();
+        assert_eq!(e.stdin_data.as_deref(), Some(&b"hi"[..]));
+        assert!(!e.background);
+    }
+
+    #[test]
+    fn signals() {
+        assert_eq!(signal_number("KILL"), Some(9));
+        assert_eq!(signal_number("sigterm"), Some(15));
+        assert_eq!(signal_number("NOPE"), None);
+        let s: SignalRequest = serde_json::from_str(r#"{"signal":"INT"}"#).unwrap();
+        assert_eq!(s.signal.number(), Some(2));
+        let s: SignalRequest = serde_json::from_str(r#"{"signal":10,"group":true}"#).unwrap();
+        assert_eq!(s.signal.number(), Some(10));
+        assert!(s.group);
+        assert_eq!(SignalSpec::Number(0).number(), None);
+        assert!("TERM".parse::<SignalSpec>().is_ok());
+        assert!("BOGUS".parse::<SignalSpec>().is_err());
+    }
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(rfc3339_from_unix_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339_from_unix_ms(1_709_251_199_999),
+            "2024-02-29T23:59:59.999Z"
+        );
+        assert_eq!(
+            rfc3339_from_unix_ms(951_782_400_000),
+            "2000-02-29T00:00:00.000Z"
+        );
+    }
+}

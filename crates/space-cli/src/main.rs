@@ -1,0 +1,398 @@
+//! `space`: the command-line client of the space REST API.
+//!
+//! Configuration: SPACE_URL (default http://127.0.0.1:7070) and SPACE_API_KEY (else the key
+//! file $SPACE_DATA_DIR/admin.key, default /var/lib/space/admin.key). Errors print
+//! "error: <message> (<code>)" on stderr and exit 1; `exec` exits with the command's status.
+
+mod bench;
+mod cp;
+mod exec;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Parser, Subcommand};
+use space_api::{Client, ClientError, CreateSandbox, SignalRequest, SignalSpec};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "space",
+    version,
+    about = "Secure, stateful sandboxes for AI agents"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a sandbox and print its id.
+    Create(CreateArgs),
+    /// Run a command in a sandbox.
+    Exec(exec::ExecArgs),
+    /// List sandboxes.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a sandbox as JSON.
+    Inspect { id: String },
+    /// Delete sandboxes.
+    Rm {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Copy files or directories: `space cp LOCAL ID:PATH` or `space cp ID:PATH LOCAL`.
+    Cp { src: String, dst: String },
+    /// List a sandbox's processes.
+    Ps { id: String },
+    /// Stream a process's output (from --offset), until it exits.
+    Attach {
+        id: String,
+        pid: u32,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+    },
+    /// Send a signal to a process.
+    Kill {
+        id: String,
+        pid: u32,
+        /// Name (KILL, TERM, INT, ...) or number.
+        #[arg(long, short, default_value = "KILL")]
+        signal: SignalSpec,
+    },
+    /// Manage templates.
+    #[command(subcommand)]
+    Template(TemplateCmd),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Debug, Args)]
+struct CreateArgs {
+    #[arg(long, default_value = "base")]
+    template: String,
+    /// CPU cores (e.g. 0.5).
+    #[arg(long)]
+    cpu: Option<f64>,
+    /// Memory limit in MiB.
+    #[arg(long)]
+    memory: Option<u64>,
+    /// Maximum number of tasks.
+    #[arg(long)]
+    pids: Option<u32>,
+    /// Environment variable (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_kv)]
+    env: Vec<(String, String)>,
+    #[arg(long)]
+    hostname: Option<String>,
+    /// Print the whole sandbox as JSON instead of its id.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum TemplateCmd {
+    /// Import a template from a directory or a tarball (.tar, .tar.gz).
+    Import { name: String, path: PathBuf },
+    /// List templates.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCmd {
+    /// Create -> ready latency, exec round trip and idle memory.
+    Create(bench::BenchArgs),
+}
+
+pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected K=V, got {s:?}")),
+    }
+}
+
+fn client() -> Result<Client> {
+    let url = std::env::var("SPACE_URL").unwrap_or_else(|_| "http://127.0.0.1:7070".into());
+    let key = match std::env::var("SPACE_API_KEY") {
+        Ok(k) if !k.trim().is_empty() => k.trim().to_string(),
+        _ => {
+            let dir = std::env::var_os("SPACE_DATA_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("/var/lib/space"));
+            let path = dir.join("admin.key");
+            std::fs::read_to_string(&path)
+                .with_context(|| {
+                    format!(
+                        "no API key: set SPACE_API_KEY or make {} readable",
+                        path.display()
+                    )
+                })?
+                .trim()
+                .to_string()
+        }
+    };
+    Ok(Client::new(&url, &key)?)
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// "error: <message> (<code>)".
+fn report(e: &anyhow::Error) -> String {
+    if let Some(ce) = e.downcast_ref::<ClientError>() {
+        return match ce {
+            ClientError::Api { .. } => format!("error: {ce}"),
+            other => {
+                let mut msg = other.to_string();
+                let mut src = std::error::Error::source(other);
+                while let Some(s) = src {
+                    msg.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                format!("error: {msg} ({})", other.code())
+            }
+        };
+    }
+    format!("error: {e:#}")
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    let code = match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{}", report(&e));
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+async fn run(cli: Cli) -> Result<i32> {
+    match cli.cmd {
+        Command::Create(a) => {
+            let c = client()?;
+            let sb = c
+                .create_sandbox(&CreateSandbox {
+                    template: Some(a.template),
+                    cpu: a.cpu,
+                    memory_mib: a.memory,
+                    pids: a.pids,
+                    env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
+                    hostname: a.hostname,
+                })
+                .await?;
+            if a.json {
+                print_json(&sb)?;
+            } else {
+                println!("{}", sb.id);
+            }
+            Ok(0)
+        }
+        Command::Exec(a) => exec::run(client()?, a).await,
+        Command::Ls { json } => {
+            let list = client()?.list_sandboxes().await?;
+            if json {
+                print_json(&space_api::SandboxList { sandboxes: list })?;
+            } else {
+                println!(
+                    "{:<20}  {:<12}  {:<9}  {:>5}  {:>8}  {:<24}  ERROR",
+                    "ID", "TEMPLATE", "STATE", "CPU", "MEM_MIB", "CREATED"
+                );
+                for s in list {
+                    println!(
+                        "{:<20}  {:<12}  {:<9}  {:>5}  {:>8}  {:<24}  {}",
+                        s.id,
+                        s.template,
+                        s.state,
+                        s.cpu,
+                        s.memory_mib,
+                        s.created_at,
+                        s.error.unwrap_or_default()
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Command::Inspect { id } => {
+            print_json(&client()?.get_sandbox(&id).await?)?;
+            Ok(0)
+        }
+        Command::Rm { ids } => {
+            let c = client()?;
+            let mut failed = false;
+            for id in ids {
+                match c.delete_sandbox(&id).await {
+                    Ok(()) => println!("{id}"),
+                    Err(e) => {
+                        eprintln!("{}", report(&anyhow!(e)));
+                        failed = true;
+                    }
+                }
+            }
+            Ok(i32::from(failed))
+        }
+        Command::Cp { src, dst } => {
+            cp::run(&client()?, &src, &dst).await?;
+            Ok(0)
+        }
+        Command::Ps { id } => {
+            let procs = client()?.list_processes(&id).await?;
+            println!(
+                "{:>7}  {:<8}  {:>6}  {:<12}  CMD",
+                "PID", "STATE", "EXIT", "TAG"
+            );
+            for p in procs {
+                let exit = match (p.exit_code, p.signal) {
+                    (_, Some(s)) => format!("sig{s}"),
+                    (Some(c), None) => c.to_string(),
+                    _ => "-".into(),
+                };
+                println!(
+                    "{:>7}  {:<8}  {:>6}  {:<12}  {}",
+                    p.pid,
+                    if p.running { "running" } else { "exited" },
+                    exit,
+                    p.tag,
+                    p.cmd.join(" ")
+                );
+            }
+            Ok(0)
+        }
+        Command::Attach { id, pid, offset } => {
+            let c = client()?;
+            let events = c.process_output(&id, pid, offset, true).await?;
+            exec::print_events(events, None).await
+        }
+        Command::Kill { id, pid, signal } => {
+            client()?
+                .signal(
+                    &id,
+                    pid,
+                    &SignalRequest {
+                        signal,
+                        group: false,
+                    },
+                )
+                .await?;
+            Ok(0)
+        }
+        Command::Template(TemplateCmd::Import { name, path }) => {
+            let t = import_template(&client()?, &name, &path).await?;
+            println!("{} {}", t.name, t.version);
+            Ok(0)
+        }
+        Command::Template(TemplateCmd::Ls { json }) => {
+            let list = client()?.list_templates().await?;
+            if json {
+                print_json(&space_api::TemplateList { templates: list })?;
+            } else {
+                println!("{:<20}  {:>7}  CREATED", "NAME", "VERSION");
+                for t in list {
+                    println!("{:<20}  {:>7}  {}", t.name, t.version, t.created_at);
+                }
+            }
+            Ok(0)
+        }
+        Command::Bench(BenchCmd::Create(a)) => bench::run(client()?, a).await,
+    }
+}
+
+/// Uploads a template: a directory is tarred first (to a temp file, streamed); a tarball
+/// is uploaded as is.
+async fn import_template(c: &Client, name: &str, path: &Path) -> Result<space_api::Template> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if meta.is_dir() {
+        let src = path.to_path_buf();
+        let tmp = tokio::task::spawn_blocking(move || -> Result<tempfile::NamedTempFile> {
+            let tmp = tempfile::NamedTempFile::new().context("cannot create a temporary file")?;
+            let mut b = tar::Builder::new(std::io::BufWriter::new(tmp.reopen()?));
+            b.follow_symlinks(false);
+            b.mode(tar::HeaderMode::Complete);
+            b.append_dir_all(".", &src)
+                .with_context(|| format!("cannot archive {}", src.display()))?;
+            b.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+            Ok(tmp)
+        })
+        .await??;
+        Ok(c.import_template_file(name, tmp.path()).await?)
+    } else if meta.is_file() {
+        Ok(c.import_template_file(name, path).await?)
+    } else {
+        bail!("{} is neither a directory nor a tarball", path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_commands() {
+        let cli = Cli::try_parse_from([
+            "space", "exec", "abc", "-i", "-t", "--env", "A=1", "--", "ls", "-la",
+        ])
+        .unwrap();
+        let Command::Exec(a) = cli.cmd else { panic!() };
+        assert!(a.interactive && a.tty);
+        assert_eq!(a.cmd, vec!["ls", "-la"]);
+        assert_eq!(a.env, vec![("A".to_string(), "1".to_string())]);
+
+        let cli = Cli::try_parse_from(["space", "kill", "x", "7", "--signal", "TERM"]).unwrap();
+        let Command::Kill { signal, .. } = cli.cmd else {
+            panic!()
+        };
+        assert_eq!(signal.number(), Some(15));
+        assert!(Cli::try_parse_from(["space", "kill", "x", "7", "--signal", "NOPE"]).is_err());
+        assert!(Cli::try_parse_from(["space", "create", "--env", "novalue"]).is_err());
+        assert!(Cli::try_parse_from(["space", "rm"]).is_err());
+        let cli = Cli::try_parse_from(["space", "bench", "create", "-n", "5", "--peers"]).unwrap();
+        let Command::Bench(BenchCmd::Create(b)) = cli.cmd else {
+            panic!()
+        };
+        assert_eq!(b.n, 5);
+        assert!(b.peers);
+    }
+
+    #[test]
+    fn reports_api_errors_in_the_documented_form() {
+        let e = anyhow!(ClientError::Api {
+            status: 404,
+            code: "not_found".into(),
+            message: "sandbox x not found".into(),
+        });
+        assert_eq!(report(&e), "error: sandbox x not found (not_found)");
+    }
+
+    #[test]
+    fn tars_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("bin")).unwrap();
+        std::fs::write(dir.path().join("bin/tool"), b"#!/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink("tool", dir.path().join("bin/link")).unwrap();
+        let out = tempfile::NamedTempFile::new().unwrap();
+        let mut b = tar::Builder::new(out.reopen().unwrap());
+        b.follow_symlinks(false);
+        b.append_dir_all(".", dir.path()).unwrap();
+        b.into_inner().unwrap();
+        let mut a = tar::Archive::new(std::fs::File::open(out.path()).unwrap());
+        let names: Vec<String> = a
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        assert!(names.iter().any(|n| n.ends_with("bin/tool")), "{names:?}");
+        assert!(names.iter().any(|n| n.ends_with("bin/link")), "{names:?}");
+    }
+}

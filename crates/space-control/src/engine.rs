@@ -1,0 +1,1162 @@
+//! The engine: one method per API action. The HTTP layer parses a request into typed
+//! arguments and calls exactly one of these; they return DTOs or an [`AppError`]. What a
+//! sandbox's lifecycle state allows is decided in [`check_lifecycle`], nowhere else.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use rand::Rng;
+use space_api::{
+    CreateSandbox, DEFAULT_CPU, DEFAULT_MEMORY_MIB, DEFAULT_PIDS, DEFAULT_TEMPLATE, EntryInfo,
+    ExecEvent, ExecRequest, MakeDirRequest, PathQuery, ProcessInfo, RenameRequest, Sandbox,
+    SandboxState, SignalRequest, Template, WriteFileQuery, is_valid_env_key, is_valid_sandbox_id,
+    is_valid_template_name, rfc3339_from_unix_ms,
+};
+use space_node::api::{Limits, NodeApi, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource};
+use space_proto as pb;
+use space_proto::guest_client::GuestClient;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{Notify, OwnedMutexGuard};
+use tonic::transport::Channel;
+
+use crate::convert;
+use crate::error::{AppError, AppResult};
+use crate::store::{SandboxRow, SandboxSpecRecord, Store, now_ms};
+
+pub const RUNTIME_NAME: &str = "namespace";
+
+/// Settings of the control plane.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// Holds space.db, admin.key and temporary uploads.
+    pub data_dir: PathBuf,
+    /// Limit of JSON (and stdin) request bodies.
+    pub max_json_bytes: usize,
+    /// Limit of streamed uploads (files, templates).
+    pub max_upload_bytes: u64,
+    /// How often the reconciler runs without being woken.
+    pub reconcile_interval: Duration,
+    /// How long a row may stay `creating` before the reconciler takes over its creation.
+    pub create_grace: Duration,
+    /// How long graceful shutdown waits for open requests (exec streams) before it gives up.
+    pub shutdown_timeout: Duration,
+}
+
+impl ControlConfig {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            max_json_bytes: 1024 * 1024,
+            max_upload_bytes: 10 * 1024 * 1024 * 1024,
+            reconcile_interval: Duration::from_secs(2),
+            create_grace: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What an action wants to do with a sandbox, for the lifecycle check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Anything that talks to the guest: exec, processes, files.
+    Guest,
+    Delete,
+}
+
+/// The one place that says what each lifecycle state allows.
+pub fn check_lifecycle(row: &SandboxRow, action: Action) -> AppResult<()> {
+    use SandboxState::*;
+    match (action, row.state) {
+        (Action::Delete, _) => Ok(()),
+        (Action::Guest, Running) => Ok(()),
+        (Action::Guest, Creating) => Err(AppError::conflict(format!(
+            "sandbox {} is still being created",
+            row.id
+        ))),
+        (Action::Guest, Deleting) => Err(AppError::conflict(format!(
+            "sandbox {} is being deleted",
+            row.id
+        ))),
+        (Action::Guest, Stopped | Failed) => Err(AppError::conflict(match &row.error {
+            Some(e) => format!("sandbox {} is {} ({e})", row.id, row.state),
+            None => format!("sandbox {} is {}", row.id, row.state),
+        })),
+    }
+}
+
+/// Per-sandbox async locks: the fast path and the reconciler never act on one id at once.
+#[derive(Debug, Default)]
+pub(crate) struct KeyedLocks(std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl KeyedLocks {
+    pub(crate) async fn lock(&self, id: &str) -> OwnedMutexGuard<()> {
+        let m = {
+            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(id.to_string()).or_default().clone()
+        };
+        m.lock_owned().await
+    }
+
+    pub(crate) fn forget(&self, id: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+}
+
+/// Plain counters for `/metrics`.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub http_requests: AtomicU64,
+    pub http_errors: AtomicU64,
+    pub sandboxes_created: AtomicU64,
+    pub sandbox_create_errors: AtomicU64,
+    pub sandboxes_deleted: AtomicU64,
+    pub execs: AtomicU64,
+    pub reconcile_runs: AtomicU64,
+    pub reconcile_errors: AtomicU64,
+}
+
+fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A foreground exec's events, or a background exec's pid.
+pub enum ExecReply {
+    Events(BoxStream<'static, ExecEvent>),
+    Background(u32),
+}
+
+pub struct Engine {
+    pub(crate) store: Store,
+    pub(crate) node: Arc<dyn NodeApi>,
+    pub(crate) cfg: ControlConfig,
+    pub(crate) locks: KeyedLocks,
+    pub metrics: Metrics,
+    pub(crate) wake: Notify,
+}
+
+fn new_sandbox_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..space_api::SANDBOX_ID_LEN)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+fn check_id(id: &str) -> AppResult<()> {
+    if is_valid_sandbox_id(id) {
+        Ok(())
+    } else {
+        Err(AppError::invalid(format!(
+            "invalid sandbox id {id:?}: expected 20 characters of [a-z0-9]"
+        )))
+    }
+}
+
+fn check_path(what: &str, path: &str) -> AppResult<String> {
+    if path.is_empty() {
+        return Err(AppError::invalid(format!("{what} is required")));
+    }
+    if !path.starts_with('/') {
+        return Err(AppError::invalid(format!(
+            "{what} {path:?} must be an absolute path"
+        )));
+    }
+    if path.contains('\0') || path.len() > 4096 {
+        return Err(AppError::invalid(format!("{what} is not a valid path")));
+    }
+    Ok(path.to_string())
+}
+
+fn check_env(env: &std::collections::BTreeMap<String, String>) -> AppResult<()> {
+    for (k, v) in env {
+        if !is_valid_env_key(k) {
+            return Err(AppError::invalid(format!(
+                "invalid env key {k:?}: expected [A-Za-z_][A-Za-z0-9_]*"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(AppError::invalid(format!(
+                "env value of {k} contains a NUL byte"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_hostname(h: &str) -> AppResult<()> {
+    let ok = !h.is_empty()
+        && h.len() <= 63
+        && !h.starts_with('-')
+        && !h.ends_with('-')
+        && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(AppError::invalid(format!(
+            "invalid hostname {h:?}: 1-63 characters of [A-Za-z0-9-], not starting or ending with '-'"
+        )))
+    }
+}
+
+/// Applies defaults and checks every field of a create request.
+pub fn validate_create(req: CreateSandbox, id: &str) -> AppResult<SandboxSpecRecord> {
+    let template = req.template.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());
+    if !is_valid_template_name(&template) {
+        return Err(AppError::invalid(format!(
+            "invalid template name {template:?}"
+        )));
+    }
+    let cpu = req.cpu.unwrap_or(DEFAULT_CPU);
+    if !cpu.is_finite() || !(0.01..=64.0).contains(&cpu) {
+        return Err(AppError::invalid(format!(
+            "cpu must be between 0.01 and 64 cores, got {cpu}"
+        )));
+    }
+    let memory_mib = req.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
+    if !(16..=1_048_576).contains(&memory_mib) {
+        return Err(AppError::invalid(format!(
+            "memory_mib must be between 16 and 1048576, got {memory_mib}"
+        )));
+    }
+    let pids = req.pids.unwrap_or(DEFAULT_PIDS);
+    if !(8..=1_000_000).contains(&pids) {
+        return Err(AppError::invalid(format!(
+            "pids must be between 8 and 1000000, got {pids}"
+        )));
+    }
+    check_env(&req.env)?;
+    let hostname = req.hostname.unwrap_or_else(|| id.to_string());
+    check_hostname(&hostname)?;
+    Ok(SandboxSpecRecord {
+        template,
+        cpu,
+        memory_mib,
+        pids,
+        env: req.env,
+        hostname,
+    })
+}
+
+pub(crate) fn node_spec(id: &str, spec: &SandboxSpecRecord) -> SandboxSpec {
+    SandboxSpec {
+        id: id.to_string(),
+        template: spec.template.clone(),
+        limits: Limits {
+            cpu_millis: ((spec.cpu * 1000.0).round() as u32).max(10),
+            memory_mib: spec.memory_mib,
+            pids: spec.pids,
+        },
+        env: spec
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        hostname: spec.hostname.clone(),
+    }
+}
+
+pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox {
+    let live = status.filter(|_| {
+        matches!(
+            row.state,
+            SandboxState::Running | SandboxState::Stopped | SandboxState::Creating
+        )
+    });
+    Sandbox {
+        id: row.id.clone(),
+        template: row.spec.template.clone(),
+        runtime: live
+            .map(|s| s.runtime.clone())
+            .unwrap_or_else(|| RUNTIME_NAME.to_string()),
+        state: row.state,
+        created_at: rfc3339_from_unix_ms(row.created_at),
+        cpu: row.spec.cpu,
+        memory_mib: row.spec.memory_mib,
+        pids: row.spec.pids,
+        env: row.spec.env.clone(),
+        hostname: row.spec.hostname.clone(),
+        error: row.error.clone(),
+        init_pid: live
+            .filter(|_| row.state == SandboxState::Running)
+            .and_then(|s| s.init_pid),
+        uid_base: live.map(|s| s.uid_base),
+        memory_bytes: live.and_then(|s| s.memory_bytes),
+    }
+}
+
+pub fn template_dto(t: &TemplateInfo) -> Template {
+    Template {
+        name: t.name.clone(),
+        version: t.version,
+        created_at: rfc3339_from_unix_ms(t.created_unix_ms as i64),
+        path: Some(t.path.display().to_string()),
+    }
+}
+
+/// Parses an octal mode ("644", "0755", "0o600").
+fn parse_mode(mode: Option<&str>) -> AppResult<u32> {
+    let Some(m) = mode else { return Ok(0) };
+    let digits = m.trim_start_matches("0o");
+    u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|v| *v <= 0o7777)
+        .ok_or_else(|| AppError::invalid(format!("invalid mode {m:?}: expected octal like 644")))
+}
+
+fn is_terminal(ev: &ExecEvent) -> bool {
+    matches!(ev, ExecEvent::Exit { .. } | ExecEvent::Error { .. })
+}
+
+/// Turns a guest event stream into public events. Stops after `Exit`; a failure midway
+/// becomes a final `Error` event. With `require_exit`, an early end is an error too.
+fn event_stream(
+    first: Option<ExecEvent>,
+    rest: tonic::Streaming<pb::ProcessEvent>,
+    require_exit: bool,
+) -> BoxStream<'static, ExecEvent> {
+    struct St {
+        pending: Option<ExecEvent>,
+        inner: tonic::Streaming<pb::ProcessEvent>,
+        done: bool,
+        require_exit: bool,
+    }
+    let st = St {
+        pending: first,
+        inner: rest,
+        done: false,
+        require_exit,
+    };
+    futures::stream::unfold(st, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        if let Some(ev) = st.pending.take() {
+            st.done = is_terminal(&ev);
+            return Some((ev, st));
+        }
+        loop {
+            match st.inner.message().await {
+                Ok(Some(msg)) => {
+                    if let Some(ev) = convert::exec_event(msg) {
+                        st.done = is_terminal(&ev);
+                        return Some((ev, st));
+                    }
+                }
+                Ok(None) => {
+                    st.done = true;
+                    if st.require_exit {
+                        let ev = ExecEvent::Error {
+                            code: "unavailable".into(),
+                            message: "the guest ended the stream before the process exited".into(),
+                        };
+                        return Some((ev, st));
+                    }
+                    return None;
+                }
+                Err(status) => {
+                    st.done = true;
+                    let e = AppError::from(status);
+                    let ev = ExecEvent::Error {
+                        code: e.code.to_string(),
+                        message: e.message,
+                    };
+                    return Some((ev, st));
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+impl Engine {
+    pub fn new(store: Store, node: Arc<dyn NodeApi>, cfg: ControlConfig) -> Self {
+        Self {
+            store,
+            node,
+            cfg,
+            locks: KeyedLocks::default(),
+            metrics: Metrics::default(),
+            wake: Notify::new(),
+        }
+    }
+
+    pub fn config(&self) -> &ControlConfig {
+        &self.cfg
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Asks the reconciler for a pass now.
+    pub fn wake_reconciler(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The single writer of sandbox status (fast path and reconciler alike).
+    pub(crate) async fn write_status(
+        &self,
+        id: &str,
+        state: SandboxState,
+        error: Option<&str>,
+    ) -> AppResult<()> {
+        tracing::info!(sandbox = id, state = %state, error, "sandbox status");
+        self.store.set_status(id, state, error).await?;
+        Ok(())
+    }
+
+    async fn load(&self, id: &str) -> AppResult<SandboxRow> {
+        check_id(id)?;
+        self.store
+            .get_sandbox(id)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("sandbox {id} not found")))
+    }
+
+    /// The guest client of a running sandbox (after the lifecycle check).
+    async fn guest(&self, id: &str) -> AppResult<GuestClient<Channel>> {
+        let row = self.load(id).await?;
+        check_lifecycle(&row, Action::Guest)?;
+        match self.node.guest(id).await {
+            Ok(g) => Ok(g),
+            Err(e) => {
+                // Perhaps init died, or a removal raced us: let the reconciler look now, and
+                // explain the failure by the sandbox's current state.
+                self.wake_reconciler();
+                match self.store.get_sandbox(id).await {
+                    Ok(None) => Err(AppError::not_found(format!("sandbox {id} not found"))),
+                    Ok(Some(row)) => check_lifecycle(&row, Action::Guest).and(Err(e.into())),
+                    Err(_) => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    /// Explains a failed guest call. Errors the guest chose (not found, bad argument...) pass
+    /// through; a broken channel is explained by the sandbox's state, because the usual cause
+    /// is a removal or stop racing the call: that is a 404 or 409, not a server fault.
+    async fn explain_guest_error(&self, id: &str, status: tonic::Status) -> AppError {
+        use tonic::Code;
+        if !matches!(
+            status.code(),
+            Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal | Code::Aborted
+        ) {
+            return status.into();
+        }
+        match self.store.get_sandbox(id).await {
+            Ok(None) => AppError::not_found(format!("sandbox {id} not found")),
+            Ok(Some(row)) => match check_lifecycle(&row, Action::Guest) {
+                Err(e) => e,
+                Ok(()) => {
+                    self.wake_reconciler();
+                    status.into()
+                }
+            },
+            Err(_) => status.into(),
+        }
+    }
+
+    // ---- sandboxes ----
+
+    pub async fn create_sandbox(&self, req: CreateSandbox) -> AppResult<Sandbox> {
+        let id = new_sandbox_id();
+        let spec = validate_create(req, &id)?;
+        let now = now_ms();
+        let row = SandboxRow {
+            id: id.clone(),
+            spec,
+            state: SandboxState::Creating,
+            error: None,
+            generation: 1,
+            deleted_at: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let _guard = self.locks.lock(&id).await;
+        self.store.insert_sandbox(&row).await?;
+        match self.node.create_sandbox(&node_spec(&id, &row.spec)).await {
+            Ok(status) => {
+                self.write_status(&id, SandboxState::Running, None).await?;
+                inc(&self.metrics.sandboxes_created);
+                let row = SandboxRow {
+                    state: SandboxState::Running,
+                    ..row
+                };
+                Ok(sandbox_dto(&row, Some(&status)))
+            }
+            Err(e) => {
+                inc(&self.metrics.sandbox_create_errors);
+                let err = AppError::from(e);
+                if err.status.is_client_error() {
+                    // Nothing was created (unknown template, bad argument): forget the row.
+                    let _ = self.node.remove_sandbox(&id).await;
+                    self.store.delete_sandbox(&id).await?;
+                    self.locks.forget(&id);
+                } else {
+                    let msg = format!("create failed: {}", err.message);
+                    self.write_status(&id, SandboxState::Failed, Some(&msg))
+                        .await?;
+                    if let Err(e) = self.node.remove_sandbox(&id).await {
+                        tracing::warn!(sandbox = %id, error = %e, "cleanup after failed create");
+                        self.wake_reconciler();
+                    }
+                }
+                Err(err)
+            }
+        }
+    }
+
+    pub async fn get_sandbox(&self, id: &str) -> AppResult<Sandbox> {
+        let row = self.load(id).await?;
+        let status = match row.state {
+            SandboxState::Running | SandboxState::Stopped => {
+                self.node.sandbox_status(id).await.unwrap_or_else(|e| {
+                    tracing::warn!(sandbox = id, error = %e, "node status");
+                    None
+                })
+            }
+            _ => None,
+        };
+        Ok(sandbox_dto(&row, status.as_ref()))
+    }
+
+    pub async fn list_sandboxes(&self) -> AppResult<Vec<Sandbox>> {
+        let observed: HashMap<String, SandboxStatus> = match self.node.list_sandboxes().await {
+            Ok(list) => list.into_iter().map(|s| (s.id.clone(), s)).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "node list");
+                HashMap::new()
+            }
+        };
+        let rows = self.store.list_sandboxes().await?;
+        Ok(rows
+            .iter()
+            .map(|r| sandbox_dto(r, observed.get(&r.id)))
+            .collect())
+    }
+
+    /// Deletion: mark (finalizer), remove on the node, forget the row.
+    pub async fn delete_sandbox(&self, id: &str) -> AppResult<()> {
+        check_id(id)?;
+        let _guard = self.locks.lock(id).await;
+        let row = self.load(id).await?;
+        check_lifecycle(&row, Action::Delete)?;
+        if row.state != SandboxState::Deleting {
+            self.write_status(id, SandboxState::Deleting, None).await?;
+        }
+        self.finalize_delete(id).await?;
+        inc(&self.metrics.sandboxes_deleted);
+        Ok(())
+    }
+
+    /// Second half of deletion (also run by the reconciler): idempotent.
+    pub(crate) async fn finalize_delete(&self, id: &str) -> AppResult<()> {
+        self.node.remove_sandbox(id).await?;
+        self.store.delete_sandbox(id).await?;
+        self.locks.forget(id);
+        Ok(())
+    }
+
+    // ---- exec and processes ----
+
+    pub async fn exec(&self, id: &str, req: ExecRequest) -> AppResult<ExecReply> {
+        if req.cmd.is_empty() || req.cmd[0].is_empty() {
+            return Err(AppError::invalid("cmd must be a non-empty list"));
+        }
+        if req.cmd.iter().any(|a| a.contains('\0')) {
+            return Err(AppError::invalid("cmd contains a NUL byte"));
+        }
+        check_env(&req.env)?;
+        if let Some(cwd) = &req.cwd {
+            check_path("cwd", cwd)?;
+        }
+        if req
+            .user
+            .as_deref()
+            .is_some_and(|u| u.is_empty() || u.contains('\0'))
+        {
+            return Err(AppError::invalid("user must be a name or a numeric uid"));
+        }
+        let background = req.background;
+        let mut guest = self.guest(id).await?;
+        inc(&self.metrics.execs);
+        let preq = convert::exec_request(req);
+        if background {
+            return match guest.start(preq).await {
+                Ok(reply) => Ok(ExecReply::Background(reply.into_inner().pid)),
+                Err(s) => Err(self.explain_guest_error(id, s).await),
+            };
+        }
+        // Errors before the first event (no such executable, bad user, bad cwd) are plain
+        // HTTP errors; after it they are an `error` event.
+        let first = match guest.exec(preq).await {
+            Ok(stream) => {
+                let mut stream = stream.into_inner();
+                stream.message().await.map(|first| (first, stream))
+            }
+            Err(s) => Err(s),
+        };
+        let (first, stream) = match first {
+            Ok(v) => v,
+            Err(s) => return Err(self.explain_guest_error(id, s).await),
+        };
+        let first = first.and_then(convert::exec_event);
+        if first.is_none() {
+            return Err(AppError::unavailable(
+                "the guest ended the exec stream before the process started",
+            ));
+        }
+        Ok(ExecReply::Events(event_stream(first, stream, true)))
+    }
+
+    pub async fn list_processes(&self, id: &str) -> AppResult<Vec<ProcessInfo>> {
+        let mut guest = self.guest(id).await?;
+        let reply = guest
+            .list_processes(pb::ListProcessesRequest {})
+            .await?
+            .into_inner();
+        Ok(reply
+            .processes
+            .into_iter()
+            .map(convert::process_info)
+            .collect())
+    }
+
+    /// Output of a process from `offset`; with `follow`, until it exits.
+    pub async fn process_output(
+        &self,
+        id: &str,
+        pid: u32,
+        offset: u64,
+        follow: bool,
+    ) -> AppResult<BoxStream<'static, ExecEvent>> {
+        let mut guest = self.guest(id).await?;
+        let mut stream = guest
+            .attach(pb::AttachRequest {
+                pid,
+                offset,
+                follow,
+            })
+            .await?
+            .into_inner();
+        // Surface early errors (unknown pid, offset out of range) as HTTP errors, without
+        // holding the response back for long when a followed process is quiet.
+        let first = match tokio::time::timeout(Duration::from_millis(100), stream.message()).await {
+            Ok(Ok(Some(msg))) => convert::exec_event(msg),
+            Ok(Ok(None)) => return Ok(futures::stream::empty().boxed()),
+            Ok(Err(status)) => return Err(status.into()),
+            Err(_elapsed) => None,
+        };
+        Ok(event_stream(first, stream, false))
+    }
+
+    pub async fn write_stdin(&self, id: &str, pid: u32, data: Bytes) -> AppResult<()> {
+        let mut guest = self.guest(id).await?;
+        guest
+            .write_stdin(pb::StdinRequest {
+                pid,
+                data: data.to_vec(),
+            })
+            .await?;
+        Ok(())
+    }
+
+    pub async fn close_stdin(&self, id: &str, pid: u32) -> AppResult<()> {
+        let mut guest = self.guest(id).await?;
+        guest.close_stdin(pb::PidRequest { pid }).await?;
+        Ok(())
+    }
+
+    pub async fn signal(&self, id: &str, pid: u32, req: SignalRequest) -> AppResult<()> {
+        let signal = req
+            .signal
+            .number()
+            .ok_or_else(|| AppError::invalid(format!("unknown signal {:?}", req.signal)))?;
+        let mut guest = self.guest(id).await?;
+        guest
+            .signal(pb::SignalRequest {
+                pid,
+                signal,
+                group: req.group,
+            })
+            .await?;
+        Ok(())
+    }
+
+    pub async fn resize(&self, id: &str, pid: u32, rows: u16, cols: u16) -> AppResult<()> {
+        if rows == 0 || cols == 0 {
+            return Err(AppError::invalid("rows and cols must be positive"));
+        }
+        let mut guest = self.guest(id).await?;
+        guest
+            .resize(pb::ResizeRequest {
+                pid,
+                rows: rows.into(),
+                cols: cols.into(),
+            })
+            .await?;
+        Ok(())
+    }
+
+    // ---- files ----
+
+    /// A file's contents, streamed. Errors before the first chunk are HTTP errors.
+    pub async fn read_file(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> AppResult<BoxStream<'static, Result<Bytes, AppError>>> {
+        let path = check_path("path", path)?;
+        let mut guest = self.guest(id).await?;
+        let mut stream = guest
+            .read_file(pb::ReadFileRequest {
+                path,
+                offset: 0,
+                length: 0,
+            })
+            .await?
+            .into_inner();
+        let first = stream.message().await?;
+        let Some(first) = first else {
+            return Ok(futures::stream::empty().boxed());
+        };
+        let rest = futures::stream::unfold(stream, |mut s| async move {
+            match s.message().await {
+                Ok(Some(chunk)) => Some((Ok(Bytes::from(chunk.data)), s)),
+                Ok(None) => None,
+                Err(status) => {
+                    tracing::warn!(status = ?status, "file read failed midway");
+                    Some((Err(AppError::from(status)), s))
+                }
+            }
+        });
+        Ok(
+            futures::stream::once(async move { Ok(Bytes::from(first.data)) })
+                .chain(rest)
+                .boxed(),
+        )
+    }
+
+    /// Streams `body` into a file (chunks of `space_proto::CHUNK_BYTES`), never buffering
+    /// it whole. Past the upload limit the write is aborted and 413 returned.
+    pub async fn write_file<S, E>(
+        &self,
+        id: &str,
+        q: WriteFileQuery,
+        content_length: Option<u64>,
+        body: S,
+    ) -> AppResult<EntryInfo>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+        E: std::fmt::Display + Send + 'static,
+    {
+        let path = check_path("path", &q.path)?;
+        let mode = parse_mode(q.mode.as_deref())?;
+        let limit = self.cfg.max_upload_bytes;
+        if content_length.is_some_and(|n| n > limit) {
+            return Err(too_large(limit));
+        }
+        let mut guest = self.guest(id).await?;
+        let open = pb::WriteFileRequest {
+            msg: Some(pb::write_file_request::Msg::Open(pb::WriteFileOpen {
+                path: path.clone(),
+                mode,
+                make_parents: q.parents.unwrap_or(false),
+                user: String::new(),
+                append: false,
+            })),
+        };
+        let (abort_tx, abort_rx) = tokio::sync::oneshot::channel();
+        let data = upload_chunks(body, limit, abort_tx).map(|data| pb::WriteFileRequest {
+            msg: Some(pb::write_file_request::Msg::Data(data.to_vec())),
+        });
+        let reqs = futures::stream::once(async move { open }).chain(data);
+        tokio::select! {
+            r = guest.write_file(reqs) => Ok(convert::entry_info(r?.into_inner())),
+            Ok(err) = abort_rx => {
+                // The RPC was dropped (cancelled) above; remove what was written.
+                let _ = guest.remove(pb::RemoveRequest { path, recursive: false }).await;
+                Err(err)
+            }
+        }
+    }
+
+    pub async fn remove_file(&self, id: &str, q: PathQuery) -> AppResult<()> {
+        let path = check_path("path", &q.path)?;
+        let mut guest = self.guest(id).await?;
+        guest
+            .remove(pb::RemoveRequest {
+                path,
+                recursive: q.recursive.unwrap_or(false),
+            })
+            .await?;
+        Ok(())
+    }
+
+    pub async fn stat(&self, id: &str, path: &str) -> AppResult<EntryInfo> {
+        let path = check_path("path", path)?;
+        let mut guest = self.guest(id).await?;
+        let e = guest.stat(pb::PathRequest { path }).await?.into_inner();
+        Ok(convert::entry_info(e))
+    }
+
+    pub async fn list_dir(&self, id: &str, q: PathQuery) -> AppResult<Vec<EntryInfo>> {
+        let path = check_path("path", &q.path)?;
+        let mut guest = self.guest(id).await?;
+        let reply = guest
+            .list_dir(pb::ListDirRequest {
+                path,
+                depth: q.depth.unwrap_or(1),
+            })
+            .await?
+            .into_inner();
+        Ok(reply.entries.into_iter().map(convert::entry_info).collect())
+    }
+
+    pub async fn mkdir(&self, id: &str, req: MakeDirRequest) -> AppResult<EntryInfo> {
+        let path = check_path("path", &req.path)?;
+        if req.mode.is_some_and(|m| m > 0o7777) {
+            return Err(AppError::invalid("mode must be permission bits (<= 07777)"));
+        }
+        let mut guest = self.guest(id).await?;
+        let e = guest
+            .make_dir(pb::MakeDirRequest {
+                path,
+                mode: req.mode.unwrap_or(0),
+                parents: req.parents,
+                user: String::new(),
+            })
+            .await?
+            .into_inner();
+        Ok(convert::entry_info(e))
+    }
+
+    pub async fn rename(&self, id: &str, req: RenameRequest) -> AppResult<EntryInfo> {
+        let from = check_path("from", &req.from)?;
+        let to = check_path("to", &req.to)?;
+        let mut guest = self.guest(id).await?;
+        let e = guest
+            .rename(pb::RenameRequest {
+                from,
+                to,
+                overwrite: req.overwrite,
+            })
+            .await?
+            .into_inner();
+        Ok(convert::entry_info(e))
+    }
+
+    // ---- templates ----
+
+    pub async fn list_templates(&self) -> AppResult<Vec<Template>> {
+        let list = self.node.list_templates().await?;
+        Ok(list.iter().map(template_dto).collect())
+    }
+
+    /// Streams a tar archive to a temporary file under the data dir, imports it, and
+    /// deletes the file.
+    pub async fn import_template<S, E>(
+        &self,
+        name: &str,
+        content_length: Option<u64>,
+        body: S,
+    ) -> AppResult<Template>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+        E: std::fmt::Display + Send + 'static,
+    {
+        if !is_valid_template_name(name) {
+            return Err(AppError::invalid(format!(
+                "invalid template name {name:?}: expected [a-z0-9][a-z0-9._-]{{0,62}}"
+            )));
+        }
+        let limit = self.cfg.max_upload_bytes;
+        if content_length.is_some_and(|n| n > limit) {
+            return Err(too_large(limit));
+        }
+        let tmp_dir = self.cfg.data_dir.join("tmp");
+        tokio::fs::create_dir_all(&tmp_dir)
+            .await
+            .map_err(|e| AppError::internal(format_args!("create {}: {e}", tmp_dir.display())))?;
+        let tmp = TempPath(tmp_dir.join(format!("template-{}.tar", new_sandbox_id())));
+        let mut file = tokio::fs::File::create(&tmp.0)
+            .await
+            .map_err(|e| AppError::internal(format_args!("create {}: {e}", tmp.0.display())))?;
+        let mut body = body;
+        let mut total = 0u64;
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| AppError::invalid(format!("upload interrupted: {e}")))?;
+            total += chunk.len() as u64;
+            if total > limit {
+                return Err(too_large(limit));
+            }
+            file.write_all(&chunk)
+                .await
+                .map_err(|e| AppError::internal(format_args!("write {}: {e}", tmp.0.display())))?;
+        }
+        file.flush()
+            .await
+            .map_err(|e| AppError::internal(format_args!("write {}: {e}", tmp.0.display())))?;
+        drop(file);
+        if total == 0 {
+            return Err(AppError::invalid("the template archive is empty"));
+        }
+        let info = self
+            .node
+            .import_template(name, TemplateSource::Tar(tmp.0.clone()))
+            .await?;
+        Ok(template_dto(&info))
+    }
+
+    // ---- service ----
+
+    /// Prometheus text exposition of the counters and sandbox counts.
+    pub async fn metrics_text(&self) -> AppResult<String> {
+        use std::fmt::Write;
+        let m = &self.metrics;
+        let mut out = String::new();
+        let counters = [
+            ("space_http_requests_total", &m.http_requests),
+            ("space_http_errors_total", &m.http_errors),
+            ("space_sandboxes_created_total", &m.sandboxes_created),
+            (
+                "space_sandbox_create_errors_total",
+                &m.sandbox_create_errors,
+            ),
+            ("space_sandboxes_deleted_total", &m.sandboxes_deleted),
+            ("space_execs_total", &m.execs),
+            ("space_reconcile_runs_total", &m.reconcile_runs),
+            ("space_reconcile_errors_total", &m.reconcile_errors),
+        ];
+        for (name, c) in counters {
+            let _ = writeln!(
+                out,
+                "# TYPE {name} counter\n{name} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(out, "# TYPE space_sandboxes gauge");
+        for (state, n) in self.store.count_by_state().await? {
+            let _ = writeln!(out, "space_sandboxes{{state=\"{state}\"}} {n}");
+        }
+        Ok(out)
+    }
+}
+
+fn too_large(limit: u64) -> AppError {
+    AppError::too_large(format!("upload exceeds the limit of {limit} bytes"))
+}
+
+/// Removes a file when dropped.
+struct TempPath(PathBuf);
+
+impl Drop for TempPath {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Re-chunks an upload body into pieces of at most `CHUNK_BYTES`, counting bytes. Past
+/// `limit`, or when the body fails, it reports on `abort` and then never ends, so the RPC
+/// that consumes it cannot finish as if the upload were complete.
+fn upload_chunks<S, E>(
+    body: S,
+    limit: u64,
+    abort: tokio::sync::oneshot::Sender<AppError>,
+) -> impl Stream<Item = Bytes> + Send + 'static
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    struct St<S> {
+        body: S,
+        total: u64,
+        buf: BytesMut,
+        abort: Option<tokio::sync::oneshot::Sender<AppError>>,
+        ended: bool,
+    }
+    let st = St {
+        body,
+        total: 0,
+        buf: BytesMut::new(),
+        abort: Some(abort),
+        ended: false,
+    };
+    let chunk = pb::CHUNK_BYTES;
+    futures::stream::unfold(st, move |mut st| async move {
+        loop {
+            if st.buf.len() >= chunk || (st.ended && !st.buf.is_empty()) {
+                let n = st.buf.len().min(chunk);
+                let out = st.buf.split_to(n).freeze();
+                return Some((out, st));
+            }
+            if st.ended {
+                return None;
+            }
+            let fail = match st.body.next().await {
+                Some(Ok(b)) => {
+                    st.total += b.len() as u64;
+                    if st.total > limit {
+                        Some(too_large(limit))
+                    } else {
+                        st.buf.extend_from_slice(&b);
+                        None
+                    }
+                }
+                Some(Err(e)) => Some(AppError::invalid(format!("upload interrupted: {e}"))),
+                None => {
+                    st.ended = true;
+                    None
+                }
+            };
+            if let Some(err) = fail {
+                if let Some(tx) = st.abort.take() {
+                    let _ = tx.send(err);
+                }
+                futures::future::pending::<()>().await;
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::tests::row;
+
+    #[test]
+    fn create_validation() {
+        let id = "abcdefghij0123456789";
+        let ok = validate_create(CreateSandbox::default(), id).unwrap();
+        assert_eq!(ok.template, "base");
+        assert_eq!(ok.cpu, 1.0);
+        assert_eq!(ok.memory_mib, 512);
+        assert_eq!(ok.pids, 512);
+        assert_eq!(ok.hostname, id);
+
+        let bad: Vec<CreateSandbox> = vec![
+            CreateSandbox {
+                cpu: Some(0.0),
+                ..Default::default()
+            },
+            CreateSandbox {
+                cpu: Some(65.0),
+                ..Default::default()
+            },
+            CreateSandbox {
+                cpu: Some(f64::NAN),
+                ..Default::default()
+            },
+            CreateSandbox {
+                memory_mib: Some(15),
+                ..Default::default()
+            },
+            CreateSandbox {
+                memory_mib: Some(1_048_577),
+                ..Default::default()
+            },
+            CreateSandbox {
+                pids: Some(7),
+                ..Default::default()
+            },
+            CreateSandbox {
+                template: Some("../etc".into()),
+                ..Default::default()
+            },
+            CreateSandbox {
+                env: [("1BAD".to_string(), "x".to_string())].into(),
+                ..Default::default()
+            },
+            CreateSandbox {
+                env: [("A=B".to_string(), "x".to_string())].into(),
+                ..Default::default()
+            },
+            CreateSandbox {
+                env: [("OK".to_string(), "a\0b".to_string())].into(),
+                ..Default::default()
+            },
+            CreateSandbox {
+                hostname: Some("-x".into()),
+                ..Default::default()
+            },
+            CreateSandbox {
+                hostname: Some("a".repeat(64)),
+                ..Default::default()
+            },
+        ];
+        for req in bad {
+            let e = validate_create(req.clone(), id).unwrap_err();
+            assert_eq!(e.status.as_u16(), 400, "{req:?}");
+            assert_eq!(e.code, "invalid_argument");
+        }
+    }
+
+    #[test]
+    fn lifecycle_table() {
+        for state in [
+            SandboxState::Creating,
+            SandboxState::Stopped,
+            SandboxState::Failed,
+            SandboxState::Deleting,
+        ] {
+            let r = row("abcdefghij0123456789", state, 0);
+            let e = check_lifecycle(&r, Action::Guest).unwrap_err();
+            assert_eq!(e.status.as_u16(), 409, "{state}");
+            assert!(check_lifecycle(&r, Action::Delete).is_ok());
+        }
+        let r = row("abcdefghij0123456789", SandboxState::Running, 0);
+        assert!(check_lifecycle(&r, Action::Guest).is_ok());
+    }
+
+    #[test]
+    fn modes_and_limits() {
+        assert_eq!(parse_mode(None).unwrap(), 0);
+        assert_eq!(parse_mode(Some("644")).unwrap(), 0o644);
+        assert_eq!(parse_mode(Some("0755")).unwrap(), 0o755);
+        assert!(parse_mode(Some("999")).is_err());
+        assert!(parse_mode(Some("77777")).is_err());
+        let spec = node_spec(
+            "x",
+            &validate_create(CreateSandbox::default(), "x").unwrap(),
+        );
+        assert_eq!(spec.limits.cpu_millis, 1000);
+        let mut tiny = validate_create(CreateSandbox::default(), "x").unwrap();
+        tiny.cpu = 0.001;
+        assert_eq!(node_spec("x", &tiny).limits.cpu_millis, 10);
+        assert!(check_path("path", "rel").is_err());
+        assert!(check_path("path", "").is_err());
+        assert!(check_path("path", "/a\0").is_err());
+        assert!(check_path("path", "/a").is_ok());
+        assert!(check_id("short").is_err());
+        assert!(new_sandbox_id().len() == 20 && is_valid_sandbox_id(&new_sandbox_id()));
+    }
+
+    #[tokio::test]
+    async fn upload_chunks_rechunks_and_aborts_past_limit() {
+        let big = Bytes::from(vec![7u8; pb::CHUNK_BYTES * 2 + 5]);
+        let body = futures::stream::iter(vec![Ok::<_, std::io::Error>(big)]);
+        let (tx, _rx) = tokio::sync::oneshot::channel();
+        let chunks: Vec<Bytes> = upload_chunks(body, u64::MAX, tx).collect().await;
+        assert_eq!(
+            chunks.iter().map(Bytes::len).collect::<Vec<_>>(),
+            [pb::CHUNK_BYTES, pb::CHUNK_BYTES, 5]
+        );
+
+        let body = futures::stream::iter(vec![
+            Ok::<_, std::io::Error>(Bytes::from_static(b"1234")),
+            Ok(Bytes::from_static(b"5678")),
+        ]);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut s = Box::pin(upload_chunks(body, 6, tx));
+        // The stream never ends once the limit is passed; the abort channel reports 413.
+        let next = tokio::time::timeout(Duration::from_millis(50), s.next()).await;
+        assert!(next.is_err(), "stream must not end");
+        assert_eq!(rx.await.unwrap().status.as_u16(), 413);
+    }
+}

@@ -1,0 +1,158 @@
+//! space-control: the control plane. An axum REST API ([`app`]), the desired-state store
+//! (sqlx; SQLite embedded by default, PostgreSQL-compatible SQL), API-key auth, and a
+//! level-triggered reconciler that drives a [`NodeApi`] until observed == desired.
+//!
+//! Layers: `http` (parse, respond) -> `engine` (one method per action, lifecycle checks) ->
+//! `NodeApi` / guest gRPC. The reconciler heals whatever the fast path left behind.
+
+pub mod auth;
+pub mod convert;
+pub mod engine;
+pub mod error;
+pub mod http;
+pub mod reconcile;
+pub mod store;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use space_node::api::NodeApi;
+
+pub use auth::Auth;
+pub use engine::{ControlConfig, Engine};
+pub use error::{AppError, AppResult};
+pub use http::{ROUTES, app};
+pub use store::Store;
+
+/// What every handler gets: the engine (store + node) and the key cache.
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    pub auth: Arc<Auth>,
+}
+
+impl AppState {
+    pub fn new(engine: Arc<Engine>, auth: Arc<Auth>) -> Self {
+        Self { engine, auth }
+    }
+
+    pub fn node(&self) -> &Arc<dyn NodeApi> {
+        &self.engine.node
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("failed to create data directory {path}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Auth(#[from] auth::AuthError),
+    #[error("server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+/// An opened control plane: state for [`app`] plus where the admin key is.
+pub struct ControlPlane {
+    pub state: AppState,
+    pub admin_key_path: PathBuf,
+}
+
+impl ControlPlane {
+    /// Opens the store (`database_url`, or SQLite at `data_dir/space.db`), makes sure an admin
+    /// key exists, and builds the engine over `node`.
+    pub async fn open(
+        cfg: ControlConfig,
+        database_url: Option<&str>,
+        node: Arc<dyn NodeApi>,
+    ) -> Result<Self, ControlError> {
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ControlError::DataDir {
+            path: cfg.data_dir.clone(),
+            source,
+        })?;
+        let store = match database_url {
+            Some(url) => Store::open(url).await?,
+            None => Store::open_sqlite(&cfg.data_dir.join("space.db")).await?,
+        };
+        let admin_key_path = auth::ensure_admin_key(&store, &cfg.data_dir).await?;
+        let auth = Arc::new(Auth::load(&store).await?);
+        let engine = Arc::new(Engine::new(store, node, cfg));
+        Ok(Self {
+            state: AppState::new(engine, auth),
+            admin_key_path,
+        })
+    }
+}
+
+/// Serves [`app`] on `listener` with the reconciler running, until `shutdown` resolves.
+/// Then it stops accepting, waits up to `shutdown_timeout` for open requests (exec streams)
+/// and returns. Sandboxes are never stopped by a shutdown.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ControlError> {
+    let engine = state.engine.clone();
+    let timeout = engine.config().shutdown_timeout;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let reconciler = {
+        let mut rx = stop_rx.clone();
+        reconcile::spawn_reconciler(engine, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })
+    };
+    let server_shutdown = {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    tokio::spawn(async move {
+        shutdown.await;
+        tracing::info!("shutting down (sandboxes keep running)");
+        let _ = stop_tx.send(true);
+    });
+    let server = axum::serve(listener, app(state))
+        .with_graceful_shutdown(server_shutdown)
+        .into_future();
+    let mut stopped = stop_rx;
+    let grace = async move {
+        let _ = stopped.wait_for(|s| *s).await;
+        tokio::time::sleep(timeout).await;
+    };
+    let result = tokio::select! {
+        r = server => r.map_err(ControlError::Serve),
+        _ = grace => {
+            tracing::warn!(?timeout, "open requests did not finish in time; closing them");
+            Ok(())
+        }
+    };
+    // A reconcile pass stuck on the node must not hold the process: give it the same grace.
+    let abort = reconciler.abort_handle();
+    if tokio::time::timeout(timeout, reconciler).await.is_err() {
+        tracing::warn!("the reconciler did not stop in time; abandoning it");
+        abort.abort();
+    }
+    result
+}
+
+/// Formats an error with its whole source chain ("a: b: c").
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        s.push_str(": ");
+        s.push_str(&src.to_string());
+        cur = src.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests;

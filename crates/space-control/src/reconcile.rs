@@ -1,0 +1,415 @@
+//! The reconciler (kube-rs style). Level-triggered: [`reconcile`] looks only at desired rows
+//! and the node's observed sandboxes, never at why it was called, and returns independent
+//! steps. Each `ensure_*` step takes the sandbox's lock, re-checks its own precondition
+//! against fresh state, and is safe to repeat. Failures go through [`error_policy`], which
+//! picks a backoff; the loop always requeues. Status is written only by
+//! `Engine::write_status`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use space_api::SandboxState;
+use space_node::api::{Phase, SandboxStatus};
+
+use crate::engine::{Engine, node_spec};
+use crate::error::{AppError, AppResult};
+use crate::store::{SandboxRow, now_ms};
+
+pub const ERROR_INIT_EXITED: &str = "init exited";
+pub const ERROR_SANDBOX_LOST: &str = "sandbox lost";
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Step {
+    /// Deletion finalizer: remove on the node, then forget the row.
+    FinalizeDelete { id: String },
+    /// A running row whose init is gone: free runtime resources (keep the rootfs), mark
+    /// stopped.
+    MarkStopped { id: String },
+    /// A row whose sandbox the node no longer has: mark failed.
+    MarkLost { id: String },
+    /// A row stuck in `creating` (the fast path died): create on the node (idempotent).
+    ResumeCreate { id: String },
+    /// A failed row that still has node resources: remove them (the row stays, with its
+    /// error, until the user deletes it).
+    CleanupFailed { id: String },
+    /// A node sandbox without a row: remove it.
+    RemoveOrphan { id: String },
+}
+
+impl Step {
+    pub fn id(&self) -> &str {
+        match self {
+            Step::FinalizeDelete { id }
+            | Step::MarkStopped { id }
+            | Step::MarkLost { id }
+            | Step::ResumeCreate { id }
+            | Step::CleanupFailed { id }
+            | Step::RemoveOrphan { id } => id,
+        }
+    }
+}
+
+/// Compares desired rows with observed node sandboxes. Pure; `now_ms` and `create_grace_ms`
+/// decide when a `creating` row counts as abandoned by its fast path.
+pub fn reconcile(
+    desired: &[SandboxRow],
+    observed: &[SandboxStatus],
+    now_ms: i64,
+    create_grace_ms: i64,
+) -> Vec<Step> {
+    let on_node: HashMap<&str, &SandboxStatus> =
+        observed.iter().map(|s| (s.id.as_str(), s)).collect();
+    let known: HashSet<&str> = desired.iter().map(|r| r.id.as_str()).collect();
+    let mut steps = Vec::new();
+    for row in desired {
+        let id = row.id.clone();
+        let node = on_node.get(row.id.as_str()).map(|s| s.phase);
+        let step = match (row.state, node) {
+            (SandboxState::Deleting, _) => Some(Step::FinalizeDelete { id }),
+            _ if row.deleted_at.is_some() => Some(Step::FinalizeDelete { id }),
+            (SandboxState::Running, Some(Phase::Stopped)) => Some(Step::MarkStopped { id }),
+            (SandboxState::Running | SandboxState::Stopped, None) => Some(Step::MarkLost { id }),
+            (SandboxState::Creating, _) if now_ms - row.updated_at > create_grace_ms => {
+                Some(Step::ResumeCreate { id })
+            }
+            (SandboxState::Failed, Some(_)) => Some(Step::CleanupFailed { id }),
+            _ => None,
+        };
+        steps.extend(step);
+    }
+    for s in observed {
+        if !known.contains(s.id.as_str()) {
+            steps.push(Step::RemoveOrphan { id: s.id.clone() });
+        }
+    }
+    steps
+}
+
+/// Backoff after the `attempts`-th consecutive failure of a step on one sandbox.
+pub fn error_policy(err: &AppError, attempts: u32) -> Duration {
+    // The guest or node being briefly unavailable heals fast; anything else backs off more.
+    let base = if err.code == "unavailable" { 500 } else { 1000 };
+    let exp = attempts.saturating_sub(1).min(6);
+    Duration::from_millis(base << exp).min(Duration::from_secs(60))
+}
+
+/// Backoff bookkeeping of the reconcile loop.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    failures: HashMap<String, (u32, Instant)>,
+}
+
+impl Backoff {
+    fn ready(&self, id: &str, now: Instant) -> bool {
+        self.failures
+            .get(id)
+            .is_none_or(|(_, not_before)| now >= *not_before)
+    }
+
+    fn failed(&mut self, id: &str, err: &AppError, now: Instant) -> Duration {
+        let entry = self.failures.entry(id.to_string()).or_insert((0, now));
+        entry.0 += 1;
+        let delay = error_policy(err, entry.0);
+        entry.1 = now + delay;
+        delay
+    }
+
+    fn succeeded(&mut self, id: &str) {
+        self.failures.remove(id);
+    }
+}
+
+impl Engine {
+    /// One reconcile pass: observe the node, then read desired state (in this order, so a
+    /// sandbox created in between always has its row), then apply each step.
+    pub async fn reconcile_once(&self, backoff: &mut Backoff) -> AppResult<usize> {
+        self.metrics
+            .reconcile_runs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let observed = self.node.list_sandboxes().await?;
+        let desired = self.store.list_sandboxes().await?;
+        let steps = reconcile(
+            &desired,
+            &observed,
+            now_ms(),
+            self.cfg.create_grace.as_millis() as i64,
+        );
+        let mut applied = 0;
+        for step in steps {
+            let now = Instant::now();
+            if !backoff.ready(step.id(), now) {
+                continue;
+            }
+            match self.apply(&step).await {
+                Ok(()) => {
+                    backoff.succeeded(step.id());
+                    applied += 1;
+                }
+                Err(e) => {
+                    self.metrics
+                        .reconcile_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let delay = backoff.failed(step.id(), &e, now);
+                    tracing::warn!(?step, error = %e, retry_in = ?delay, "reconcile step failed");
+                }
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Applies one step under the sandbox's lock.
+    pub async fn apply(&self, step: &Step) -> AppResult<()> {
+        let id = step.id();
+        let _guard = self.locks.lock(id).await;
+        let row = self.store.get_sandbox(id).await?;
+        match step {
+            Step::FinalizeDelete { .. } => self.ensure_deleted(row).await,
+            Step::MarkStopped { .. } => self.ensure_stopped(row).await,
+            Step::MarkLost { .. } => self.ensure_lost(row).await,
+            Step::ResumeCreate { .. } => self.ensure_created(row).await,
+            Step::CleanupFailed { .. } => self.ensure_failed_cleaned(row).await,
+            Step::RemoveOrphan { .. } => self.ensure_orphan_removed(id, row).await,
+        }
+    }
+
+    async fn ensure_deleted(&self, row: Option<SandboxRow>) -> AppResult<()> {
+        let Some(row) = row else { return Ok(()) };
+        if row.state != SandboxState::Deleting && row.deleted_at.is_none() {
+            return Ok(());
+        }
+        self.finalize_delete(&row.id).await
+    }
+
+    async fn ensure_stopped(&self, row: Option<SandboxRow>) -> AppResult<()> {
+        let Some(row) = row.filter(|r| r.state == SandboxState::Running) else {
+            return Ok(());
+        };
+        match self.node.sandbox_status(&row.id).await? {
+            Some(s) if s.phase == Phase::Stopped => {
+                self.node.stop_sandbox(&row.id).await?;
+                self.write_status(&row.id, SandboxState::Stopped, Some(ERROR_INIT_EXITED))
+                    .await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn ensure_lost(&self, row: Option<SandboxRow>) -> AppResult<()> {
+        let Some(row) =
+            row.filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Stopped))
+        else {
+            return Ok(());
+        };
+        if self.node.sandbox_status(&row.id).await?.is_some() {
+            return Ok(());
+        }
+        self.write_status(&row.id, SandboxState::Failed, Some(ERROR_SANDBOX_LOST))
+            .await
+    }
+
+    async fn ensure_created(&self, row: Option<SandboxRow>) -> AppResult<()> {
+        let Some(row) = row.filter(|r| r.state == SandboxState::Creating) else {
+            return Ok(());
+        };
+        match self
+            .node
+            .create_sandbox(&node_spec(&row.id, &row.spec))
+            .await
+        {
+            Ok(_) => {
+                self.write_status(&row.id, SandboxState::Running, None)
+                    .await
+            }
+            Err(e) => {
+                let err = AppError::from(e);
+                if err.status.is_client_error() {
+                    let msg = format!("create failed: {}", err.message);
+                    self.write_status(&row.id, SandboxState::Failed, Some(&msg))
+                        .await
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    async fn ensure_failed_cleaned(&self, row: Option<SandboxRow>) -> AppResult<()> {
+        let Some(row) = row.filter(|r| r.state == SandboxState::Failed) else {
+            return Ok(());
+        };
+        self.node.remove_sandbox(&row.id).await?;
+        Ok(())
+    }
+
+    async fn ensure_orphan_removed(&self, id: &str, row: Option<SandboxRow>) -> AppResult<()> {
+        if row.is_some() {
+            return Ok(());
+        }
+        tracing::info!(sandbox = id, "removing orphan sandbox");
+        self.node.remove_sandbox(id).await?;
+        Ok(())
+    }
+}
+
+/// Runs the reconcile loop until `shutdown` resolves: every `reconcile_interval`, and at
+/// once when woken ([`Engine::wake_reconciler`]).
+pub fn spawn_reconciler(
+    engine: Arc<Engine>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut backoff = Backoff::default();
+        tokio::pin!(shutdown);
+        loop {
+            if let Err(e) = engine.reconcile_once(&mut backoff).await {
+                tracing::warn!(error = %e, "reconcile pass failed");
+            }
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = tokio::time::sleep(engine.cfg.reconcile_interval) => {}
+                _ = engine.wake.notified() => {}
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::tests::row;
+    use std::path::PathBuf;
+
+    fn status(id: &str, phase: Phase) -> SandboxStatus {
+        SandboxStatus {
+            id: id.into(),
+            phase,
+            template: "base".into(),
+            runtime: "namespace".into(),
+            init_pid: (phase == Phase::Running).then_some(42),
+            uid_base: 100_000,
+            uid_count: 65_536,
+            channel: PathBuf::from("/run/space/x.sock"),
+            memory_bytes: None,
+        }
+    }
+
+    const A: &str = "aaaaaaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbbbbbb";
+
+    #[test]
+    fn converged_state_needs_nothing() {
+        let desired = [row(A, SandboxState::Running, 0)];
+        let observed = [status(A, Phase::Running)];
+        assert!(reconcile(&desired, &observed, 1_000_000, 60_000).is_empty());
+        assert!(reconcile(&[], &[], 0, 0).is_empty());
+        // A stopped row whose node sandbox is stopped is converged too.
+        let desired = [row(A, SandboxState::Stopped, 0)];
+        let observed = [status(A, Phase::Stopped)];
+        assert!(reconcile(&desired, &observed, 0, 0).is_empty());
+    }
+
+    #[test]
+    fn each_divergence_yields_its_step() {
+        let mut deleting = row(A, SandboxState::Deleting, 0);
+        deleting.deleted_at = Some(5);
+        let cases: Vec<(Vec<SandboxRow>, Vec<SandboxStatus>, Vec<Step>)> = vec![
+            (
+                vec![deleting.clone()],
+                vec![status(A, Phase::Running)],
+                vec![Step::FinalizeDelete { id: A.into() }],
+            ),
+            (
+                vec![deleting],
+                vec![],
+                vec![Step::FinalizeDelete { id: A.into() }],
+            ),
+            (
+                vec![row(A, SandboxState::Running, 0)],
+                vec![status(A, Phase::Stopped)],
+                vec![Step::MarkStopped { id: A.into() }],
+            ),
+            (
+                vec![row(A, SandboxState::Running, 0)],
+                vec![],
+                vec![Step::MarkLost { id: A.into() }],
+            ),
+            (
+                vec![row(A, SandboxState::Stopped, 0)],
+                vec![],
+                vec![Step::MarkLost { id: A.into() }],
+            ),
+            (
+                vec![],
+                vec![status(B, Phase::Running)],
+                vec![Step::RemoveOrphan { id: B.into() }],
+            ),
+            (
+                vec![row(A, SandboxState::Failed, 0)],
+                vec![status(A, Phase::Stopped)],
+                vec![Step::CleanupFailed { id: A.into() }],
+            ),
+            (vec![row(A, SandboxState::Failed, 0)], vec![], vec![]),
+        ];
+        for (desired, observed, want) in cases {
+            assert_eq!(
+                reconcile(&desired, &observed, 1_000, 60_000),
+                want,
+                "{desired:?} {observed:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn creating_rows_wait_for_the_grace_period() {
+        let desired = [row(A, SandboxState::Creating, 1_000)];
+        assert!(reconcile(&desired, &[], 2_000, 60_000).is_empty());
+        assert_eq!(
+            reconcile(&desired, &[], 62_000, 60_000),
+            vec![Step::ResumeCreate { id: A.into() }]
+        );
+    }
+
+    #[test]
+    fn steps_are_independent_per_sandbox() {
+        let desired = [
+            row(A, SandboxState::Running, 0),
+            row(B, SandboxState::Running, 0),
+        ];
+        let observed = [
+            status(A, Phase::Stopped),
+            status("c".repeat(20).as_str(), Phase::Running),
+        ];
+        let mut steps = reconcile(&desired, &observed, 0, 60_000);
+        steps.sort();
+        assert_eq!(
+            steps,
+            vec![
+                Step::MarkStopped { id: A.into() },
+                Step::MarkLost { id: B.into() },
+                Step::RemoveOrphan { id: "c".repeat(20) },
+            ]
+        );
+    }
+
+    #[test]
+    fn error_policy_backs_off_exponentially_with_a_cap() {
+        let e = AppError::internal("x");
+        assert_eq!(error_policy(&e, 1), Duration::from_secs(1));
+        assert_eq!(error_policy(&e, 2), Duration::from_secs(2));
+        assert_eq!(error_policy(&e, 3), Duration::from_secs(4));
+        assert_eq!(error_policy(&e, 100), Duration::from_secs(60));
+        let u = AppError::unavailable("x");
+        assert_eq!(error_policy(&u, 1), Duration::from_millis(500));
+
+        let mut b = Backoff::default();
+        let now = Instant::now();
+        assert!(b.ready(A, now));
+        b.failed(A, &e, now);
+        assert!(!b.ready(A, now));
+        assert!(b.ready(A, now + Duration::from_secs(1)));
+        assert!(b.ready(B, now));
+        b.succeeded(A);
+        assert!(b.ready(A, now));
+    }
+}

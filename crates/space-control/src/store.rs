@@ -1,0 +1,429 @@
+//! The desired-state store: sandboxes and API keys, through sqlx's `Any` driver so the same
+//! SQL runs on SQLite (embedded default: `data_dir/space.db`, WAL, synchronous=NORMAL) and
+//! PostgreSQL. Placeholders are `$N` (both accept them); timestamps are unix milliseconds.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use space_api::SandboxState;
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Connection, Row};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("failed to open database {url}")]
+    Open {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("failed to migrate the database schema")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    #[error("query {what} failed")]
+    Query {
+        what: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("row {id} is corrupt: {reason}")]
+    Corrupt { id: String, reason: String },
+}
+
+type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// What a user asked for, normalized (defaults applied). Stored as JSON text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxSpecRecord {
+    pub template: String,
+    pub cpu: f64,
+    pub memory_mib: u64,
+    pub pids: u32,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub hostname: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRow {
+    pub id: String,
+    pub spec: SandboxSpecRecord,
+    pub state: SandboxState,
+    pub error: Option<String>,
+    pub generation: i64,
+    /// Set once deletion was requested (the finalizer mark).
+    pub deleted_at: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |source| StoreError::Query { what, source }
+}
+
+impl Store {
+    /// The embedded default: SQLite at `path` (created if missing).
+    pub async fn open_sqlite(path: &Path) -> Result<Self> {
+        Self::open(&format!("sqlite://{}?mode=rwc", path.display())).await
+    }
+
+    /// Opens `url` (`sqlite://...` or `postgres://...`) and applies the migrations.
+    pub async fn open(url: &str) -> Result<Self> {
+        sqlx::any::install_default_drivers();
+        let open_err = |source| StoreError::Open {
+            url: redact(url),
+            source,
+        };
+        let opts = AnyConnectOptions::from_str(url).map_err(open_err)?;
+        let is_sqlite = url.starts_with("sqlite:");
+        let pool = AnyPoolOptions::new()
+            .max_connections(if is_sqlite { 4 } else { 16 })
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    if conn.backend_name().eq_ignore_ascii_case("sqlite") {
+                        for pragma in [
+                            "PRAGMA journal_mode = WAL",
+                            "PRAGMA synchronous = NORMAL",
+                            "PRAGMA busy_timeout = 5000",
+                        ] {
+                            sqlx::query(pragma).execute(&mut *conn).await?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(opts)
+            .await
+            .map_err(open_err)?;
+        sqlx::migrate!("./migrations")
+            .run(&pool)
+            .await
+            .map_err(StoreError::Migrate)?;
+        Ok(Self { pool })
+    }
+
+    /// Checks that the database answers.
+    pub async fn ping(&self) -> Result<()> {
+        let mut conn = self.pool.acquire().await.map_err(q("ping"))?;
+        conn.ping().await.map_err(q("ping"))
+    }
+
+    pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<()> {
+        let spec = serde_json::to_string(&row.spec).map_err(|e| StoreError::Corrupt {
+            id: row.id.clone(),
+            reason: e.to_string(),
+        })?;
+        sqlx::query(
+            "INSERT INTO sandboxes (id, spec, state, error, generation, deleted_at, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&row.id)
+        .bind(spec)
+        .bind(row.state.as_str())
+        .bind(row.error.clone())
+        .bind(row.generation)
+        .bind(row.deleted_at)
+        .bind(row.created_at)
+        .bind(row.updated_at)
+        .execute(&self.pool)
+        .await
+        .map_err(q("insert sandbox"))?;
+        Ok(())
+    }
+
+    pub async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
+        let row = sqlx::query(
+            "SELECT id, spec, state, error, generation, deleted_at, created_at, updated_at \
+             FROM sandboxes WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(q("get sandbox"))?;
+        row.map(|r| decode_sandbox(&r)).transpose()
+    }
+
+    /// All sandboxes, oldest first.
+    pub async fn list_sandboxes(&self) -> Result<Vec<SandboxRow>> {
+        let rows = sqlx::query(
+            "SELECT id, spec, state, error, generation, deleted_at, created_at, updated_at \
+             FROM sandboxes ORDER BY created_at, id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("list sandboxes"))?;
+        rows.iter().map(decode_sandbox).collect()
+    }
+
+    /// Writes a sandbox's state and error. Entering `deleting` also sets the deletion mark
+    /// (kept once set) and bumps the generation. Returns false if the row is gone.
+    pub async fn set_status(
+        &self,
+        id: &str,
+        state: SandboxState,
+        error: Option<&str>,
+    ) -> Result<bool> {
+        let now = now_ms();
+        let res = if state == SandboxState::Deleting {
+            sqlx::query(
+                "UPDATE sandboxes SET state = $1, error = $2, updated_at = $3, \
+                 deleted_at = COALESCE(deleted_at, $3), generation = generation + 1 WHERE id = $4",
+            )
+            .bind(state.as_str())
+            .bind(error.map(str::to_string))
+            .bind(now)
+            .bind(id)
+            .execute(&self.pool)
+            .await
+        } else {
+            sqlx::query(
+                "UPDATE sandboxes SET state = $1, error = $2, updated_at = $3 WHERE id = $4",
+            )
+            .bind(state.as_str())
+            .bind(error.map(str::to_string))
+            .bind(now)
+            .bind(id)
+            .execute(&self.pool)
+            .await
+        }
+        .map_err(q("set sandbox status"))?;
+        Ok(res.rows_affected() > 0)
+    }
+
+    /// Forgets a sandbox (the end of the deletion finalizer). Idempotent.
+    pub async fn delete_sandbox(&self, id: &str) -> Result<()> {
+        sqlx::query("DELETE FROM sandboxes WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("delete sandbox"))?;
+        Ok(())
+    }
+
+    /// Number of sandboxes per state.
+    pub async fn count_by_state(&self) -> Result<Vec<(String, i64)>> {
+        let rows = sqlx::query("SELECT state, COUNT(*) AS n FROM sandboxes GROUP BY state")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("count sandboxes"))?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String, _>("state")
+                        .map_err(q("count sandboxes"))?,
+                    r.try_get::<i64, _>("n").map_err(q("count sandboxes"))?,
+                ))
+            })
+            .collect()
+    }
+
+    pub async fn insert_api_key(&self, id: &str, hash_hex: &str, name: &str) -> Result<()> {
+        sqlx::query("INSERT INTO api_keys (id, hash, name, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(id)
+            .bind(hash_hex)
+            .bind(name)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await
+            .map_err(q("insert api key"))?;
+        Ok(())
+    }
+
+    /// Removes every key with this name (used when the admin key is rotated).
+    pub async fn delete_api_keys_named(&self, name: &str) -> Result<()> {
+        sqlx::query("DELETE FROM api_keys WHERE name = $1")
+            .bind(name)
+            .execute(&self.pool)
+            .await
+            .map_err(q("delete api keys"))?;
+        Ok(())
+    }
+
+    /// Hex sha256 hashes of all API keys.
+    pub async fn api_key_hashes(&self) -> Result<Vec<String>> {
+        let rows = sqlx::query("SELECT hash FROM api_keys")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(q("list api keys"))?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>("hash").map_err(q("list api keys")))
+            .collect()
+    }
+}
+
+fn decode_sandbox(r: &AnyRow) -> Result<SandboxRow> {
+    let get = q("decode sandbox");
+    let id: String = r.try_get("id").map_err(get)?;
+    let corrupt = |reason: String| StoreError::Corrupt {
+        id: id.clone(),
+        reason,
+    };
+    let spec: String = r.try_get("spec").map_err(q("decode sandbox"))?;
+    let spec: SandboxSpecRecord =
+        serde_json::from_str(&spec).map_err(|e| corrupt(format!("bad spec: {e}")))?;
+    let state: String = r.try_get("state").map_err(q("decode sandbox"))?;
+    let state =
+        SandboxState::parse(&state).ok_or_else(|| corrupt(format!("bad state {state:?}")))?;
+    Ok(SandboxRow {
+        spec,
+        state,
+        error: r.try_get("error").map_err(q("decode sandbox"))?,
+        generation: r.try_get("generation").map_err(q("decode sandbox"))?,
+        deleted_at: r.try_get("deleted_at").map_err(q("decode sandbox"))?,
+        created_at: r.try_get("created_at").map_err(q("decode sandbox"))?,
+        updated_at: r.try_get("updated_at").map_err(q("decode sandbox"))?,
+        id,
+    })
+}
+
+/// Hides a password in a database URL.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***{}", &url[..scheme], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn spec() -> SandboxSpecRecord {
+        SandboxSpecRecord {
+            template: "base".into(),
+            cpu: 1.0,
+            memory_mib: 512,
+            pids: 512,
+            env: BTreeMap::from([("A".to_string(), "1".to_string())]),
+            hostname: "h".into(),
+        }
+    }
+
+    pub(crate) fn row(id: &str, state: SandboxState, created_at: i64) -> SandboxRow {
+        SandboxRow {
+            id: id.into(),
+            spec: spec(),
+            state,
+            error: None,
+            generation: 1,
+            deleted_at: None,
+            created_at,
+            updated_at: created_at,
+        }
+    }
+
+    #[tokio::test]
+    async fn sandboxes_roundtrip() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("space.db"))
+            .await
+            .unwrap();
+        store.ping().await.unwrap();
+        assert!(store.get_sandbox("nope").await.unwrap().is_none());
+        let b = row("bbbbbbbbbbbbbbbbbbbb", SandboxState::Creating, 20);
+        let a = row("aaaaaaaaaaaaaaaaaaaa", SandboxState::Running, 10);
+        store.insert_sandbox(&b).await.unwrap();
+        store.insert_sandbox(&a).await.unwrap();
+        // Duplicate ids are refused.
+        assert!(store.insert_sandbox(&a).await.is_err());
+        assert_eq!(store.get_sandbox(&b.id).await.unwrap().unwrap(), b);
+        let all = store.list_sandboxes().await.unwrap();
+        assert_eq!(
+            all.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            [a.id.as_str(), b.id.as_str()]
+        );
+
+        assert!(
+            store
+                .set_status(&b.id, SandboxState::Failed, Some("boom"))
+                .await
+                .unwrap()
+        );
+        let got = store.get_sandbox(&b.id).await.unwrap().unwrap();
+        assert_eq!(got.state, SandboxState::Failed);
+        assert_eq!(got.error.as_deref(), Some("boom"));
+        assert_eq!(got.deleted_at, None);
+
+        assert!(
+            store
+                .set_status(&b.id, SandboxState::Deleting, None)
+                .await
+                .unwrap()
+        );
+        let got = store.get_sandbox(&b.id).await.unwrap().unwrap();
+        assert_eq!(got.state, SandboxState::Deleting);
+        assert_eq!(got.error, None);
+        assert!(got.deleted_at.is_some());
+        assert_eq!(got.generation, 2);
+
+        let mut counts = store.count_by_state().await.unwrap();
+        counts.sort();
+        assert_eq!(
+            counts,
+            vec![("deleting".to_string(), 1), ("running".to_string(), 1)]
+        );
+
+        store.delete_sandbox(&b.id).await.unwrap();
+        store.delete_sandbox(&b.id).await.unwrap();
+        assert!(store.get_sandbox(&b.id).await.unwrap().is_none());
+        assert!(
+            !store
+                .set_status(&b.id, SandboxState::Running, None)
+                .await
+                .unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn reopen_keeps_data_and_uses_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("space.db");
+        {
+            let store = Store::open_sqlite(&path).await.unwrap();
+            store
+                .insert_sandbox(&row("cccccccccccccccccccc", SandboxState::Running, 1))
+                .await
+                .unwrap();
+            store.insert_api_key("k1", "abc", "admin").await.unwrap();
+            let mode: String = sqlx::query("PRAGMA journal_mode")
+                .fetch_one(&store.pool)
+                .await
+                .unwrap()
+                .try_get(0)
+                .unwrap();
+            assert_eq!(mode.to_ascii_lowercase(), "wal");
+        }
+        let store = Store::open_sqlite(&path).await.unwrap();
+        assert_eq!(store.list_sandboxes().await.unwrap().len(), 1);
+        assert_eq!(
+            store.api_key_hashes().await.unwrap(),
+            vec!["abc".to_string()]
+        );
+        store.delete_api_keys_named("admin").await.unwrap();
+        assert!(store.api_key_hashes().await.unwrap().is_empty());
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact("postgres://u:pw@host/db"), "postgres://***@host/db");
+        assert_eq!(redact("sqlite:///x.db"), "sqlite:///x.db");
+    }
+}

@@ -1,0 +1,1415 @@
+//! Router tests: `app(state).oneshot(request)` against a fake node and a fake guest server
+//! (tonic over a unix socket in a temp dir).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use space_api::{ErrorBody, ExecEvent, Sandbox, SandboxState};
+use space_node::api::{
+    NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource,
+};
+use space_proto as pb;
+use space_proto::guest_client::GuestClient;
+use space_proto::guest_server::{Guest, GuestServer};
+use tokio::sync::OnceCell;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Request as TReq, Response as TResp, Status};
+use tower::ServiceExt;
+
+use crate::reconcile::{Backoff, ERROR_INIT_EXITED, ERROR_SANDBOX_LOST};
+use crate::{AppState, Auth, ControlConfig, ControlPlane, app};
+
+// ---------------------------------------------------------------- fake guest
+
+#[derive(Default)]
+struct FakeGuest {
+    files: Mutex<BTreeMap<String, Vec<u8>>>,
+    calls: Mutex<Vec<String>>,
+}
+
+type EventStream = futures::stream::BoxStream<'static, Result<pb::ProcessEvent, Status>>;
+
+fn ev(e: pb::process_event::Event) -> Result<pb::ProcessEvent, Status> {
+    Ok(pb::ProcessEvent { event: Some(e) })
+}
+
+fn entry(path: &str, size: u64, dir: bool) -> pb::EntryInfo {
+    pb::EntryInfo {
+        name: path.rsplit('/').next().unwrap_or("").to_string(),
+        path: path.to_string(),
+        r#type: if dir {
+            pb::FileType::Dir
+        } else {
+            pb::FileType::File
+        } as i32,
+        size,
+        mode: 0o644,
+        ..Default::default()
+    }
+}
+
+#[async_trait]
+impl Guest for FakeGuest {
+    async fn info(&self, _: TReq<pb::InfoRequest>) -> Result<TResp<pb::InfoReply>, Status> {
+        Ok(TResp::new(pb::InfoReply::default()))
+    }
+
+    type ExecStream = EventStream;
+
+    async fn exec(&self, r: TReq<pb::ExecRequest>) -> Result<TResp<EventStream>, Status> {
+        use pb::process_event::Event;
+        let r = r.into_inner();
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("exec {:?}", r.argv));
+        let started = ev(Event::Started(pb::Started { pid: 7 }));
+        let events: Vec<Result<pb::ProcessEvent, Status>> = match r.argv[0].as_str() {
+            "missing" => return Err(Status::not_found("executable missing not found")),
+            "echo" => vec![
+                started,
+                ev(Event::Output(pb::Output {
+                    stream: pb::Stream::Stdout as i32,
+                    offset: 0,
+                    data: r.argv[1..].join(" ").into_bytes(),
+                })),
+                ev(Event::Output(pb::Output {
+                    stream: pb::Stream::Stderr as i32,
+                    offset: 2,
+                    data: b"e".to_vec(),
+                })),
+                ev(Event::Exit(pb::Exit {
+                    code: 3,
+                    ..Default::default()
+                })),
+            ],
+            "killed" => vec![
+                started,
+                ev(Event::Exit(pb::Exit {
+                    signal: 9,
+                    signaled: true,
+                    ..Default::default()
+                })),
+            ],
+            _ => vec![started, Err(Status::internal("secret guest failure"))],
+        };
+        Ok(TResp::new(futures::stream::iter(events).boxed()))
+    }
+
+    async fn start(&self, _: TReq<pb::ExecRequest>) -> Result<TResp<pb::StartReply>, Status> {
+        Ok(TResp::new(pb::StartReply { pid: 8 }))
+    }
+
+    type AttachStream = EventStream;
+
+    async fn attach(&self, r: TReq<pb::AttachRequest>) -> Result<TResp<EventStream>, Status> {
+        use pb::process_event::Event;
+        let r = r.into_inner();
+        if r.pid == 99 {
+            return Err(Status::not_found("no process 99"));
+        }
+        if r.offset > 10 {
+            return Err(Status::out_of_range("offset beyond the end"));
+        }
+        let events = vec![
+            ev(Event::Output(pb::Output {
+                stream: pb::Stream::Stdout as i32,
+                offset: r.offset,
+                data: b"later".to_vec(),
+            })),
+            ev(Event::Exit(pb::Exit::default())),
+        ];
+        Ok(TResp::new(futures::stream::iter(events).boxed()))
+    }
+
+    async fn list_processes(
+        &self,
+        _: TReq<pb::ListProcessesRequest>,
+    ) -> Result<TResp<pb::ListProcessesReply>, Status> {
+        Ok(TResp::new(pb::ListProcessesReply {
+            processes: vec![pb::ProcessInfo {
+                pid: 7,
+                argv: vec!["sleep".into(), "1".into()],
+                running: true,
+                ..Default::default()
+            }],
+        }))
+    }
+
+    async fn signal(&self, r: TReq<pb::SignalRequest>) -> Result<TResp<pb::Empty>, Status> {
+        let r = r.into_inner();
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("signal {} {} {}", r.pid, r.signal, r.group));
+        Ok(TResp::new(pb::Empty {}))
+    }
+
+    async fn write_stdin(&self, r: TReq<pb::StdinRequest>) -> Result<TResp<pb::Empty>, Status> {
+        let r = r.into_inner();
+        self.calls.lock().unwrap().push(format!(
+            "stdin {} {}",
+            r.pid,
+            String::from_utf8_lossy(&r.data)
+        ));
+        Ok(TResp::new(pb::Empty {}))
+    }
+
+    async fn close_stdin(&self, r: TReq<pb::PidRequest>) -> Result<TResp<pb::Empty>, Status> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("close {}", r.into_inner().pid));
+        Ok(TResp::new(pb::Empty {}))
+    }
+
+    async fn resize(&self, r: TReq<pb::ResizeRequest>) -> Result<TResp<pb::Empty>, Status> {
+        let r = r.into_inner();
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("resize {} {}x{}", r.pid, r.rows, r.cols));
+        Ok(TResp::new(pb::Empty {}))
+    }
+
+    type ReadFileStream = futures::stream::BoxStream<'static, Result<pb::FileChunk, Status>>;
+
+    async fn read_file(
+        &self,
+        r: TReq<pb::ReadFileRequest>,
+    ) -> Result<TResp<Self::ReadFileStream>, Status> {
+        let path = r.into_inner().path;
+        if path == "/dir" {
+            return Err(Status::failed_precondition("/dir is a directory"));
+        }
+        let data = self
+            .files
+            .lock()
+            .unwrap()
+            .get(&path)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("{path} not found")))?;
+        let chunks: Vec<Result<pb::FileChunk, Status>> = data
+            .chunks(3)
+            .map(|c| Ok(pb::FileChunk { data: c.to_vec() }))
+            .collect();
+        Ok(TResp::new(futures::stream::iter(chunks).boxed()))
+    }
+
+    async fn write_file(
+        &self,
+        r: TReq<tonic::Streaming<pb::WriteFileRequest>>,
+    ) -> Result<TResp<pb::EntryInfo>, Status> {
+        use pb::write_file_request::Msg;
+        let mut s = r.into_inner();
+        let Some(pb::WriteFileRequest {
+            msg: Some(Msg::Open(open)),
+        }) = s.message().await?
+        else {
+            return Err(Status::invalid_argument("first message must be open"));
+        };
+        let mut data = Vec::new();
+        let mut chunks = 0;
+        while let Some(m) = s.message().await? {
+            if let Some(Msg::Data(d)) = m.msg {
+                assert!(d.len() <= pb::CHUNK_BYTES);
+                chunks += 1;
+                data.extend_from_slice(&d);
+            }
+        }
+        self.calls.lock().unwrap().push(format!(
+            "write {} mode={:o} parents={} chunks={chunks}",
+            open.path, open.mode, open.make_parents
+        ));
+        let size = data.len() as u64;
+        self.files.lock().unwrap().insert(open.path.clone(), data);
+        Ok(TResp::new(entry(&open.path, size, false)))
+    }
+
+    async fn stat(&self, r: TReq<pb::PathRequest>) -> Result<TResp<pb::EntryInfo>, Status> {
+        let path = r.into_inner().path;
+        let files = self.files.lock().unwrap();
+        let data = files
+            .get(&path)
+            .ok_or_else(|| Status::not_found(format!("{path} not found")))?;
+        Ok(TResp::new(entry(&path, data.len() as u64, false)))
+    }
+
+    async fn list_dir(
+        &self,
+        r: TReq<pb::ListDirRequest>,
+    ) -> Result<TResp<pb::ListDirReply>, Status> {
+        let path = r.into_inner().path;
+        let files = self.files.lock().unwrap();
+        let entries = files
+            .iter()
+            .filter(|(p, _)| p.starts_with(&format!("{}/", path.trim_end_matches('/'))))
+            .map(|(p, d)| entry(p, d.len() as u64, false))
+            .collect();
+        Ok(TResp::new(pb::ListDirReply { entries }))
+    }
+
+    async fn make_dir(&self, r: TReq<pb::MakeDirRequest>) -> Result<TResp<pb::EntryInfo>, Status> {
+        let r = r.into_inner();
+        if r.path == "/exists" {
+            return Err(Status::already_exists("/exists exists"));
+        }
+        Ok(TResp::new(entry(&r.path, 0, true)))
+    }
+
+    async fn remove(&self, r: TReq<pb::RemoveRequest>) -> Result<TResp<pb::Empty>, Status> {
+        let r = r.into_inner();
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("remove {}", r.path));
+        match self.files.lock().unwrap().remove(&r.path) {
+            Some(_) => Ok(TResp::new(pb::Empty {})),
+            None => Err(Status::not_found(format!("{} not found", r.path))),
+        }
+    }
+
+    async fn rename(&self, r: TReq<pb::RenameRequest>) -> Result<TResp<pb::EntryInfo>, Status> {
+        let r = r.into_inner();
+        let mut files = self.files.lock().unwrap();
+        let data = files
+            .remove(&r.from)
+            .ok_or_else(|| Status::not_found(format!("{} not found", r.from)))?;
+        let size = data.len() as u64;
+        files.insert(r.to.clone(), data);
+        Ok(TResp::new(entry(&r.to, size, false)))
+    }
+
+    async fn sync(&self, _: TReq<pb::Empty>) -> Result<TResp<pb::Empty>, Status> {
+        Ok(TResp::new(pb::Empty {}))
+    }
+}
+
+// ---------------------------------------------------------------- fake node
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CreateFailure {
+    None,
+    NoTemplate,
+    Internal,
+}
+
+struct FakeNode {
+    sandboxes: Mutex<HashMap<String, SandboxStatus>>,
+    calls: Mutex<Vec<String>>,
+    fail_create: Mutex<CreateFailure>,
+    socket: PathBuf,
+    channel: OnceCell<Channel>,
+    imported: Mutex<Vec<(String, Vec<u8>)>>,
+}
+
+impl FakeNode {
+    fn status(id: &str, phase: Phase) -> SandboxStatus {
+        SandboxStatus {
+            id: id.into(),
+            phase,
+            template: "base".into(),
+            runtime: "namespace".into(),
+            init_pid: (phase == Phase::Running).then_some(4242),
+            uid_base: 1_000_000,
+            uid_count: 65_536,
+            channel: PathBuf::from("/nonexistent"),
+            memory_bytes: Some(1_000_000),
+        }
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn set_phase(&self, id: &str, phase: Option<Phase>) {
+        let mut map = self.sandboxes.lock().unwrap();
+        match phase {
+            Some(p) => {
+                map.insert(id.to_string(), Self::status(id, p));
+            }
+            None => {
+                map.remove(id);
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl NodeApi for FakeNode {
+    async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("create {}", spec.id));
+        match *self.fail_create.lock().unwrap() {
+            CreateFailure::NoTemplate => {
+                return Err(NodeError::NotFound {
+                    kind: "template",
+                    id: spec.template.clone(),
+                });
+            }
+            CreateFailure::Internal => {
+                return Err(NodeError::Internal("mount /secret failed".into()));
+            }
+            CreateFailure::None => {}
+        }
+        let st = Self::status(&spec.id, Phase::Running);
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .insert(spec.id.clone(), st.clone());
+        Ok(st)
+    }
+
+    async fn remove_sandbox(&self, id: &str) -> Result<(), NodeError> {
+        self.calls.lock().unwrap().push(format!("remove {id}"));
+        self.sandboxes.lock().unwrap().remove(id);
+        Ok(())
+    }
+
+    async fn stop_sandbox(&self, id: &str) -> Result<(), NodeError> {
+        self.calls.lock().unwrap().push(format!("stop {id}"));
+        Ok(())
+    }
+
+    async fn sandbox_status(&self, id: &str) -> Result<Option<SandboxStatus>, NodeError> {
+        Ok(self.sandboxes.lock().unwrap().get(id).cloned())
+    }
+
+    async fn list_sandboxes(&self) -> Result<Vec<SandboxStatus>, NodeError> {
+        Ok(self.sandboxes.lock().unwrap().values().cloned().collect())
+    }
+
+    async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError> {
+        if !self.sandboxes.lock().unwrap().contains_key(id) {
+            return Err(NodeError::NotFound {
+                kind: "sandbox",
+                id: id.into(),
+            });
+        }
+        let path = self.socket.clone();
+        let ch = self
+            .channel
+            .get_or_try_init(|| async move {
+                Endpoint::try_from("http://guest.invalid")
+                    .unwrap()
+                    .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+                        let p = path.clone();
+                        async move {
+                            let s = tokio::net::UnixStream::connect(p).await?;
+                            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+                        }
+                    }))
+                    .await
+            })
+            .await
+            .map_err(|e| NodeError::Unavailable {
+                id: id.into(),
+                reason: e.to_string(),
+            })?;
+        Ok(GuestClient::new(ch.clone()))
+    }
+
+    async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
+        Ok(vec![TemplateInfo {
+            name: "base".into(),
+            version: 1,
+            created_unix_ms: 0,
+            path: PathBuf::from("/var/lib/space/templates/base/1/rootfs"),
+        }])
+    }
+
+    async fn import_template(
+        &self,
+        name: &str,
+        source: TemplateSource,
+    ) -> Result<TemplateInfo, NodeError> {
+        let TemplateSource::Tar(path) = source else {
+            return Err(NodeError::InvalidArgument("expected a tar".into()));
+        };
+        let data = std::fs::read(&path).map_err(|e| NodeError::Internal(e.to_string()))?;
+        self.imported.lock().unwrap().push((name.into(), data));
+        Ok(TemplateInfo {
+            name: name.into(),
+            version: 2,
+            created_unix_ms: 1000,
+            path: PathBuf::from("/t"),
+        })
+    }
+}
+
+// ---------------------------------------------------------------- harness
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    state: AppState,
+    node: Arc<FakeNode>,
+    guest: Arc<FakeGuest>,
+    key: String,
+}
+
+async fn harness_with(cfg: impl FnOnce(&mut ControlConfig)) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("guest.sock");
+    let guest = Arc::new(FakeGuest::default());
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let svc = GuestServer::from_arc(guest.clone());
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    let node = Arc::new(FakeNode {
+        sandboxes: Mutex::default(),
+        calls: Mutex::default(),
+        fail_create: Mutex::new(CreateFailure::None),
+        socket,
+        channel: OnceCell::new(),
+        imported: Mutex::default(),
+    });
+    let mut c = ControlConfig::new(dir.path().join("data"));
+    cfg(&mut c);
+    let cp = ControlPlane::open(c, None, node.clone()).await.unwrap();
+    let key = std::fs::read_to_string(&cp.admin_key_path)
+        .unwrap()
+        .trim()
+        .to_string();
+    Harness {
+        _dir: dir,
+        state: cp.state,
+        node,
+        guest,
+        key,
+    }
+}
+
+async fn harness() -> Harness {
+    harness_with(|_| {}).await
+}
+
+struct Reply {
+    status: StatusCode,
+    content_type: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json<T: serde::de::DeserializeOwned>(&self) -> T {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "bad json {e}: {:?} (status {})",
+                String::from_utf8_lossy(&self.body),
+                self.status
+            )
+        })
+    }
+
+    /// Asserts the JSON error body and status.
+    fn error(&self, status: u16, code: &str) -> String {
+        assert_eq!(
+            self.status.as_u16(),
+            status,
+            "body: {}",
+            String::from_utf8_lossy(&self.body)
+        );
+        let e: ErrorBody = self.json();
+        assert_eq!(e.error.code, code);
+        e.error.message
+    }
+
+    fn events(&self) -> Vec<ExecEvent> {
+        self.body
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect()
+    }
+}
+
+impl Harness {
+    async fn send(&self, req: Request<Body>) -> Reply {
+        let resp = app(self.state.clone()).oneshot(req).await.unwrap();
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string());
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        Reply {
+            status,
+            content_type,
+            body,
+        }
+    }
+
+    async fn call(&self, method: Method, uri: &str, body: impl Into<Body>) -> Reply {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {}", self.key))
+            .header("content-type", "application/json")
+            .body(body.into())
+            .unwrap();
+        self.send(req).await
+    }
+
+    async fn create(&self) -> Sandbox {
+        let r = self.call(Method::POST, "/v1/sandboxes", "{}").await;
+        assert_eq!(r.status, StatusCode::CREATED);
+        r.json()
+    }
+}
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn healthz_needs_no_auth_and_everything_else_does() {
+    let h = harness().await;
+    let r = h
+        .send(Request::get("/healthz").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let v: serde_json::Value = r.json();
+    assert_eq!(v["status"], "ok");
+    assert_eq!(v["version"], "0.1.0");
+
+    for (method, path) in crate::ROUTES.iter().filter(|(_, p)| *p != "/healthz") {
+        let uri = path
+            .replace("{id}", "abcdefghij0123456789")
+            .replace("{pid}", "1")
+            .replace("{name}", "x");
+        let req = Request::builder()
+            .method(*method)
+            .uri(&uri)
+            .body(Body::empty())
+            .unwrap();
+        h.send(req).await.error(401, "unauthorized");
+        let req = Request::builder()
+            .method(*method)
+            .uri(&uri)
+            .header("authorization", "Bearer sk_wrong")
+            .body(Body::empty())
+            .unwrap();
+        h.send(req).await.error(401, "unauthorized");
+    }
+    // Unknown routes need auth too, then answer 404 JSON.
+    let req = Request::get("/v2/nope").body(Body::empty()).unwrap();
+    h.send(req).await.error(401, "unauthorized");
+    h.call(Method::GET, "/v2/nope", Body::empty())
+        .await
+        .error(404, "not_found");
+    h.call(Method::PATCH, "/v1/sandboxes", Body::empty())
+        .await
+        .error(405, "method_not_allowed");
+}
+
+#[tokio::test]
+async fn create_get_list_delete() {
+    let h = harness().await;
+    let body = r#"{"cpu":0.5,"memory_mib":256,"pids":64,"env":{"A":"1"},"hostname":"box"}"#;
+    let r = h.call(Method::POST, "/v1/sandboxes", body).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let sb: Sandbox = r.json();
+    assert!(space_api::is_valid_sandbox_id(&sb.id));
+    assert_eq!(sb.state, SandboxState::Running);
+    assert_eq!(sb.template, "base");
+    assert_eq!(sb.runtime, "namespace");
+    assert_eq!(sb.cpu, 0.5);
+    assert_eq!(sb.memory_mib, 256);
+    assert_eq!(sb.pids, 64);
+    assert_eq!(sb.env["A"], "1");
+    assert_eq!(sb.hostname, "box");
+    assert_eq!(sb.init_pid, Some(4242));
+    assert!(sb.created_at.ends_with('Z'));
+
+    let got: Sandbox = h
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{}", sb.id),
+            Body::empty(),
+        )
+        .await
+        .json();
+    assert_eq!(got.id, sb.id);
+    assert_eq!(got.memory_bytes, Some(1_000_000));
+
+    let sb2 = h.create().await;
+    let list: space_api::SandboxList = h
+        .call(Method::GET, "/v1/sandboxes", Body::empty())
+        .await
+        .json();
+    let ids: Vec<_> = list.sandboxes.iter().map(|s| s.id.clone()).collect();
+    assert_eq!(ids, vec![sb.id.clone(), sb2.id.clone()]);
+
+    let r = h
+        .call(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{}", sb.id),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert!(h.node.calls().contains(&format!("remove {}", sb.id)));
+    h.call(
+        Method::GET,
+        &format!("/v1/sandboxes/{}", sb.id),
+        Body::empty(),
+    )
+    .await
+    .error(404, "not_found");
+    h.call(
+        Method::DELETE,
+        &format!("/v1/sandboxes/{}", sb.id),
+        Body::empty(),
+    )
+    .await
+    .error(404, "not_found");
+}
+
+#[tokio::test]
+async fn bad_inputs_are_400_with_json_bodies() {
+    let h = harness().await;
+    let bad_bodies = [
+        "{",                           // bad JSON
+        "",                            // no body
+        "[]",                          // wrong type
+        r#"{"cpus":1}"#,               // unknown field
+        r#"{"cpu":"x"}"#,              // wrong field type
+        r#"{"cpu":0}"#,                // out of range
+        r#"{"memory_mib":1}"#,         //
+        r#"{"pids":1}"#,               //
+        r#"{"env":{"1X":"a"}}"#,       // bad env key
+        r#"{"env":{"A=B":"a"}}"#,      //
+        r#"{"env":{"A":"a\u0000b"}}"#, // NUL in a value
+        r#"{"template":"../../etc"}"#, // bad template name
+        r#"{"hostname":"has space"}"#, // bad hostname
+    ];
+    for body in bad_bodies {
+        let r = h.call(Method::POST, "/v1/sandboxes", body).await;
+        r.error(400, "invalid_argument");
+    }
+    // Nothing was stored.
+    let list: space_api::SandboxList = h
+        .call(Method::GET, "/v1/sandboxes", Body::empty())
+        .await
+        .json();
+    assert!(list.sandboxes.is_empty());
+
+    // Bad ids.
+    for id in ["short", "ABCDEFGHIJ0123456789", "abcdefghij012345678_"] {
+        h.call(Method::GET, &format!("/v1/sandboxes/{id}"), Body::empty())
+            .await
+            .error(400, "invalid_argument");
+    }
+    let sb = h.create().await;
+    // Missing field, empty cmd, bad pid, bad query, relative path.
+    let id = &sb.id;
+    h.call(Method::POST, &format!("/v1/sandboxes/{id}/exec"), "{}")
+        .await
+        .error(400, "invalid_argument");
+    h.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        r#"{"cmd":[]}"#,
+    )
+    .await
+    .error(400, "invalid_argument");
+    h.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        r#"{"cmd":["x"],"env":{"-":"1"}}"#,
+    )
+    .await
+    .error(400, "invalid_argument");
+    h.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/processes/notanumber/signal"),
+        r#"{"signal":"KILL"}"#,
+    )
+    .await
+    .error(400, "invalid_argument");
+    h.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/processes/7/signal"),
+        r#"{"signal":"NOPE"}"#,
+    )
+    .await
+    .error(400, "invalid_argument");
+    h.call(
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/files"),
+        Body::empty(),
+    )
+    .await
+    .error(400, "invalid_argument");
+    h.call(
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/files?path=relative"),
+        Body::empty(),
+    )
+    .await
+    .error(400, "invalid_argument");
+    h.call(
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/processes/7/output?offset=-1"),
+        Body::empty(),
+    )
+    .await
+    .error(400, "invalid_argument");
+    h.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/files?path=/a&mode=999"),
+        "x",
+    )
+    .await
+    .error(400, "invalid_argument");
+    h.call(Method::PUT, "/v1/templates/Bad..Name", "x")
+        .await
+        .error(400, "invalid_argument");
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_413() {
+    let h = harness_with(|c| c.max_upload_bytes = 10).await;
+    let big = format!(r#"{{"hostname":"{}"}}"#, "a".repeat(1024 * 1024 + 10));
+    h.call(Method::POST, "/v1/sandboxes", big)
+        .await
+        .error(413, "payload_too_large");
+    let sb = h.create().await;
+    // Declared length over the upload limit.
+    h.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{}/files?path=/big", sb.id),
+        vec![0u8; 11],
+    )
+    .await
+    .error(413, "payload_too_large");
+    // Streamed (no length) over the limit: aborted, partial file removed.
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = vec![
+        Ok(bytes::Bytes::from_static(b"123456")),
+        Ok(bytes::Bytes::from_static(b"789012")),
+    ];
+    let r = h
+        .call(
+            Method::PUT,
+            &format!("/v1/sandboxes/{}/files?path=/big", sb.id),
+            Body::from_stream(futures::stream::iter(chunks)),
+        )
+        .await;
+    r.error(413, "payload_too_large");
+    assert!(!h.guest.files.lock().unwrap().contains_key("/big"));
+    h.call(Method::PUT, "/v1/templates/t1", vec![0u8; 11])
+        .await
+        .error(413, "payload_too_large");
+}
+
+#[tokio::test]
+async fn create_failures() {
+    let h = harness().await;
+    *h.node.fail_create.lock().unwrap() = CreateFailure::NoTemplate;
+    h.call(Method::POST, "/v1/sandboxes", r#"{"template":"nope"}"#)
+        .await
+        .error(404, "not_found");
+    // A client error leaves nothing behind.
+    let list: space_api::SandboxList = h
+        .call(Method::GET, "/v1/sandboxes", Body::empty())
+        .await
+        .json();
+    assert!(list.sandboxes.is_empty());
+
+    *h.node.fail_create.lock().unwrap() = CreateFailure::Internal;
+    let msg = h
+        .call(Method::POST, "/v1/sandboxes", "{}")
+        .await
+        .error(500, "internal");
+    assert!(!msg.contains("secret"));
+    // A server error leaves a failed row (with a safe message) and cleans the node.
+    let list: space_api::SandboxList = h
+        .call(Method::GET, "/v1/sandboxes", Body::empty())
+        .await
+        .json();
+    assert_eq!(list.sandboxes.len(), 1);
+    let failed = &list.sandboxes[0];
+    assert_eq!(failed.state, SandboxState::Failed);
+    assert!(!failed.error.as_deref().unwrap().contains("secret"));
+    assert!(h.node.calls().contains(&format!("remove {}", failed.id)));
+    // Guest actions on a failed sandbox conflict; delete works.
+    h.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{}/exec", failed.id),
+        r#"{"cmd":["true"]}"#,
+    )
+    .await
+    .error(409, "conflict");
+    let r = h
+        .call(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{}", failed.id),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn exec_streams_ndjson() {
+    let h = harness().await;
+    let sb = h.create().await;
+    let uri = format!("/v1/sandboxes/{}/exec", sb.id);
+    let r = h
+        .call(
+            Method::POST,
+            &uri,
+            r#"{"cmd":["echo","hi"],"env":{"X":"1"}}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.content_type.as_deref(), Some("application/x-ndjson"));
+    assert_eq!(
+        r.events(),
+        vec![
+            ExecEvent::Started { pid: 7 },
+            ExecEvent::Stdout {
+                offset: 0,
+                data: b"hi".to_vec()
+            },
+            ExecEvent::Stderr {
+                offset: 2,
+                data: b"e".to_vec()
+            },
+            ExecEvent::Exit {
+                code: Some(3),
+                signal: None
+            },
+        ]
+    );
+    // The wire format is the documented one.
+    let text = String::from_utf8(r.body.clone()).unwrap();
+    assert!(text.starts_with("{\"type\":\"started\",\"pid\":7}\n"));
+    assert!(text.ends_with("{\"type\":\"exit\",\"code\":3}\n"));
+
+    let r = h.call(Method::POST, &uri, r#"{"cmd":["killed"]}"#).await;
+    assert_eq!(
+        r.events().last(),
+        Some(&ExecEvent::Exit {
+            code: None,
+            signal: Some(9)
+        })
+    );
+
+    // Errors before the first event are HTTP errors.
+    h.call(Method::POST, &uri, r#"{"cmd":["missing"]}"#)
+        .await
+        .error(404, "not_found");
+    // Errors midway are a final error event without internal details.
+    let r = h.call(Method::POST, &uri, r#"{"cmd":["boom"]}"#).await;
+    assert_eq!(r.status, StatusCode::OK);
+    match r.events().last().unwrap() {
+        ExecEvent::Error { code, message } => {
+            assert_eq!(code, "internal");
+            assert!(!message.contains("secret"));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // Background.
+    let r = h
+        .call(
+            Method::POST,
+            &uri,
+            r#"{"cmd":["sleep","1"],"background":true}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(r.json::<serde_json::Value>(), serde_json::json!({"pid": 8}));
+
+    // Unknown sandbox.
+    h.call(
+        Method::POST,
+        "/v1/sandboxes/zzzzzzzzzzzzzzzzzzzz/exec",
+        r#"{"cmd":["true"]}"#,
+    )
+    .await
+    .error(404, "not_found");
+}
+
+#[tokio::test]
+async fn processes_output_stdin_signal_resize() {
+    let h = harness().await;
+    let sb = h.create().await;
+    let base = format!("/v1/sandboxes/{}/processes", sb.id);
+    let list: space_api::ProcessList = h.call(Method::GET, &base, Body::empty()).await.json();
+    assert_eq!(list.processes[0].pid, 7);
+    assert_eq!(list.processes[0].cmd, vec!["sleep", "1"]);
+    assert!(list.processes[0].running);
+
+    let r = h
+        .call(
+            Method::GET,
+            &format!("{base}/7/output?offset=3"),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(
+        r.events(),
+        vec![
+            ExecEvent::Stdout {
+                offset: 3,
+                data: b"later".to_vec()
+            },
+            ExecEvent::Exit {
+                code: Some(0),
+                signal: None
+            }
+        ]
+    );
+    h.call(
+        Method::GET,
+        &format!("{base}/7/output?offset=11"),
+        Body::empty(),
+    )
+    .await
+    .error(416, "out_of_range");
+    h.call(Method::GET, &format!("{base}/99/output"), Body::empty())
+        .await
+        .error(404, "not_found");
+
+    let r = h
+        .call(Method::POST, &format!("{base}/7/stdin"), "hello")
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/7/stdin/close"),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/7/signal"),
+            r#"{"signal":"TERM","group":true}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let r = h
+        .call(Method::POST, &format!("{base}/7/signal"), r#"{"signal":9}"#)
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/7/resize"),
+            r#"{"rows":40,"cols":120}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let calls = h.guest.calls.lock().unwrap().clone();
+    for want in [
+        "stdin 7 hello",
+        "close 7",
+        "signal 7 15 true",
+        "signal 7 9 false",
+        "resize 7 40x120",
+    ] {
+        assert!(calls.iter().any(|c| c == want), "{want} not in {calls:?}");
+    }
+}
+
+#[tokio::test]
+async fn files_roundtrip() {
+    let h = harness().await;
+    let sb = h.create().await;
+    let base = format!("/v1/sandboxes/{}/files", sb.id);
+    let content: Vec<u8> = (0..(pb::CHUNK_BYTES * 2 + 100))
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let r = h
+        .call(
+            Method::PUT,
+            &format!("{base}?path=/work/a.bin&mode=600&parents=true"),
+            content.clone(),
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let e: space_api::EntryInfo = r.json();
+    assert_eq!(e.path, "/work/a.bin");
+    assert_eq!(e.size, content.len() as u64);
+    assert_eq!(e.file_type, space_api::FileType::File);
+    let calls = h.guest.calls.lock().unwrap().clone();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c == "write /work/a.bin mode=600 parents=true chunks=3"),
+        "{calls:?}"
+    );
+
+    let r = h
+        .call(
+            Method::GET,
+            &format!("{base}?path=/work/a.bin"),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.content_type.as_deref(), Some("application/octet-stream"));
+    assert_eq!(r.body, content);
+
+    h.call(Method::GET, &format!("{base}?path=/dir"), Body::empty())
+        .await
+        .error(412, "failed_precondition");
+    h.call(Method::GET, &format!("{base}?path=/missing"), Body::empty())
+        .await
+        .error(404, "not_found");
+
+    let st: space_api::EntryInfo = h
+        .call(
+            Method::GET,
+            &format!("{base}/stat?path=/work/a.bin"),
+            Body::empty(),
+        )
+        .await
+        .json();
+    assert_eq!(st.size, content.len() as u64);
+    let list: space_api::EntryList = h
+        .call(
+            Method::GET,
+            &format!("{base}/list?path=/work"),
+            Body::empty(),
+        )
+        .await
+        .json();
+    assert_eq!(list.entries.len(), 1);
+
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/mkdir"),
+            r#"{"path":"/d","parents":true}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(
+        r.json::<space_api::EntryInfo>().file_type,
+        space_api::FileType::Dir
+    );
+    h.call(
+        Method::POST,
+        &format!("{base}/mkdir"),
+        r#"{"path":"/exists"}"#,
+    )
+    .await
+    .error(409, "conflict");
+
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/rename"),
+            r#"{"from":"/work/a.bin","to":"/work/b.bin"}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = h
+        .call(
+            Method::DELETE,
+            &format!("{base}?path=/work/b.bin"),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    h.call(
+        Method::DELETE,
+        &format!("{base}?path=/work/b.bin"),
+        Body::empty(),
+    )
+    .await
+    .error(404, "not_found");
+}
+
+#[tokio::test]
+async fn templates_list_and_import() {
+    let h = harness().await;
+    let list: space_api::TemplateList = h
+        .call(Method::GET, "/v1/templates", Body::empty())
+        .await
+        .json();
+    assert_eq!(list.templates[0].name, "base");
+    assert_eq!(list.templates[0].version, 1);
+    let r = h.call(Method::PUT, "/v1/templates/py3", "tar-bytes").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let t: space_api::Template = r.json();
+    assert_eq!((t.name.as_str(), t.version), ("py3", 2));
+    let imported = h.node.imported.lock().unwrap().clone();
+    assert_eq!(imported, vec![("py3".to_string(), b"tar-bytes".to_vec())]);
+    // The temporary upload is gone.
+    let tmp = h.state.engine.config().data_dir.join("tmp");
+    assert_eq!(std::fs::read_dir(tmp).unwrap().count(), 0);
+}
+
+#[tokio::test]
+async fn metrics_count_things() {
+    let h = harness().await;
+    h.create().await;
+    let r = h.call(Method::GET, "/metrics", Body::empty()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let text = String::from_utf8(r.body).unwrap();
+    assert!(text.contains("space_sandboxes_created_total 1"), "{text}");
+    assert!(
+        text.contains("space_sandboxes{state=\"running\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn reconciler_heals_divergence() {
+    let h = harness().await;
+    let engine = h.state.engine.clone();
+    let stopped = h.create().await;
+    let lost = h.create().await;
+    let fine = h.create().await;
+    let orphan = "oooooooooooooooooooo";
+    h.node.set_phase(&stopped.id, Some(Phase::Stopped));
+    h.node.set_phase(&lost.id, None);
+    h.node.set_phase(orphan, Some(Phase::Running));
+    // A deletion that the fast path did not finish.
+    let half_deleted = h.create().await;
+    engine
+        .store()
+        .set_status(&half_deleted.id, SandboxState::Deleting, None)
+        .await
+        .unwrap();
+
+    let mut backoff = Backoff::default();
+    let applied = engine.reconcile_once(&mut backoff).await.unwrap();
+    assert_eq!(applied, 4);
+
+    let get = |id: String| {
+        let h = &h;
+        async move {
+            h.call(Method::GET, &format!("/v1/sandboxes/{id}"), Body::empty())
+                .await
+        }
+    };
+    let s: Sandbox = get(stopped.id.clone()).await.json();
+    assert_eq!(s.state, SandboxState::Stopped);
+    assert_eq!(s.error.as_deref(), Some(ERROR_INIT_EXITED));
+    assert!(h.node.calls().contains(&format!("stop {}", stopped.id)));
+    let s: Sandbox = get(lost.id.clone()).await.json();
+    assert_eq!(s.state, SandboxState::Failed);
+    assert_eq!(s.error.as_deref(), Some(ERROR_SANDBOX_LOST));
+    let s: Sandbox = get(fine.id.clone()).await.json();
+    assert_eq!(s.state, SandboxState::Running);
+    get(half_deleted.id.clone()).await.error(404, "not_found");
+    assert!(h.node.calls().contains(&format!("remove {orphan}")));
+
+    // Exec in the stopped sandbox conflicts.
+    h.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{}/exec", stopped.id),
+        r#"{"cmd":["true"]}"#,
+    )
+    .await
+    .error(409, "conflict");
+
+    // Converged: a second pass does nothing.
+    assert_eq!(engine.reconcile_once(&mut backoff).await.unwrap(), 0);
+}
+
+#[test]
+fn openapi_matches_routes() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../api/openapi.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.0"),
+        "OpenAPI 3.0 expected"
+    );
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, item) in doc["paths"].as_mapping().unwrap() {
+        for (method, _) in item.as_mapping().unwrap() {
+            let method = method.as_str().unwrap();
+            if method == "parameters" {
+                continue;
+            }
+            documented.insert((method.to_uppercase(), path.as_str().unwrap().to_string()));
+        }
+    }
+    let routed: std::collections::BTreeSet<(String, String)> = crate::ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    let missing: Vec<_> = routed.difference(&documented).collect();
+    let extra: Vec<_> = documented.difference(&routed).collect();
+    assert!(
+        missing.is_empty(),
+        "routes not in openapi.yaml: {missing:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "openapi.yaml paths with no route: {extra:?}"
+    );
+}
+
+#[test]
+fn app_registers_every_route() {
+    // Builds the router (a missing handler panics) and checks no route is listed twice.
+    let mut seen = std::collections::HashSet::new();
+    for r in crate::ROUTES {
+        assert!(seen.insert(r), "duplicate route {r:?}");
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let h = harness().await;
+        for (method, path) in crate::ROUTES {
+            let uri = path
+                .replace("{id}", "abcdefghij0123456789")
+                .replace("{pid}", "1")
+                .replace("{name}", "x");
+            let req = Request::builder()
+                .method(*method)
+                .uri(&uri)
+                .header("authorization", format!("Bearer {}", h.key))
+                .body(Body::empty())
+                .unwrap();
+            let r = h.send(req).await;
+            // Routed: never the fallback's "no route" 404 nor 405.
+            assert_ne!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            if r.status == StatusCode::NOT_FOUND {
+                let e: ErrorBody = r.json();
+                assert!(!e.error.message.starts_with("no route"), "{method} {path}");
+            }
+        }
+    });
+    let _ = Auth::default();
+}
+
+#[tokio::test]
+async fn rust_client_against_the_served_api() {
+    let h = harness_with(|c| c.shutdown_timeout = std::time::Duration::from_millis(200)).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(crate::serve(listener, h.state.clone(), async {
+        let _ = rx.await;
+    }));
+    let url = format!("http://{addr}");
+    let c = space_api::Client::new(&url, &h.key).unwrap();
+    assert_eq!(c.health().await.unwrap().status, "ok");
+
+    let sb = c
+        .create_sandbox(&space_api::CreateSandbox::default())
+        .await
+        .unwrap();
+    let out = c
+        .exec_output(&sb.id, &space_api::ExecRequest::new(["echo", "a", "b"]))
+        .await
+        .unwrap();
+    assert_eq!(out.pid, 7);
+    assert_eq!(out.stdout, b"a b");
+    assert_eq!(out.stderr, b"e");
+    assert_eq!(out.status(), 3);
+    let pid = c
+        .exec_background(&sb.id, &space_api::ExecRequest::new(["sleep", "9"]))
+        .await
+        .unwrap();
+    assert_eq!(pid, 8);
+
+    let err = c
+        .exec(&sb.id, &space_api::ExecRequest::new(["missing"]))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!((err.status(), err.code()), (Some(404), "not_found"));
+
+    // Streamed upload (chunked, no content length) and download.
+    let data: Vec<u8> = (0..600_000u32).map(|i| (i % 13) as u8).collect();
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        data.chunks(100_000).map(|c| Ok(c.to_vec())).collect();
+    let body = reqwest_body(chunks);
+    let e = c
+        .write_file(&sb.id, "/x/data", Some(0o600), true, body)
+        .await
+        .unwrap();
+    assert_eq!(e.size, data.len() as u64);
+    assert_eq!(c.read_file_bytes(&sb.id, "/x/data").await.unwrap(), data);
+    assert_eq!(
+        c.stat(&sb.id, "/x/data").await.unwrap().size,
+        data.len() as u64
+    );
+    assert_eq!(c.list_dir(&sb.id, "/x", None).await.unwrap().len(), 1);
+    c.remove_file(&sb.id, "/x/data", false).await.unwrap();
+
+    let mut events = c.process_output(&sb.id, 7, 0, true).await.unwrap();
+    let mut n = 0;
+    while let Some(ev) = events.next().await {
+        ev.unwrap();
+        n += 1;
+    }
+    assert_eq!(n, 2);
+    c.signal(
+        &sb.id,
+        7,
+        &space_api::SignalRequest {
+            signal: space_api::SignalSpec::Name("KILL".into()),
+            group: false,
+        },
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(c.list_sandboxes().await.unwrap().len(), 1);
+    assert_eq!(c.list_templates().await.unwrap()[0].name, "base");
+    c.delete_sandbox(&sb.id).await.unwrap();
+    let err = c.get_sandbox(&sb.id).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("sandbox {} not found (not_found)", sb.id)
+    );
+
+    let bad = space_api::Client::new(&url, "sk_nope").unwrap();
+    let err = bad.list_sandboxes().await.unwrap_err();
+    assert_eq!((err.status(), err.code()), (Some(401), "unauthorized"));
+
+    // Graceful shutdown returns; sandboxes are not touched by it.
+    let calls_before = h.node.calls().len();
+    tx.send(()).unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(5), server)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        h.node.calls()[calls_before..]
+            .iter()
+            .all(|c| !c.starts_with("remove") && !c.starts_with("stop"))
+    );
+}
+
+fn reqwest_body(chunks: Vec<Result<Vec<u8>, std::io::Error>>) -> space_api::Body {
+    space_api::Body::wrap_stream(futures::stream::iter(chunks))
+}

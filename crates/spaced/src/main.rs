@@ -1,0 +1,231 @@
+//! spaced: the space server. All-in-one mode (the only mode so far): the in-process node agent
+//! (`space_node::Node`) plus the control plane (REST API, store, reconciler) on `--listen`.
+//! SIGTERM/SIGINT shut the server down gracefully; sandboxes keep running and are adopted
+//! again on the next start.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+use space_control::{ControlConfig, ControlPlane};
+use space_node::{Node, NodeConfig};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "spaced",
+    version,
+    about = "The space server (control plane + node agent)"
+)]
+struct Args {
+    /// Address of the REST API.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// Persistent state: store, admin key, templates, sandboxes.
+    #[arg(long, default_value = "/var/lib/space", env = "SPACE_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Runtime state (sockets); lost on reboot.
+    #[arg(long, default_value = "/run/space")]
+    run_dir: PathBuf,
+    /// Size of the btrfs image created when the data dir is not btrfs (bytes, or K/M/G/T).
+    #[arg(long, default_value = "16G", value_parser = parse_size)]
+    image_size: u64,
+    /// The static space-daemon binary. Default: $SPACE_DAEMON_BINARY, else `space-daemon`
+    /// next to this executable, else /usr/local/lib/space/space-daemon.
+    #[arg(long)]
+    daemon_binary: Option<PathBuf>,
+    /// Static busybox the `base` template is built from.
+    #[arg(long, default_value = "/bin/busybox")]
+    busybox: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// First host uid of the sandbox uid ranges.
+    #[arg(long, default_value_t = NodeConfig::default().uid_base_start)]
+    uid_base: u32,
+    /// Cgroup under which sandboxes get their own.
+    #[arg(long, default_value = "space")]
+    cgroup_parent: String,
+    /// Store URL (postgres://...); default SQLite at DATA_DIR/space.db.
+    #[arg(long, env = "SPACE_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Limit of streamed uploads (files, templates), bytes or K/M/G/T.
+    #[arg(long, default_value = "10G", value_parser = parse_size)]
+    max_upload: u64,
+}
+
+/// Parses "1048576", "512K", "16M", "16G", "1T" (powers of 1024; optional trailing "B"/"iB").
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid size {s:?}: expected bytes or a K/M/G/T suffix"))?;
+    n.checked_mul(1u64 << shift)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("invalid size {s:?}"))
+}
+
+/// Resolves the daemon binary: flag, env, next to spaced, the installed default.
+fn daemon_binary(flag: Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = flag {
+        if !p.is_file() {
+            bail!("space-daemon binary {} does not exist", p.display());
+        }
+        return Ok(p);
+    }
+    if let Some(p) = std::env::var_os("SPACE_DAEMON_BINARY") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!(
+                "space-daemon binary {} (from SPACE_DAEMON_BINARY) does not exist",
+                p.display()
+            );
+        }
+        return Ok(p);
+    }
+    let mut tried = Vec::new();
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        tried.push(dir.join("space-daemon"));
+    }
+    tried.push(PathBuf::from("/usr/local/lib/space/space-daemon"));
+    for p in &tried {
+        if p.is_file() {
+            return Ok(p.clone());
+        }
+    }
+    bail!(
+        "space-daemon binary not found (tried {}); pass --daemon-binary or set SPACE_DAEMON_BINARY",
+        tried
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install the SIGTERM handler");
+            std::future::pending::<()>().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    let daemon = daemon_binary(args.daemon_binary.clone())?;
+
+    let node_cfg = NodeConfig {
+        data_dir: args.data_dir.clone(),
+        run_dir: args.run_dir.clone(),
+        image_size_bytes: args.image_size,
+        daemon_binary: daemon,
+        busybox: args.busybox.clone(),
+        uid_base_start: args.uid_base,
+        cgroup_parent: args.cgroup_parent.clone(),
+        ..NodeConfig::default()
+    };
+    let node = Node::open(node_cfg)
+        .await
+        .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))
+        .context("failed to open the node")?;
+
+    let mut cfg = ControlConfig::new(&args.data_dir);
+    cfg.max_upload_bytes = args.max_upload;
+    cfg.shutdown_timeout = Duration::from_secs(5);
+    let node: Arc<dyn space_node::NodeApi> = node;
+    let cp = ControlPlane::open(cfg, args.database_url.as_deref(), node)
+        .await
+        .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))
+        .context("failed to open the control plane")?;
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("failed to listen on {}", args.listen))?;
+    let addr = listener.local_addr().unwrap_or(args.listen);
+    println!("spaced listening on http://{addr}");
+    println!("admin key: {}", cp.admin_key_path.display());
+    tracing::info!(%addr, key_file = %cp.admin_key_path.display(), "spaced started");
+
+    space_control::serve(listener, cp.state, shutdown_signal())
+        .await
+        .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))?;
+    tracing::info!("spaced stopped (sandboxes keep running)");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1048576"), Ok(1 << 20));
+        assert_eq!(parse_size("16G"), Ok(16 << 30));
+        assert_eq!(parse_size("512k"), Ok(512 << 10));
+        assert_eq!(parse_size("2MiB"), Ok(2 << 20));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        assert!(parse_size("x").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn missing_daemon_binary_names_the_path() {
+        let e = daemon_binary(Some(PathBuf::from("/nonexistent/space-daemon"))).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/space-daemon"), "{e}");
+    }
+
+    #[test]
+    fn args_parse() {
+        let a =
+            Args::try_parse_from(["spaced", "--image-size", "1G", "--log-format", "json"]).unwrap();
+        assert_eq!(a.image_size, 1 << 30);
+        assert_eq!(a.listen.to_string(), "127.0.0.1:7070");
+        assert!(Args::try_parse_from(["spaced", "--image-size", "lots"]).is_err());
+    }
+}
