@@ -1,0 +1,364 @@
+//! Harness for the integration tests: each test starts its own real `spaced` on a temporary
+//! data dir (which is not btrfs, so spaced makes and loop-mounts its own image), with its own
+//! run dir, cgroup parent, uid range and port, and drives it through the CLI and the REST API.
+//!
+//! Needs root. The binaries come from `SPACE_BIN_DIR` (spaced, space), `SPACE_DAEMON_BINARY`
+//! and `SPACE_PROBE_BINARY`; `scripts/test` sets all four.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+static INSTANCE: AtomicU32 = AtomicU32::new(0);
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// Directory holding the `spaced` and `space` binaries.
+pub fn bin_dir() -> PathBuf {
+    std::env::var_os("SPACE_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/debug"))
+}
+
+fn guest_bin(var: &str, name: &str) -> PathBuf {
+    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        workspace_root()
+            .join("target/x86_64-unknown-linux-gnu/debug")
+            .join(name)
+    })
+}
+
+/// The static space-daemon.
+pub fn daemon_binary() -> PathBuf {
+    guest_bin("SPACE_DAEMON_BINARY", "space-daemon")
+}
+
+/// The static isolation probe.
+pub fn probe_binary() -> PathBuf {
+    guest_bin("SPACE_PROBE_BINARY", "space-probe")
+}
+
+/// Fails the test loudly unless it runs as root: these tests are never silently skipped.
+pub fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "integration tests need root (namespaces, cgroups, btrfs, loop devices)"
+    );
+}
+
+/// One running spaced with everything it owns.
+pub struct Spaced {
+    pub dir: tempfile::TempDir,
+    pub url: String,
+    pub key: String,
+    pub listen: String,
+    pub uid_base: u32,
+    pub cgroup_parent: String,
+    child: Option<Child>,
+    http: reqwest::Client,
+}
+
+impl Spaced {
+    /// Start a fresh spaced and wait until it answers /healthz with a key on disk.
+    pub fn start() -> Result<Spaced> {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("space-it-")
+            .tempdir_in("/var/tmp")
+            .context("tempdir")?;
+        let n = INSTANCE.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        // Distinct uid ranges per test instance: 2^16 sandboxes' worth apart per process slot.
+        let uid_base = 1_100_000_000u32 + ((pid % 32) * 16 + n % 16) * 4_194_304;
+        let cgroup_parent = format!("space-it-{pid}-{n}");
+        let mut s = Spaced {
+            dir,
+            url: String::new(),
+            key: String::new(),
+            listen: String::new(),
+            uid_base,
+            cgroup_parent,
+            child: None,
+            http: reqwest::Client::new(),
+        };
+        s.spawn()?;
+        Ok(s)
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("spaced.log")
+    }
+
+    /// (Re)start the spaced process on the same data dir.
+    pub fn spawn(&mut self) -> Result<()> {
+        if self.listen.is_empty() {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            self.listen = l.local_addr()?.to_string();
+        }
+        self.url = format!("http://{}", self.listen);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
+        let child = Command::new(bin_dir().join("spaced"))
+            .arg("--listen")
+            .arg(&self.listen)
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .arg("--run-dir")
+            .arg(self.run_dir())
+            .arg("--image-size")
+            .arg("4G")
+            .arg("--daemon-binary")
+            .arg(daemon_binary())
+            .arg("--uid-base")
+            .arg(self.uid_base.to_string())
+            .arg("--cgroup-parent")
+            .arg(&self.cgroup_parent)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawn spaced")?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!(
+                    "spaced exited with {status} during start:\n{}",
+                    self.log_tail()
+                );
+            }
+            let ok = std::net::TcpStream::connect(&self.listen).is_ok();
+            if ok && let Ok(key) = std::fs::read_to_string(self.data_dir().join("admin.key")) {
+                self.key = key.trim().to_string();
+                let health = Command::new("curl")
+                    .args(["-fsS", &format!("{}/healthz", self.url)])
+                    .output()?;
+                if health.status.success() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("spaced did not become ready:\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The last lines of spaced's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Host pid of spaced.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// SIGKILL spaced (a crash); sandboxes are left as they are.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM spaced and wait for a graceful exit.
+    pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
+        let mut c = self.child.take().context("spaced not running")?;
+        Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = c.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                bail!("spaced did not exit within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A `space` CLI command pointed at this spaced.
+    pub fn cli(&self) -> Command {
+        let mut c = Command::new(bin_dir().join("space"));
+        c.env("SPACE_URL", &self.url)
+            .env("SPACE_API_KEY", &self.key)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Run the CLI; returns its output whatever the exit code.
+    pub fn space(&self, args: &[&str]) -> Output {
+        self.cli().args(args).output().expect("run space")
+    }
+
+    /// Run the CLI and require success; returns stdout.
+    pub fn space_ok(&self, args: &[&str]) -> String {
+        let out = self.space(args);
+        assert!(
+            out.status.success(),
+            "space {args:?} failed ({}):\nstdout: {}\nstderr: {}\nspaced log:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log_tail()
+        );
+        String::from_utf8(out.stdout).expect("utf-8 stdout")
+    }
+
+    /// `space create` with extra args; returns the id.
+    pub fn create(&self, args: &[&str]) -> String {
+        let mut all = vec!["create"];
+        all.extend_from_slice(args);
+        let id = self.space_ok(&all).trim().to_string();
+        assert_eq!(id.len(), 20, "id {id:?}");
+        id
+    }
+
+    /// `space exec ID -- sh -c SCRIPT`; returns (exit code, stdout, stderr).
+    pub fn sh(&self, id: &str, script: &str) -> (i32, String, String) {
+        let out = self.space(&["exec", id, "--", "sh", "-c", script]);
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// An HTTP request with the admin key.
+    pub fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.key)
+    }
+
+    /// An HTTP request without any key.
+    pub fn req_anon(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.url))
+    }
+
+    /// GET a JSON document with the admin key.
+    pub async fn get_json(&self, path: &str) -> Result<(u16, Value)> {
+        let r = self.req(reqwest::Method::GET, path).send().await?;
+        let status = r.status().as_u16();
+        Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    /// Copy the static probe into the sandbox and run it; returns its JSON report.
+    pub fn probe(&self, id: &str, args: &[&str]) -> Value {
+        let dst = format!("{id}:/tmp/space-probe");
+        self.space_ok(&["cp", probe_binary().to_str().unwrap(), &dst]);
+        let mut all = vec!["exec", id, "--", "/tmp/space-probe"];
+        all.extend_from_slice(args);
+        let out = self.space(&all);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "probe output is not JSON ({e}): {}\nstderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
+    /// Remove every sandbox this instance holds, stop spaced, and unmount its volume.
+    fn teardown(&mut self) {
+        if self.child.is_some() {
+            let out = self.space(&["ls", "--json"]);
+            if let Ok(v) = serde_json::from_slice::<Value>(&out.stdout) {
+                let ids: Vec<String> = v
+                    .as_array()
+                    .or_else(|| v.get("sandboxes").and_then(Value::as_array))
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|s| s.get("id").and_then(Value::as_str).map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for id in ids {
+                    let _ = self.space(&["rm", &id]);
+                }
+            }
+        }
+        self.kill9();
+        // Anything left (a test that killed spaced mid-way): kill by cgroup, then unmount.
+        for ctrl in ["memory", "pids", "cpu", "freezer", ""] {
+            let base = if ctrl.is_empty() {
+                PathBuf::from("/sys/fs/cgroup")
+            } else {
+                Path::new("/sys/fs/cgroup").join(ctrl)
+            };
+            let parent = base.join(&self.cgroup_parent);
+            if let Ok(rd) = std::fs::read_dir(&parent) {
+                for e in rd.flatten() {
+                    if e.path().is_dir() {
+                        if let Ok(procs) = std::fs::read_to_string(e.path().join("cgroup.procs")) {
+                            for p in procs.split_whitespace() {
+                                let _ = Command::new("kill").args(["-9", p]).status();
+                            }
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                        let _ = std::fs::remove_dir(e.path());
+                    }
+                }
+                let _ = std::fs::remove_dir(&parent);
+            }
+        }
+        let volume = self.data_dir().join("volume");
+        let _ = Command::new("umount").arg("-l").arg(&volume).status();
+        let img = self.data_dir().join("space-btrfs.img");
+        if let Ok(out) = Command::new("losetup").arg("-j").arg(&img).output() {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(dev) = line.split(':').next() {
+                    let _ = Command::new("losetup").args(["-d", dev]).status();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Spaced {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// Percentile of sorted durations (nearest rank).
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}

@@ -1,0 +1,219 @@
+//! The CLI end to end against a real spaced: create, exec, ls, inspect, cp, rm.
+
+use std::io::Write;
+use std::process::Stdio;
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use space_tests::Spaced;
+
+#[test]
+fn create_exec_inspect_rm() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&["--env", "GREETING=hi there", "--memory", "256"]);
+
+    // stdout, stderr and exit codes come through unchanged.
+    assert_eq!(s.space_ok(&["exec", &id, "--", "echo", "hello"]), "hello\n");
+    let (code, out, err) = s.sh(&id, "echo out; echo err >&2; exit 7");
+    assert_eq!((code, out.as_str(), err.as_str()), (7, "out\n", "err\n"));
+    // A command killed by a signal exits 128+N, as a shell would report it.
+    let (code, _, _) = s.sh(&id, "kill -9 $$");
+    assert_eq!(code, 137);
+
+    // Environment from create and from exec, cwd and user.
+    let (_, out, _) = s.sh(&id, "echo $GREETING");
+    assert_eq!(out, "hi there\n");
+    let out = s.space_ok(&[
+        "exec",
+        &id,
+        "--env",
+        "X=1",
+        "--cwd",
+        "/tmp",
+        "--",
+        "sh",
+        "-c",
+        "echo $X; pwd",
+    ]);
+    assert_eq!(out, "1\n/tmp\n");
+    let out = s.space_ok(&["exec", &id, "--user", "user", "--", "id", "-u"]);
+    assert_eq!(out, "1000\n");
+    // Root inside, PID 1 is the daemon, hostname is set.
+    let (_, out, _) = s.sh(
+        &id,
+        "id -u; cat /proc/1/cmdline | tr '\\0' ' '; echo; hostname",
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "0");
+    assert!(lines[1].contains("space-daemon"), "pid 1 is {}", lines[1]);
+    assert!(!lines[2].is_empty());
+
+    // ls and inspect agree.
+    let ls: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
+    let list = ls
+        .as_array()
+        .or_else(|| ls["sandboxes"].as_array())
+        .unwrap()
+        .clone();
+    assert!(list.iter().any(|sb| sb["id"] == id.as_str()));
+    let plain = s.space_ok(&["ls"]);
+    assert!(plain.contains(&id));
+    let info: Value = serde_json::from_str(&s.space_ok(&["inspect", &id])).unwrap();
+    assert_eq!(info["id"], id.as_str());
+    assert_eq!(info["state"], "running");
+    assert_eq!(info["template"], "base");
+    assert_eq!(info["memory_mib"], 256);
+
+    // --json create prints the whole sandbox.
+    let created: Value = serde_json::from_str(&s.space_ok(&["create", "--json"])).unwrap();
+    let id2 = created["id"].as_str().unwrap().to_string();
+    assert_eq!(created["state"], "running");
+
+    s.space_ok(&["rm", &id, &id2]);
+    let out = s.space(&["exec", &id, "--", "true"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+    let out = s.space(&["inspect", &id]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn cp_files_and_directories() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&[]);
+    let work = tempfile::tempdir().unwrap();
+
+    // A file in, then out again, byte-identical (larger than any chunk).
+    let big: Vec<u8> = (0..24 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let src = work.path().join("big.bin");
+    std::fs::write(&src, &big).unwrap();
+    s.space_ok(&["cp", src.to_str().unwrap(), &format!("{id}:/tmp/big.bin")]);
+    let (_, out, _) = s.sh(&id, "wc -c < /tmp/big.bin");
+    assert_eq!(out.trim(), big.len().to_string());
+    let back = work.path().join("back.bin");
+    s.space_ok(&["cp", &format!("{id}:/tmp/big.bin"), back.to_str().unwrap()]);
+    assert_eq!(
+        Sha256::digest(std::fs::read(&back).unwrap()),
+        Sha256::digest(&big),
+        "file changed on the round trip"
+    );
+
+    // A directory tree in and out, with modes.
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("a/b")).unwrap();
+    std::fs::write(tree.join("top.txt"), "top\n").unwrap();
+    std::fs::write(tree.join("a/b/deep.sh"), "#!/bin/sh\necho deep\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        tree.join("a/b/deep.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    s.space_ok(&["cp", tree.to_str().unwrap(), &format!("{id}:/work")]);
+    assert_eq!(
+        s.space_ok(&["exec", &id, "--", "/work/a/b/deep.sh"]),
+        "deep\n"
+    );
+    assert_eq!(
+        s.space_ok(&["exec", &id, "--", "cat", "/work/top.txt"]),
+        "top\n"
+    );
+    s.sh(&id, "echo made-inside > /work/a/new.txt");
+    let out_dir = work.path().join("out");
+    s.space_ok(&["cp", &format!("{id}:/work"), out_dir.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("a/new.txt")).unwrap(),
+        "made-inside\n"
+    );
+    let mode = std::fs::metadata(out_dir.join("a/b/deep.sh"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o755);
+
+    // Bad paths: relative, missing, and a missing sandbox, each a clear error.
+    let out = s.space(&["cp", src.to_str().unwrap(), &format!("{id}:relative/path")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("absolute"),
+        "{:?}",
+        out
+    );
+    let out = s.space(&[
+        "cp",
+        &format!("{id}:/nope/missing"),
+        work.path().join("x").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+    let out = s.space(&["cp", src.to_str().unwrap(), "aaaaaaaaaaaaaaaaaaaa:/tmp/x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+}
+
+#[test]
+fn stdin_tty_background_and_attach() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&[]);
+
+    // -i forwards stdin until EOF.
+    let mut child = s
+        .cli()
+        .args(["exec", "-i", &id, "--", "sh", "-c", "cat | tr a-z A-Z"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"piped input\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "PIPED INPUT\n");
+
+    // -t runs under a pseudo-terminal in the sandbox.
+    let out = s.space_ok(&["exec", "-t", &id, "--", "sh", "-c", "tty; stty size"]);
+    assert!(out.contains("/dev/pts/"), "tty output {out:?}");
+
+    // -d starts in the background and prints the pid; the output stays attachable.
+    let pid = s.space_ok(&[
+        "exec",
+        "-d",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo one; sleep 0.3; echo two",
+    ]);
+    let pid = pid.trim().to_string();
+    assert!(pid.parse::<u32>().is_ok(), "pid {pid:?}");
+    let out = s.space_ok(&["attach", &id, &pid]);
+    assert_eq!(out, "one\ntwo\n");
+    // From an offset: exactly the bytes after it.
+    let out = s.space_ok(&["attach", &id, &pid, "--offset", "4"]);
+    assert_eq!(out, "two\n");
+    let ps = s.space_ok(&["ps", &id]);
+    assert!(ps.contains(&pid), "ps: {ps}");
+
+    // kill stops a long-running background process.
+    let pid = s
+        .space_ok(&["exec", "-d", &id, "--", "sleep", "1000"])
+        .trim()
+        .to_string();
+    s.space_ok(&["kill", &id, &pid]);
+    let out = s.space(&["attach", &id, &pid]);
+    assert_eq!(out.status.code(), Some(137), "{out:?}");
+
+    // A command that is not there.
+    let out = s.space(&["exec", &id, "--", "/no/such/binary"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not_found"),
+        "{out:?}"
+    );
+}

@@ -1,0 +1,150 @@
+//! Isolation, shown from inside: a probe run in a sandbox tries to break out and must fail;
+//! fork bombs and memory hogs stay inside their limits; sandboxes cannot reach each other.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use space_tests::Spaced;
+
+/// Processes on the host whose real uid lies in [base, base + 65536).
+fn host_processes_in_range(base: u32) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|u| u.parse::<u32>().ok());
+        if uid.is_some_and(|u| u >= base && u - base < 65536) {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn probe_cannot_break_out() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&[]);
+    // A file that exists only on the host: the probe must not find it.
+    let marker = s.dir.path().join("host-only-marker");
+    std::fs::write(&marker, "x").unwrap();
+    let report = s.probe(&id, &["--host-marker", marker.to_str().unwrap()]);
+    let checks = report.as_object().expect("probe report is an object");
+    for name in [
+        "pid1_is_daemon",
+        "host_processes_invisible",
+        "mount_denied",
+        "umount_denied",
+        "module_load_denied",
+        "bpf_denied",
+        "perf_event_open_denied",
+        "keyctl_denied",
+        "ptrace_pid1_denied",
+        "unshare_userns_denied",
+        "setns_denied",
+        "uid_map",
+        "caps",
+        "no_new_privs",
+        "seccomp",
+        "proc_1_mem_denied",
+        "reboot_denied",
+        "kexec_denied",
+        "host_root_invisible",
+    ] {
+        let c = checks
+            .get(name)
+            .unwrap_or_else(|| panic!("probe lacks check {name}: {report}"));
+        assert_eq!(
+            c["ok"],
+            Value::Bool(true),
+            "isolation check {name} failed: {c}"
+        );
+    }
+    // Root inside is an unprivileged uid outside: the uid_map names this sandbox's range.
+    let (_, map, _) = s.sh(&id, "cat /proc/self/uid_map");
+    let fields: Vec<u64> = map.split_whitespace().map(|f| f.parse().unwrap()).collect();
+    assert_eq!(fields[0], 0);
+    assert!(fields[1] >= s.uid_base as u64, "uid_map {map}");
+    assert!(fields[2] <= 65536);
+    // Files the sandbox creates are owned by that uid on the host side view of the process.
+    let (_, status, _) = s.sh(&id, "sleep 5 & echo $!");
+    let inner_pid = status.trim();
+    assert!(!inner_pid.is_empty());
+}
+
+#[test]
+fn fork_bomb_and_memory_hog_are_contained() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&["--pids", "64", "--memory", "64"]);
+    let other = s.create(&[]);
+
+    // Fork bomb: an endless spawner in the background. Count, from the host, the processes
+    // running under the sandbox's uid range: never more than pids.max.
+    let info: Value = serde_json::from_str(&s.space_ok(&["inspect", &id])).unwrap();
+    let base = info["uid_base"].as_u64().expect("inspect shows uid_base") as u32;
+    let bomb = s.space_ok(&[
+        "exec",
+        "-d",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "while true; do sleep 3 & done 2>/dev/null",
+    ]);
+    let mut peak = 0;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(3) {
+        peak = peak.max(host_processes_in_range(base));
+        // The node and other sandboxes stay usable during the bomb.
+        assert_eq!(s.space_ok(&["exec", &other, "--", "echo", "ok"]), "ok\n");
+    }
+    assert!(peak > 20, "the bomb never got going: peak {peak}");
+    assert!(peak <= 64, "pids limit breached: {peak} processes");
+    // The spawner may already have died of a failed fork; kill it if not.
+    let _ = s.space(&["kill", &id, bomb.trim()]);
+    std::thread::sleep(Duration::from_secs(4));
+
+    // Memory hog: killed by the sandbox's own OOM limit, not the host's.
+    let (code, _, _) = s.sh(&id, "x=a; while true; do x=$x$x; done");
+    assert_ne!(code, 0, "the memory hog must be killed");
+    // Neither the sandbox's daemon nor the node died.
+    assert_eq!(s.space_ok(&["exec", &id, "--", "echo", "alive"]), "alive\n");
+    assert_eq!(s.space_ok(&["exec", &other, "--", "echo", "ok"]), "ok\n");
+    let info: Value = serde_json::from_str(&s.space_ok(&["inspect", &id])).unwrap();
+    assert_eq!(info["state"], "running");
+}
+
+#[test]
+fn sandboxes_cannot_reach_each_other() {
+    let s = Spaced::start().unwrap();
+    let a = s.create(&[]);
+    let b = s.create(&[]);
+    s.sh(
+        &a,
+        "echo secret-of-a > /root/secret; sleep 1000 >/dev/null 2>&1 &",
+    );
+    // B sees neither A's files nor its processes, and has its own network stack and uid range.
+    let (_, out, _) = s.sh(&b, "cat /root/secret 2>&1; ls /proc | grep -c '^[0-9]'; ps 2>/dev/null | grep -c '[s]leep 1000'");
+    assert!(out.contains("No such file"), "B read A's file? {out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[1].parse::<u32>().unwrap() < 10,
+        "B sees many processes: {out}"
+    );
+    assert_eq!(lines[2].trim(), "0", "B sees A's sleep: {out}");
+    let (_, map_a, _) = s.sh(&a, "cat /proc/self/uid_map");
+    let (_, map_b, _) = s.sh(&b, "cat /proc/self/uid_map");
+    assert_ne!(map_a, map_b, "two sandboxes share a uid range");
+    let (_, ifs, _) = s.sh(&b, "ls /sys/class/net 2>/dev/null || cat /proc/net/dev");
+    assert!(
+        !ifs.contains("eth0") && !ifs.contains("veth"),
+        "B has host interfaces: {ifs}"
+    );
+    // The guest channel sockets live on the host, out of every sandbox's sight.
+    let (_, out, _) = s.sh(&b, "ls / ; ls /run 2>&1");
+    assert!(!out.contains("guest.sock"));
+}
