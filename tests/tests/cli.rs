@@ -217,3 +217,71 @@ fn stdin_tty_background_and_attach() {
         "{out:?}"
     );
 }
+
+#[test]
+fn template_import_and_use() {
+    let s = Spaced::start().unwrap();
+    // A rootfs directory: the base template's busybox plus a marker file.
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/cat")).unwrap();
+    std::fs::write(root.join("etc/marker"), "from my template\n").unwrap();
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+
+    s.space_ok(&["template", "import", "mytpl", root.to_str().unwrap()]);
+    let ls = s.space_ok(&["template", "ls"]);
+    assert!(
+        ls.contains("mytpl") && ls.contains("base"),
+        "template ls: {ls}"
+    );
+    let id = s.create(&["--template", "mytpl"]);
+    assert_eq!(
+        s.space_ok(&["exec", &id, "--", "cat", "/etc/marker"]),
+        "from my template\n"
+    );
+
+    // A tarball works too, and a second import is a new version.
+    let tarball = work.path().join("t.tar.gz");
+    let st = std::process::Command::new("tar")
+        .arg("-czf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&root)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    s.space_ok(&["template", "import", "mytpl", tarball.to_str().unwrap()]);
+    let ls: Value = serde_json::from_str(&s.space_ok(&["template", "ls", "--json"])).unwrap();
+    let list = ls
+        .as_array()
+        .or_else(|| ls["templates"].as_array())
+        .unwrap()
+        .clone();
+    let mine = list.iter().find(|t| t["name"] == "mytpl").unwrap();
+    assert_eq!(mine["version"], 2);
+
+    // Bad input: a bad name, a missing path, a file that is not a tar archive.
+    let out = s.space(&["template", "import", "Bad/Name", root.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let out = s.space(&["template", "import", "ok", "/no/such/dir"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let junk = work.path().join("junk.tar");
+    std::fs::write(&junk, b"this is not a tar archive at all").unwrap();
+    let out = s.space(&["template", "import", "junk", junk.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let out = s.space(&["create", "--template", "junk"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not_found"),
+        "{out:?}"
+    );
+    // The sandbox made from the template is undisturbed.
+    assert_eq!(
+        s.space_ok(&["exec", &id, "--", "cat", "/etc/marker"]),
+        "from my template\n"
+    );
+}

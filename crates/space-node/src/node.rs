@@ -38,7 +38,7 @@ pub struct NodeConfig {
     /// Size of the sparse btrfs image created when `data_dir` is not btrfs. Default 16 GiB.
     pub image_size_bytes: u64,
     /// The static space-daemon binary on the host (bind-mounted into every sandbox).
-    /// Default `/usr/local/libexec/space/space-daemon`.
+    /// Default `/usr/local/lib/space/space-daemon`.
     pub daemon_binary: PathBuf,
     /// Static busybox the `base` template is built from. Default `/bin/busybox`
     /// (Debian's busybox-static).
@@ -58,7 +58,7 @@ impl Default for NodeConfig {
             data_dir: PathBuf::from("/var/lib/space"),
             run_dir: PathBuf::from("/run/space"),
             image_size_bytes: 16 << 30,
-            daemon_binary: PathBuf::from("/usr/local/libexec/space/space-daemon"),
+            daemon_binary: PathBuf::from("/usr/local/lib/space/space-daemon"),
             busybox: PathBuf::from("/bin/busybox"),
             uid_base_start: 1_000_000_000,
             uid_count: 65536,

@@ -492,10 +492,39 @@ impl InitChild {
 
     /// Wait until the child has exec'd (the CLOEXEC error pipe hits EOF) or reported a
     /// failure. On success returns the pidfd of the running init.
-    pub fn wait_exec(self) -> Result<OwnedFd, NsError> {
+    pub fn wait_exec(self, timeout: std::time::Duration) -> Result<OwnedFd, NsError> {
+        let deadline = std::time::Instant::now() + timeout;
         let mut buf = [0u8; 8];
         let mut got = 0;
         while got < buf.len() {
+            // Bounded: a child stuck before exec (it never should be) must not hang a create.
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let mut pfd = libc::pollfd {
+                fd: self.err.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd on the stack; the count matches.
+            let r =
+                unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+            if r == 0 {
+                self.kill_and_reap();
+                return Err(NsError::Parent {
+                    op: "wait for the sandbox init to exec (timed out)",
+                    source: io::Error::from(io::ErrorKind::TimedOut),
+                });
+            }
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.kill_and_reap();
+                return Err(NsError::Parent {
+                    op: "poll the init error pipe",
+                    source: e,
+                });
+            }
             // SAFETY: reads into the live stack buffer within its bounds.
             let n = unsafe {
                 libc::read(

@@ -70,6 +70,8 @@ pub struct NamespaceConfig {
     pub mount_sysfs: bool,
     /// How long destroy waits for processes to die before giving up.
     pub destroy_timeout: Duration,
+    /// How long launch waits for the init to reach exec before killing it and failing.
+    pub launch_timeout: Duration,
 }
 
 impl Default for NamespaceConfig {
@@ -79,6 +81,7 @@ impl Default for NamespaceConfig {
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             mount_sysfs: true,
             destroy_timeout: Duration::from_secs(5),
+            launch_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -371,7 +374,7 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
         return Err(e);
     }
     let pid = child.pid();
-    let pidfd = child.wait_exec()?;
+    let pidfd = child.wait_exec(inner.cfg.launch_timeout)?;
     let start_time = match read_stat(pid) {
         Ok(st) => st.start_time,
         Err(e) => {
