@@ -47,6 +47,10 @@ async fn upload(c: &Client, src: &Path, id: &str, dst: &str) -> Result<()> {
         bail!("{dst:?} must be an absolute path inside the sandbox");
     }
     let meta = std::fs::metadata(src).with_context(|| format!("cannot read {}", src.display()))?;
+    // Ask for the sandbox first: a 404 from `stat` below would otherwise be taken for "no such
+    // path", and an upload to a missing sandbox is refused before its body is read, which the
+    // client sees as a broken pipe rather than the server's answer.
+    c.get_sandbox(id).await?;
     let target = if remote_is_dir(c, id, dst).await? {
         join_remote(dst, &basename(&std::fs::canonicalize(src)?)?)
     } else {

@@ -1,0 +1,143 @@
+//! Reconnect: clients that drop mid-stream come back with a byte offset and receive exactly
+//! the bytes they missed, or an explicit gap marker when the bounded buffer was overrun.
+
+use base64::Engine;
+use futures::StreamExt;
+use reqwest::Method;
+use serde_json::{Value, json};
+use space_tests::Spaced;
+
+fn b64(s: &str) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
+/// The bytes `seq 1 n` prints.
+fn seq_bytes(n: u32) -> Vec<u8> {
+    (1..=n)
+        .flat_map(|i| format!("{i}\n").into_bytes())
+        .collect()
+}
+
+async fn start_bg(s: &Spaced, id: &str, script: &str) -> u64 {
+    let r = s
+        .req(Method::POST, &format!("/v1/sandboxes/{id}/exec"))
+        .json(&json!({"cmd": ["sh", "-c", script], "background": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    r.json::<Value>().await.unwrap()["pid"].as_u64().unwrap()
+}
+
+/// Reads the output stream from `offset` until `limit` data bytes arrived (then drops the
+/// connection) or the stream ended. Returns (data, gap events, exit event seen).
+async fn read_output(
+    s: &Spaced,
+    id: &str,
+    pid: u64,
+    offset: u64,
+    limit: usize,
+) -> (Vec<u8>, Vec<Value>, bool) {
+    let r = s
+        .req(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/processes/{pid}/output?offset={offset}&follow=true"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let mut body = r.bytes_stream();
+    let (mut data, mut gaps, mut pending) = (Vec::new(), Vec::new(), Vec::new());
+    let mut next_offset = offset;
+    while let Some(chunk) = body.next().await {
+        pending.extend_from_slice(&chunk.unwrap());
+        while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=nl).collect();
+            let ev: Value = serde_json::from_slice(&line).unwrap();
+            match ev["type"].as_str().unwrap() {
+                "stdout" | "stderr" | "pty" => {
+                    // Offsets are contiguous: each event starts where the last one ended.
+                    assert_eq!(
+                        ev["offset"].as_u64().unwrap(),
+                        next_offset,
+                        "offset jump: {ev}"
+                    );
+                    let d = b64(ev["data"].as_str().unwrap());
+                    next_offset += d.len() as u64;
+                    data.extend_from_slice(&d);
+                    if data.len() >= limit {
+                        return (data, gaps, false); // drop the connection mid-stream
+                    }
+                }
+                "gap" => {
+                    next_offset = ev["to"].as_u64().unwrap();
+                    gaps.push(ev);
+                }
+                "exit" => return (data, gaps, true),
+                other => panic!("unexpected event {other}: {ev}"),
+            }
+        }
+    }
+    (data, gaps, false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_clients_get_exactly_the_missed_bytes() {
+    let s = tokio::task::block_in_place(|| Spaced::start().unwrap());
+    let id = tokio::task::block_in_place(|| s.create(&[]));
+    // ~490 KB of output, produced in bursts while clients come and go.
+    let n = 80_000;
+    let pid = start_bg(&s, &id, "i=0; while [ $i -lt 8 ]; do seq $((i*10000+1)) $(((i+1)*10000)); i=$((i+1)); sleep 0.05; done").await;
+    let expected = seq_bytes(n);
+
+    let mut got = Vec::new();
+    let mut drops = 0;
+    loop {
+        let (data, gaps, ended) = read_output(&s, &id, pid, got.len() as u64, 37_000).await;
+        assert!(
+            gaps.is_empty(),
+            "no gap expected within the buffer: {gaps:?}"
+        );
+        got.extend_from_slice(&data);
+        if ended {
+            break;
+        }
+        drops += 1;
+        assert!(drops < 100, "too many reconnects");
+    }
+    assert!(
+        drops >= 5,
+        "the test should have dropped mid-stream several times ({drops})"
+    );
+    assert_eq!(got.len(), expected.len());
+    assert!(
+        got == expected,
+        "reassembled output differs from what the process printed"
+    );
+
+    // A finished process stays attachable, from any offset inside its buffer.
+    let (tail, _, ended) = read_output(&s, &id, pid, (expected.len() - 6) as u64, usize::MAX).await;
+    assert!(ended);
+    assert_eq!(tail, b"80000\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrun_buffer_reports_an_explicit_gap() {
+    let s = tokio::task::block_in_place(|| Spaced::start().unwrap());
+    let id = tokio::task::block_in_place(|| s.create(&[]));
+    // ~2.4 MB: more than the 1 MiB per-process buffer.
+    let n = 350_000;
+    let pid = start_bg(&s, &id, &format!("seq 1 {n}")).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let (data, gaps, ended) = read_output(&s, &id, pid, 0, usize::MAX).await;
+    assert!(ended);
+    assert_eq!(gaps.len(), 1, "exactly one gap marker: {gaps:?}");
+    let expected = seq_bytes(n);
+    let from = gaps[0]["from"].as_u64().unwrap();
+    let to = gaps[0]["to"].as_u64().unwrap() as usize;
+    assert_eq!(from, 0);
+    assert!(to > 0 && to < expected.len());
+    // After the gap: exactly the retained tail, byte for byte.
+    assert!(data == expected[to..], "bytes after the gap differ");
+}
