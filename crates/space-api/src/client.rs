@@ -14,6 +14,9 @@ use serde::de::DeserializeOwned;
 
 use crate::types::*;
 
+#[path = "client_snapshots.rs"]
+mod snapshots;
+
 /// Errors of [`Client`].
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -202,6 +205,27 @@ impl Client {
     pub async fn delete_sandbox(&self, id: &str) -> Result<()> {
         self.empty(self.request(Method::DELETE, &format!("/v1/sandboxes/{id}")))
             .await
+    }
+
+    /// Freezes the sandbox (no CPU, memory kept). 409 if it is not running.
+    pub async fn pause_sandbox(&self, id: &str) -> Result<Sandbox> {
+        self.json(self.request(Method::POST, &format!("/v1/sandboxes/{id}/pause")))
+            .await
+    }
+
+    /// Thaws a paused sandbox. 409 if it is not paused.
+    pub async fn resume_sandbox(&self, id: &str) -> Result<Sandbox> {
+        self.json(self.request(Method::POST, &format!("/v1/sandboxes/{id}/resume")))
+            .await
+    }
+
+    /// Sets (counting from now) or clears the sandbox's timeout.
+    pub async fn set_timeout(&self, id: &str, req: &crate::SetTimeout) -> Result<Sandbox> {
+        self.json(Self::with_json(
+            self.request(Method::POST, &format!("/v1/sandboxes/{id}/timeout")),
+            req,
+        ))
+        .await
     }
 
     // ---- exec and processes ----

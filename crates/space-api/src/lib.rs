@@ -4,9 +4,11 @@
 
 pub mod b64;
 pub mod client;
+pub mod snapshot;
 pub mod types;
 
 pub use client::{ByteStream, Client, ClientError, EventStream, ExecOutput};
 /// Request bodies for uploads (`Body::wrap_stream` streams any byte stream).
 pub use reqwest::Body;
+pub use snapshot::*;
 pub use types::*;

@@ -96,6 +96,56 @@ pub struct CreateSandbox {
     pub env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// Seconds from now after which `on_timeout` happens; none = no timeout (no hard cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    /// Idle seconds (no API activity, no open exec stream) after which the sandbox is
+    /// paused; none = never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_secs: Option<u64>,
+    /// What an expired timeout does; default `pause`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeout>,
+}
+
+/// What happens when a sandbox's timeout expires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// Freeze it (nothing is lost; `resume` continues it).
+    #[default]
+    Pause,
+    /// Delete it.
+    Delete,
+}
+
+impl OnTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Pause => "pause",
+            OnTimeout::Delete => "delete",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "pause" => Some(OnTimeout::Pause),
+            "delete" => Some(OnTimeout::Delete),
+            _ => None,
+        }
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`: sets (counting from now) or clears the timeout. The
+/// only call that changes a sandbox's timeout.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetTimeout {
+    /// Seconds from now; null clears the timeout.
+    pub timeout_secs: Option<u64>,
+    /// Unchanged when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeout>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -106,6 +156,8 @@ pub enum SandboxState {
     Stopped,
     Failed,
     Deleting,
+    /// Frozen: no CPU, memory kept; `resume` thaws it.
+    Paused,
 }
 
 impl SandboxState {
@@ -116,6 +168,7 @@ impl SandboxState {
             SandboxState::Stopped => "stopped",
             SandboxState::Failed => "failed",
             SandboxState::Deleting => "deleting",
+            SandboxState::Paused => "paused",
         }
     }
 
@@ -126,6 +179,7 @@ impl SandboxState {
             "stopped" => SandboxState::Stopped,
             "failed" => SandboxState::Failed,
             "deleting" => SandboxState::Deleting,
+            "paused" => SandboxState::Paused,
             _ => return None,
         })
     }
@@ -165,6 +219,18 @@ pub struct Sandbox {
     /// Bytes of memory the sandbox uses now (its memory cgroup).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    /// When the timeout expires (RFC 3339), if one is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_at: Option<String>,
+    /// What the timeout does when it expires (present with `timeout_at`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeout>,
+    /// Idle seconds after which the sandbox is paused, if set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_secs: Option<u64>,
+    /// When the sandbox was paused (RFC 3339), while paused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -7,6 +7,7 @@
 mod bench;
 mod cp;
 mod exec;
+mod snapshot;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,23 @@ enum Command {
     },
     /// Print a sandbox as JSON.
     Inspect { id: String },
+    /// Freeze a sandbox (no CPU, memory kept).
+    Pause { id: String },
+    /// Thaw a paused sandbox.
+    Resume { id: String },
+    /// Set (SECS from now) or clear (--clear) a sandbox's timeout.
+    Timeout {
+        id: String,
+        #[arg(required_unless_present = "clear", conflicts_with = "clear")]
+        secs: Option<u64>,
+        #[arg(long)]
+        clear: bool,
+        /// What an expired timeout does: pause (default) or delete.
+        #[arg(long, value_parser = parse_on_timeout)]
+        on_timeout: Option<space_api::OnTimeout>,
+    },
+    #[command(flatten)]
+    Snap(snapshot::SnapCmd),
     /// Delete sandboxes.
     Rm {
         #[arg(required = true)]
@@ -89,6 +107,15 @@ struct CreateArgs {
     env: Vec<(String, String)>,
     #[arg(long)]
     hostname: Option<String>,
+    /// Timeout in seconds (none: no timeout); what happens then: --on-timeout.
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<u64>,
+    /// Pause after this many idle seconds (none: never).
+    #[arg(long, value_name = "SECS")]
+    auto_pause: Option<u64>,
+    /// What an expired timeout does: pause (default) or delete.
+    #[arg(long, value_parser = parse_on_timeout)]
+    on_timeout: Option<space_api::OnTimeout>,
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -190,6 +217,9 @@ async fn run(cli: Cli) -> Result<i32> {
                     pids: a.pids,
                     env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
                     hostname: a.hostname,
+                    timeout_secs: a.timeout,
+                    auto_pause_secs: a.auto_pause,
+                    on_timeout: a.on_timeout,
                 })
                 .await?;
             if a.json {
@@ -226,6 +256,30 @@ async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Inspect { id } => {
             print_json(&client()?.get_sandbox(&id).await?)?;
+            Ok(0)
+        }
+        Command::Pause { id } => {
+            let sb = client()?.pause_sandbox(&id).await?;
+            println!("{} {}", sb.id, sb.state);
+            Ok(0)
+        }
+        Command::Resume { id } => {
+            let sb = client()?.resume_sandbox(&id).await?;
+            println!("{} {}", sb.id, sb.state);
+            Ok(0)
+        }
+        Command::Timeout {
+            id,
+            secs,
+            clear: _,
+            on_timeout,
+        } => {
+            let req = space_api::SetTimeout {
+                timeout_secs: secs,
+                on_timeout,
+            };
+            let sb = client()?.set_timeout(&id, &req).await?;
+            println!("{} {}", sb.id, sb.timeout_at.as_deref().unwrap_or("none"));
             Ok(0)
         }
         Command::Rm { ids } => {
@@ -305,6 +359,7 @@ async fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Bench(BenchCmd::Create(a)) => bench::run(client()?, a).await,
+        Command::Snap(c) => snapshot::run(client()?, c).await,
     }
 }
 
@@ -332,6 +387,10 @@ async fn import_template(c: &Client, name: &str, path: &Path) -> Result<space_ap
     } else {
         bail!("{} is neither a directory nor a tarball", path.display())
     }
+}
+
+fn parse_on_timeout(s: &str) -> Result<space_api::OnTimeout, String> {
+    space_api::OnTimeout::parse(s).ok_or_else(|| format!("expected pause or delete, got {s:?}"))
 }
 
 #[cfg(test)]

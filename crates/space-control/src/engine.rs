@@ -67,6 +67,12 @@ pub enum Action {
     /// Anything that talks to the guest: exec, processes, files.
     Guest,
     Delete,
+    /// Take a disk snapshot (running or paused; a paused sandbox stays paused).
+    Snapshot,
+    /// Put the sandbox back on one of its snapshots (running, paused or stopped).
+    Rollback,
+    /// Create new sandboxes from one of its snapshots (running or paused).
+    Fork,
 }
 
 /// The one place that says what each lifecycle state allows.
@@ -74,6 +80,20 @@ pub fn check_lifecycle(row: &SandboxRow, action: Action) -> AppResult<()> {
     use SandboxState::*;
     match (action, row.state) {
         (Action::Delete, _) => Ok(()),
+        (Action::Snapshot | Action::Fork, Running | Paused) => Ok(()),
+        (Action::Rollback, Running | Paused | Stopped) => Ok(()),
+        (Action::Snapshot | Action::Fork | Action::Rollback, _) => {
+            Err(AppError::conflict(format!(
+                "sandbox {} is {}; {} needs it running",
+                row.id,
+                row.state,
+                match action {
+                    Action::Rollback => "rollback",
+                    Action::Fork => "fork",
+                    _ => "a snapshot",
+                }
+            )))
+        }
         (Action::Guest, Running) => Ok(()),
         (Action::Guest, Creating) => Err(AppError::conflict(format!(
             "sandbox {} is still being created",
@@ -81,6 +101,10 @@ pub fn check_lifecycle(row: &SandboxRow, action: Action) -> AppResult<()> {
         ))),
         (Action::Guest, Deleting) => Err(AppError::conflict(format!(
             "sandbox {} is being deleted",
+            row.id
+        ))),
+        (Action::Guest, Paused) => Err(AppError::conflict(format!(
+            "sandbox {} is paused; resume it first",
             row.id
         ))),
         (Action::Guest, Stopped | Failed) => Err(AppError::conflict(match &row.error {
@@ -138,6 +162,8 @@ pub struct Engine {
     pub(crate) locks: KeyedLocks,
     pub metrics: Metrics,
     pub(crate) wake: Notify,
+    /// API activity per sandbox, for auto-pause (see `lifecycle`).
+    pub(crate) activity: Arc<crate::lifecycle::Activity>,
 }
 
 fn new_sandbox_id() -> String {
@@ -265,7 +291,10 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
     let live = status.filter(|_| {
         matches!(
             row.state,
-            SandboxState::Running | SandboxState::Stopped | SandboxState::Creating
+            SandboxState::Running
+                | SandboxState::Stopped
+                | SandboxState::Creating
+                | SandboxState::Paused
         )
     });
     Sandbox {
@@ -287,6 +316,11 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
             .and_then(|s| s.init_pid),
         uid_base: live.map(|s| s.uid_base),
         memory_bytes: live.and_then(|s| s.memory_bytes),
+        // Filled by `lifecycle::decorate`.
+        timeout_at: None,
+        on_timeout: None,
+        auto_pause_secs: None,
+        paused_at: None,
     }
 }
 
@@ -383,6 +417,7 @@ impl Engine {
             locks: KeyedLocks::default(),
             metrics: Metrics::default(),
             wake: Notify::new(),
+            activity: Arc::default(),
         }
     }
 
@@ -422,6 +457,7 @@ impl Engine {
     /// The guest client of a running sandbox (after the lifecycle check).
     async fn guest(&self, id: &str) -> AppResult<GuestClient<Channel>> {
         let row = self.load(id).await?;
+        self.activity.touch(id);
         check_lifecycle(&row, Action::Guest)?;
         match self.node.guest(id).await {
             Ok(g) => Ok(g),
@@ -466,8 +502,9 @@ impl Engine {
 
     pub async fn create_sandbox(&self, req: CreateSandbox) -> AppResult<Sandbox> {
         let id = new_sandbox_id();
-        let spec = validate_create(req, &id)?;
         let now = now_ms();
+        let lifecycle = crate::lifecycle::lifecycle_from_create(&req, &id, now)?;
+        let spec = validate_create(req, &id)?;
         let row = SandboxRow {
             id: id.clone(),
             spec,
@@ -480,6 +517,10 @@ impl Engine {
         };
         let _guard = self.locks.lock(&id).await;
         self.store.insert_sandbox(&row).await?;
+        if let Some(l) = &lifecycle {
+            self.store.put_lifecycle(l).await?;
+        }
+        self.activity.touch(&id);
         match self.node.create_sandbox(&node_spec(&id, &row.spec)).await {
             Ok(status) => {
                 self.write_status(&id, SandboxState::Running, None).await?;
@@ -488,7 +529,9 @@ impl Engine {
                     state: SandboxState::Running,
                     ..row
                 };
-                Ok(sandbox_dto(&row, Some(&status)))
+                let mut sb = sandbox_dto(&row, Some(&status));
+                crate::lifecycle::decorate(&mut sb, lifecycle.as_ref());
+                Ok(sb)
             }
             Err(e) => {
                 inc(&self.metrics.sandbox_create_errors);
@@ -515,7 +558,7 @@ impl Engine {
     pub async fn get_sandbox(&self, id: &str) -> AppResult<Sandbox> {
         let row = self.load(id).await?;
         let status = match row.state {
-            SandboxState::Running | SandboxState::Stopped => {
+            SandboxState::Running | SandboxState::Stopped | SandboxState::Paused => {
                 self.node.sandbox_status(id).await.unwrap_or_else(|e| {
                     tracing::warn!(sandbox = id, error = %e, "node status");
                     None
@@ -523,7 +566,9 @@ impl Engine {
             }
             _ => None,
         };
-        Ok(sandbox_dto(&row, status.as_ref()))
+        let mut sb = sandbox_dto(&row, status.as_ref());
+        self.decorate_one(&mut sb).await;
+        Ok(sb)
     }
 
     pub async fn list_sandboxes(&self) -> AppResult<Vec<Sandbox>> {
@@ -535,10 +580,12 @@ impl Engine {
             }
         };
         let rows = self.store.list_sandboxes().await?;
-        Ok(rows
+        let mut list: Vec<Sandbox> = rows
             .iter()
             .map(|r| sandbox_dto(r, observed.get(&r.id)))
-            .collect())
+            .collect();
+        self.decorate_all(&mut list).await;
+        Ok(list)
     }
 
     /// Deletion: mark (finalizer), remove on the node, forget the row.
@@ -558,7 +605,10 @@ impl Engine {
     /// Second half of deletion (also run by the reconciler): idempotent.
     pub(crate) async fn finalize_delete(&self, id: &str) -> AppResult<()> {
         self.node.remove_sandbox(id).await?;
+        self.store.forget_snapshots_of(id).await?;
         self.store.delete_sandbox(id).await?;
+        self.store.delete_lifecycle(id).await?;
+        self.activity.forget(id);
         self.locks.forget(id);
         Ok(())
     }
@@ -612,7 +662,9 @@ impl Engine {
                 "the guest ended the exec stream before the process started",
             ));
         }
-        Ok(ExecReply::Events(event_stream(first, stream, true)))
+        Ok(ExecReply::Events(
+            self.activity.track(id, event_stream(first, stream, true)),
+        ))
     }
 
     pub async fn list_processes(&self, id: &str) -> AppResult<Vec<ProcessInfo>> {
@@ -653,7 +705,7 @@ impl Engine {
             Ok(Err(status)) => return Err(status.into()),
             Err(_elapsed) => None,
         };
-        Ok(event_stream(first, stream, false))
+        Ok(self.activity.track(id, event_stream(first, stream, false)))
     }
 
     pub async fn write_stdin(&self, id: &str, pid: u32, data: Bytes) -> AppResult<()> {

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, header, request::Parts};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post, put};
@@ -34,6 +34,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes"),
     ("GET", "/v1/sandboxes/{id}"),
     ("DELETE", "/v1/sandboxes/{id}"),
+    ("POST", "/v1/sandboxes/{id}/pause"),
+    ("POST", "/v1/sandboxes/{id}/resume"),
+    ("POST", "/v1/sandboxes/{id}/timeout"),
     ("POST", "/v1/sandboxes/{id}/exec"),
     ("GET", "/v1/sandboxes/{id}/processes"),
     ("GET", "/v1/sandboxes/{id}/processes/{pid}/output"),
@@ -48,6 +51,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/{id}/files/list"),
     ("POST", "/v1/sandboxes/{id}/files/mkdir"),
     ("POST", "/v1/sandboxes/{id}/files/rename"),
+    ("POST", "/v1/sandboxes/{id}/snapshots"),
+    ("GET", "/v1/sandboxes/{id}/snapshots"),
+    ("DELETE", "/v1/sandboxes/{id}/snapshots/{snap}"),
+    ("POST", "/v1/sandboxes/{id}/rollback"),
+    ("POST", "/v1/sandboxes/{id}/fork"),
     ("GET", "/v1/templates"),
     ("PUT", "/v1/templates/{name}"),
 ];
@@ -61,6 +69,9 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("GET", "/v1/sandboxes") => get(list_sandboxes),
         ("GET", "/v1/sandboxes/{id}") => get(get_sandbox),
         ("DELETE", "/v1/sandboxes/{id}") => delete(delete_sandbox),
+        ("POST", "/v1/sandboxes/{id}/pause") => post(crate::lifecycle::http_pause),
+        ("POST", "/v1/sandboxes/{id}/resume") => post(crate::lifecycle::http_resume),
+        ("POST", "/v1/sandboxes/{id}/timeout") => post(crate::lifecycle::http_set_timeout),
         ("POST", "/v1/sandboxes/{id}/exec") => post(exec),
         ("GET", "/v1/sandboxes/{id}/processes") => get(list_processes),
         ("GET", "/v1/sandboxes/{id}/processes/{pid}/output") => get(process_output),
@@ -75,6 +86,13 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("GET", "/v1/sandboxes/{id}/files/list") => get(list_dir),
         ("POST", "/v1/sandboxes/{id}/files/mkdir") => post(mkdir),
         ("POST", "/v1/sandboxes/{id}/files/rename") => post(rename),
+        ("POST", "/v1/sandboxes/{id}/snapshots") => post(crate::snapshots::create_snapshot),
+        ("GET", "/v1/sandboxes/{id}/snapshots") => get(crate::snapshots::list_snapshots),
+        ("DELETE", "/v1/sandboxes/{id}/snapshots/{snap}") => {
+            delete(crate::snapshots::delete_snapshot)
+        }
+        ("POST", "/v1/sandboxes/{id}/rollback") => post(crate::snapshots::rollback),
+        ("POST", "/v1/sandboxes/{id}/fork") => post(crate::snapshots::fork),
         ("GET", "/v1/templates") => get(list_templates),
         ("PUT", "/v1/templates/{name}") => put(import_template),
         _ => unreachable!("route {method} {path} has no handler"),
@@ -95,7 +113,25 @@ pub fn app(state: AppState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(json_limit))
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
         .layer(axum::middleware::from_fn_with_state(state.clone(), trace))
+        .layer(axum::middleware::from_fn(close_after_unread_body))
         .with_state(state)
+}
+
+/// An error answered to a request that carried a body may leave part of that body unread
+/// (413, a refused upload): hyper then closes the connection. Say so in the response, so a
+/// client does not send its next request on a connection that is going away.
+async fn close_after_unread_body(req: Request, next: Next) -> Response {
+    let has_body = req.headers().contains_key(header::TRANSFER_ENCODING)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    let mut resp = next.run(req).await;
+    if has_body && (resp.status().is_client_error() || resp.status().is_server_error()) {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 async fn not_found(req: Request) -> AppError {

@@ -10,7 +10,9 @@ pub mod convert;
 pub mod engine;
 pub mod error;
 pub mod http;
+pub mod lifecycle;
 pub mod reconcile;
+pub mod snapshots;
 pub mod store;
 
 use std::future::Future;
@@ -117,6 +119,14 @@ pub async fn serve(
         shutdown.await;
         tracing::info!("shutting down (sandboxes keep running)");
         let _ = stop_tx.send(true);
+    });
+    // TCP_NODELAY: responses (ndjson exec events above all) are many small writes; with Nagle
+    // on, each one after the first waits for the client's delayed ACK (~40 ms).
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+        }
     });
     let server = axum::serve(listener, app(state))
         .with_graceful_shutdown(server_shutdown)

@@ -35,6 +35,12 @@ pub enum Step {
     CleanupFailed { id: String },
     /// A node sandbox without a row: remove it.
     RemoveOrphan { id: String },
+    /// The timeout's deadline passed: apply its action once (see `lifecycle`).
+    ExpireTimeout { id: String },
+    /// Idle longer than its auto-pause period: pause it.
+    AutoPause { id: String },
+    /// Row running but node paused, or the reverse: make the node follow the row.
+    SyncFreeze { id: String },
 }
 
 impl Step {
@@ -45,7 +51,10 @@ impl Step {
             | Step::MarkLost { id }
             | Step::ResumeCreate { id }
             | Step::CleanupFailed { id }
-            | Step::RemoveOrphan { id } => id,
+            | Step::RemoveOrphan { id }
+            | Step::ExpireTimeout { id }
+            | Step::AutoPause { id }
+            | Step::SyncFreeze { id } => id,
         }
     }
 }
@@ -68,8 +77,14 @@ pub fn reconcile(
         let step = match (row.state, node) {
             (SandboxState::Deleting, _) => Some(Step::FinalizeDelete { id }),
             _ if row.deleted_at.is_some() => Some(Step::FinalizeDelete { id }),
-            (SandboxState::Running, Some(Phase::Stopped)) => Some(Step::MarkStopped { id }),
-            (SandboxState::Running | SandboxState::Stopped, None) => Some(Step::MarkLost { id }),
+            (SandboxState::Running | SandboxState::Paused, Some(Phase::Stopped)) => {
+                Some(Step::MarkStopped { id })
+            }
+            (SandboxState::Running | SandboxState::Stopped | SandboxState::Paused, None) => {
+                Some(Step::MarkLost { id })
+            }
+            (SandboxState::Running, Some(Phase::Paused))
+            | (SandboxState::Paused, Some(Phase::Running)) => Some(Step::SyncFreeze { id }),
             (SandboxState::Creating, _) if now_ms - row.updated_at > create_grace_ms => {
                 Some(Step::ResumeCreate { id })
             }
@@ -129,12 +144,13 @@ impl Engine {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let observed = self.node.list_sandboxes().await?;
         let desired = self.store.list_sandboxes().await?;
-        let steps = reconcile(
+        let mut steps = reconcile(
             &desired,
             &observed,
             now_ms(),
             self.cfg.create_grace.as_millis() as i64,
         );
+        steps.extend(self.lifecycle_pass(&desired).await?);
         let mut applied = 0;
         for step in steps {
             let now = Instant::now();
@@ -170,6 +186,9 @@ impl Engine {
             Step::ResumeCreate { .. } => self.ensure_created(row).await,
             Step::CleanupFailed { .. } => self.ensure_failed_cleaned(row).await,
             Step::RemoveOrphan { .. } => self.ensure_orphan_removed(id, row).await,
+            Step::ExpireTimeout { .. } => self.ensure_timeout_enforced(row).await,
+            Step::AutoPause { .. } => self.ensure_idle_paused(row).await,
+            Step::SyncFreeze { .. } => self.ensure_freeze_synced(row).await,
         }
     }
 
@@ -182,7 +201,9 @@ impl Engine {
     }
 
     async fn ensure_stopped(&self, row: Option<SandboxRow>) -> AppResult<()> {
-        let Some(row) = row.filter(|r| r.state == SandboxState::Running) else {
+        let Some(row) =
+            row.filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Paused))
+        else {
             return Ok(());
         };
         match self.node.sandbox_status(&row.id).await? {
@@ -196,9 +217,12 @@ impl Engine {
     }
 
     async fn ensure_lost(&self, row: Option<SandboxRow>) -> AppResult<()> {
-        let Some(row) =
-            row.filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Stopped))
-        else {
+        let Some(row) = row.filter(|r| {
+            matches!(
+                r.state,
+                SandboxState::Running | SandboxState::Stopped | SandboxState::Paused
+            )
+        }) else {
             return Ok(());
         };
         if self.node.sandbox_status(&row.id).await?.is_some() {
@@ -350,6 +374,32 @@ mod tests {
                 vec![Step::CleanupFailed { id: A.into() }],
             ),
             (vec![row(A, SandboxState::Failed, 0)], vec![], vec![]),
+            // A paused sandbox is alive: nothing to do while the node agrees.
+            (
+                vec![row(A, SandboxState::Paused, 0)],
+                vec![status(A, Phase::Paused)],
+                vec![],
+            ),
+            (
+                vec![row(A, SandboxState::Paused, 0)],
+                vec![status(A, Phase::Stopped)],
+                vec![Step::MarkStopped { id: A.into() }],
+            ),
+            (
+                vec![row(A, SandboxState::Paused, 0)],
+                vec![],
+                vec![Step::MarkLost { id: A.into() }],
+            ),
+            (
+                vec![row(A, SandboxState::Paused, 0)],
+                vec![status(A, Phase::Running)],
+                vec![Step::SyncFreeze { id: A.into() }],
+            ),
+            (
+                vec![row(A, SandboxState::Running, 0)],
+                vec![status(A, Phase::Paused)],
+                vec![Step::SyncFreeze { id: A.into() }],
+            ),
         ];
         for (desired, observed, want) in cases {
             assert_eq!(

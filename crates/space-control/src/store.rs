@@ -118,6 +118,11 @@ impl Store {
         Ok(Self { pool })
     }
 
+    /// The pool, for store methods kept in other modules (e.g. snapshots).
+    pub(crate) fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
     /// Checks that the database answers.
     pub async fn ping(&self) -> Result<()> {
         let mut conn = self.pool.acquire().await.map_err(q("ping"))?;

@@ -50,6 +50,9 @@ pub enum Phase {
     Running,
     /// The rootfs exists but init is gone (it died, was killed, or the host rebooted).
     Stopped,
+    /// Init is alive but every process is frozen (cgroup freezer): no CPU, memory kept.
+    /// The guest channel does not answer.
+    Paused,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,6 +87,21 @@ pub enum TemplateSource {
     Dir(PathBuf),
     /// A tar archive (optionally gzip-compressed).
     Tar(PathBuf),
+}
+
+/// One disk snapshot of a sandbox as the node holds it
+/// (`sandboxes/<id>/snapshots/<snap>/rootfs`, a read-only subvolume).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// 20 characters of [a-z0-9]; chosen by the control plane.
+    pub id: String,
+    pub sandbox_id: String,
+    pub created_unix_ms: u64,
+    /// Bytes referenced by the snapshot's files, once computed (lazily; see
+    /// docs/decisions/0007-snapshots.md).
+    pub size_bytes: Option<u64>,
+    /// Host path of the read-only rootfs subvolume.
+    pub path: PathBuf,
 }
 
 /// Errors of the node API. `code()` is the stable machine-readable name the control plane
@@ -133,9 +151,78 @@ pub trait NodeApi: Send + Sync {
     /// A gRPC client on the sandbox's guest channel (cached; cheap to call per request).
     async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError>;
     async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError>;
+    /// Freeze every process of a running sandbox (returns once frozen). Conflict if it is
+    /// already paused or not running; NotFound for an unknown id.
+    async fn pause_sandbox(&self, id: &str) -> Result<SandboxStatus, NodeError> {
+        Err(NodeError::Conflict(format!(
+            "this node cannot pause sandbox {id}"
+        )))
+    }
+    /// Thaw a paused sandbox. Conflict if it is not paused; NotFound for an unknown id.
+    async fn resume_sandbox(&self, id: &str) -> Result<SandboxStatus, NodeError> {
+        Err(NodeError::Conflict(format!(
+            "this node cannot resume sandbox {id}"
+        )))
+    }
     async fn import_template(
         &self,
         name: &str,
         source: TemplateSource,
     ) -> Result<TemplateInfo, NodeError>;
+
+    // ---- snapshots, rollback and fork (additive; default: unsupported) ----
+
+    /// Takes an atomic read-only snapshot `snap` of the sandbox's rootfs (briefly freezing
+    /// its processes when it runs). Idempotent on `snap`.
+    async fn snapshot_sandbox(&self, id: &str, snap: &str) -> Result<SnapshotInfo, NodeError> {
+        let _ = (id, snap);
+        Err(NodeError::Internal(
+            "snapshots are not supported by this node".into(),
+        ))
+    }
+    /// The sandbox's snapshots (oldest first), with sizes when `with_size` (computed once
+    /// per snapshot, then cached).
+    async fn list_snapshots(
+        &self,
+        id: &str,
+        with_size: bool,
+    ) -> Result<Vec<SnapshotInfo>, NodeError> {
+        let _ = (id, with_size);
+        Err(NodeError::Internal(
+            "snapshots are not supported by this node".into(),
+        ))
+    }
+    /// Deletes a snapshot. Idempotent: a missing snapshot is fine.
+    async fn delete_snapshot(&self, id: &str, snap: &str) -> Result<(), NodeError> {
+        let _ = (id, snap);
+        Err(NodeError::Internal(
+            "snapshots are not supported by this node".into(),
+        ))
+    }
+    /// Stops the sandbox's processes, replaces its rootfs with a writable snapshot of its
+    /// snapshot `snap` and starts it again (same id, same uid range). `spec` carries the
+    /// limits, env and hostname to start with.
+    async fn rollback_sandbox(
+        &self,
+        spec: &SandboxSpec,
+        snap: &str,
+    ) -> Result<SandboxStatus, NodeError> {
+        let _ = (spec, snap);
+        Err(NodeError::Internal(
+            "rollback is not supported by this node".into(),
+        ))
+    }
+    /// Creates and starts sandbox `spec.id` on a writable snapshot of `source`'s snapshot
+    /// `snap`, with a fresh identity (hostname, /etc/machine-id). Idempotent on `spec.id`.
+    async fn fork_sandbox(
+        &self,
+        source: &str,
+        snap: &str,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxStatus, NodeError> {
+        let _ = (source, snap, spec);
+        Err(NodeError::Internal(
+            "fork is not supported by this node".into(),
+        ))
+    }
 }

@@ -54,6 +54,11 @@ pub trait CgroupManager: Send + Sync + std::fmt::Debug {
     fn remove(&self, id: &str) -> Result<(), CgroupError>;
     /// Freeze or thaw every process of the sandbox (returns once the state is reached).
     fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), CgroupError>;
+    /// Whether the sandbox's cgroup is frozen now (read from the kernel, so it survives a
+    /// node restart). `None` when unknown (no such cgroup).
+    fn is_frozen(&self, _id: &str) -> Option<bool> {
+        None
+    }
     /// Memory charged to the sandbox, in bytes.
     fn memory_bytes(&self, id: &str) -> Option<u64>;
     /// On cgroup v2, the sandbox's cgroup directory opened for `CLONE_INTO_CGROUP`; the
@@ -410,6 +415,21 @@ impl CgroupManager for LinuxCgroups {
         }
     }
 
+    fn is_frozen(&self, id: &str) -> Option<bool> {
+        valid_name(id).ok()?;
+        match self.version {
+            CgroupVersion::V1 => {
+                let s = fs::read_to_string(self.v1("freezer", id).join("freezer.state")).ok()?;
+                // FREEZING counts as frozen: a pause was asked for and not undone.
+                Some(s.trim() != "THAWED")
+            }
+            CgroupVersion::V2 => {
+                let s = fs::read_to_string(self.v2(id).join("cgroup.freeze")).ok()?;
+                Some(s.trim() == "1")
+            }
+        }
+    }
+
     fn memory_bytes(&self, id: &str) -> Option<u64> {
         valid_name(id).ok()?;
         let path = match self.version {
@@ -489,6 +509,14 @@ impl CgroupManager for RecordingCgroups {
     fn remove(&self, id: &str) -> Result<(), CgroupError> {
         self.record("remove", CgroupCall::Remove(id.to_owned()))
     }
+    fn is_frozen(&self, id: &str) -> Option<bool> {
+        let calls = self.calls.lock().unwrap();
+        calls.iter().rev().find_map(|c| match c {
+            CgroupCall::SetFrozen(i, f) if i == id => Some(*f),
+            _ => None,
+        })
+    }
+
     fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), CgroupError> {
         self.record("set_frozen", CgroupCall::SetFrozen(id.to_owned(), frozen))
     }

@@ -15,7 +15,8 @@ use space_proto::guest_client::GuestClient;
 use tonic::transport::Channel;
 
 use crate::api::{
-    NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource,
+    NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, SnapshotInfo, TemplateInfo,
+    TemplateSource,
 };
 use crate::channel::{GuestConnector, UnixConnector};
 use crate::ids::{self, UidAllocator};
@@ -206,7 +207,10 @@ impl Node {
                 if !uids.claim(rec.uid_base) {
                     conflicting.push(id.clone());
                 }
-                if alive {
+                if alive && self.runtime.is_frozen(&id) {
+                    // Paused: its daemon cannot answer; connect after resume, on first use.
+                    tracing::info!(id, "sandbox is paused; adopted without a channel");
+                } else if alive {
                     adopt.push(id.clone());
                 } else if rec.launched.is_some() {
                     dead.push((id.clone(), rec.launched.take()));
@@ -333,10 +337,12 @@ impl Node {
         let running = self.is_running(rec);
         SandboxStatus {
             id: rec.spec.id.clone(),
-            phase: if running {
-                Phase::Running
-            } else {
+            phase: if !running {
                 Phase::Stopped
+            } else if self.runtime.is_frozen(&rec.spec.id) {
+                Phase::Paused
+            } else {
+                Phase::Running
             },
             template: rec.spec.template.clone(),
             runtime: rec.runtime.clone(),
@@ -535,6 +541,39 @@ impl Node {
 }
 
 /// Deletes a sandbox's rootfs (with nested subvolumes), its dir and its run dir.
+impl Node {
+    /// Pause (freeze) or resume (thaw) a running sandbox, under its lock. The freezer state
+    /// lives in the kernel, so it needs no record and survives a node restart.
+    async fn set_paused(&self, id: &str, pause: bool) -> Result<SandboxStatus, NodeError> {
+        ids::validate_sandbox_id(id)?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let entry = self.entry(id).ok_or_else(|| NodeError::NotFound {
+            kind: "sandbox",
+            id: id.to_string(),
+        })?;
+        if !self.is_running(&entry.record) {
+            return Err(NodeError::Conflict(format!("sandbox {id} is stopped")));
+        }
+        let frozen = self.runtime.is_frozen(id);
+        if frozen == pause {
+            return Err(NodeError::Conflict(if pause {
+                format!("sandbox {id} is already paused")
+            } else {
+                format!("sandbox {id} is not paused")
+            }));
+        }
+        self.runtime.set_frozen(id, pause).await.map_err(|e| {
+            NodeError::Internal(format!(
+                "failed to {} sandbox {id}: {e}",
+                if pause { "pause" } else { "resume" }
+            ))
+        })?;
+        tracing::info!(id, paused = pause, "sandbox freezer state changed");
+        Ok(self.status_of(&entry.record))
+    }
+}
+
 fn remove_sandbox_storage(
     layout: &Layout,
     subvols: &dyn Subvolumes,
@@ -544,6 +583,7 @@ fn remove_sandbox_storage(
     if subvols.is_subvolume(&rootfs) {
         subvols.delete(&rootfs)?;
     }
+    snapshots::remove_all_snapshots(layout, subvols, id)?;
     storage::remove_tree(&layout.sandbox_dir(id))?;
     storage::remove_tree(&layout.run_sandbox_dir(id))?;
     Ok(())
@@ -736,6 +776,10 @@ impl NodeApi for Node {
                 reason: "sandbox is stopped".into(),
             });
         }
+        if self.runtime.is_frozen(id) {
+            // Its daemon is frozen too: a call would hang until resume.
+            return Err(NodeError::Conflict(format!("sandbox {id} is paused")));
+        }
         if let Some(c) = entry.client {
             // tonic's Channel reconnects by itself (through the same socket path) after the
             // connection breaks, so a cached client stays usable.
@@ -766,6 +810,47 @@ impl NodeApi for Node {
         Ok(self.templates.list())
     }
 
+    async fn snapshot_sandbox(&self, id: &str, snap: &str) -> Result<SnapshotInfo, NodeError> {
+        self.snapshot_impl(id, snap).await
+    }
+
+    async fn list_snapshots(
+        &self,
+        id: &str,
+        with_size: bool,
+    ) -> Result<Vec<SnapshotInfo>, NodeError> {
+        self.list_snapshots_impl(id, with_size).await
+    }
+
+    async fn delete_snapshot(&self, id: &str, snap: &str) -> Result<(), NodeError> {
+        self.delete_snapshot_impl(id, snap).await
+    }
+
+    async fn rollback_sandbox(
+        &self,
+        spec: &SandboxSpec,
+        snap: &str,
+    ) -> Result<SandboxStatus, NodeError> {
+        self.rollback_impl(spec, snap).await
+    }
+
+    async fn fork_sandbox(
+        &self,
+        source: &str,
+        snap: &str,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxStatus, NodeError> {
+        self.fork_impl(source, snap, spec).await
+    }
+
+    async fn pause_sandbox(&self, id: &str) -> Result<SandboxStatus, NodeError> {
+        self.set_paused(id, true).await
+    }
+
+    async fn resume_sandbox(&self, id: &str) -> Result<SandboxStatus, NodeError> {
+        self.set_paused(id, false).await
+    }
+
     async fn import_template(
         &self,
         name: &str,
@@ -785,6 +870,9 @@ impl NodeApi for Node {
         blocking(move || Ok(store.import(&name, &source)?)).await
     }
 }
+
+#[path = "snapshots.rs"]
+mod snapshots;
 
 #[cfg(test)]
 #[path = "node_tests.rs"]

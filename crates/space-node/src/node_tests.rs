@@ -25,6 +25,7 @@ struct FakeRuntime {
     next_pid: AtomicU32,
     fail_launch: Mutex<bool>,
     launch_delay: Mutex<Option<Duration>>,
+    frozen: Mutex<HashSet<String>>,
 }
 
 impl FakeRuntime {
@@ -81,6 +82,22 @@ impl Runtime for FakeRuntime {
     }
     fn memory_bytes(&self, _id: &str) -> Option<u64> {
         Some(4096)
+    }
+    async fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), RuntimeError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("freeze {id} {frozen}"));
+        let mut f = self.frozen.lock().unwrap();
+        if frozen {
+            f.insert(id.to_string());
+        } else {
+            f.remove(id);
+        }
+        Ok(())
+    }
+    fn is_frozen(&self, id: &str) -> bool {
+        self.frozen.lock().unwrap().contains(id)
     }
 }
 
@@ -645,4 +662,51 @@ impl Drop for RemoveCgroupParent {
             }
         }
     }
+}
+
+#[tokio::test]
+async fn pause_and_resume_follow_the_freezer_and_survive_reopen() {
+    let f = fixture().await;
+    let id = "pausepausepausepause";
+    f.node.create_sandbox(&spec(id)).await.unwrap();
+    let st = f.node.pause_sandbox(id).await.unwrap();
+    assert_eq!(st.phase, Phase::Paused);
+    assert!(st.init_pid.is_some(), "a paused sandbox is alive");
+    // A frozen guest would hang any call: refused at once.
+    assert!(matches!(
+        f.node.guest(id).await,
+        Err(NodeError::Conflict(_))
+    ));
+    assert!(matches!(
+        f.node.pause_sandbox(id).await,
+        Err(NodeError::Conflict(_))
+    ));
+    assert!(matches!(
+        f.node.pause_sandbox("unknownunknownunknow").await,
+        Err(NodeError::NotFound { .. })
+    ));
+    // A node restart reads the freezer: still paused, not mistaken for dead, not connected.
+    let connects = f.conn.connects.lock().unwrap().len();
+    let node = open(
+        f.dir.path(),
+        f.rt.clone(),
+        f.conn.clone(),
+        f.subvols.clone(),
+    )
+    .await;
+    assert_eq!(f.conn.connects.lock().unwrap().len(), connects);
+    let st = node.sandbox_status(id).await.unwrap().unwrap();
+    assert_eq!(st.phase, Phase::Paused);
+    assert_eq!(node.resume_sandbox(id).await.unwrap().phase, Phase::Running);
+    assert!(matches!(
+        node.resume_sandbox(id).await,
+        Err(NodeError::Conflict(_))
+    ));
+    node.guest(id).await.unwrap();
+    // Stopped sandboxes cannot be paused.
+    node.stop_sandbox(id).await.unwrap();
+    assert!(matches!(
+        node.pause_sandbox(id).await,
+        Err(NodeError::Conflict(_))
+    ));
 }

@@ -82,4 +82,16 @@ pub trait Runtime: Send + Sync {
     fn alive(&self, launched: &Launched) -> bool;
     /// Memory in use by the sandbox (from its cgroup), when known.
     fn memory_bytes(&self, id: &str) -> Option<u64>;
+    /// Freeze (pause) or thaw every process of the sandbox; returns once the kernel reports
+    /// the state reached.
+    async fn set_frozen(&self, id: &str, _frozen: bool) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Setup {
+            step: "freeze a sandbox",
+            source: std::io::Error::other(format!("{} cannot pause sandbox {id}", self.kind())),
+        })
+    }
+    /// Whether the sandbox is frozen now (read from the kernel).
+    fn is_frozen(&self, _id: &str) -> bool {
+        false
+    }
 }

@@ -451,6 +451,13 @@ impl Runtime for NamespaceRuntime {
 
     async fn destroy(&self, id: &str, launched: Option<&Launched>) -> Result<(), RuntimeError> {
         let timeout = self.inner.cfg.destroy_timeout;
+        // A frozen (paused) init would not act on SIGKILL until thawed (cgroup v1): thaw
+        // first; the processes get a moment of CPU before the kill lands.
+        if self.inner.cgroups.is_frozen(id) == Some(true)
+            && let Err(e) = NamespaceRuntime::set_frozen(self, id, false).await
+        {
+            tracing::warn!(id, error = %e, "thawing a paused sandbox before destroying it failed");
+        }
         let tracked = self.inner.tracked.lock().unwrap().remove(id);
         if let Some(t) = tracked {
             // Killing PID 1 of the pid namespace takes every process in it along.
@@ -486,6 +493,14 @@ impl Runtime for NamespaceRuntime {
 
     fn alive(&self, launched: &Launched) -> bool {
         is_alive(launched)
+    }
+
+    async fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), RuntimeError> {
+        NamespaceRuntime::set_frozen(self, id, frozen).await
+    }
+
+    fn is_frozen(&self, id: &str) -> bool {
+        self.inner.cgroups.is_frozen(id).unwrap_or(false)
     }
 
     fn memory_bytes(&self, id: &str) -> Option<u64> {

@@ -1,0 +1,120 @@
+//! Snapshot, rollback and fork DTOs (`/v1/sandboxes/{id}/snapshots`, `.../rollback`,
+//! `.../fork`).
+
+use serde::{Deserialize, Serialize};
+
+/// Most sandboxes one fork call may create.
+pub const MAX_FORK_COUNT: u32 = 16;
+
+/// What a snapshot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    /// The sandbox's filesystem only (an atomic read-only btrfs snapshot).
+    Disk,
+    /// Disk plus process state. microvm: memory and devices; namespace: the disk plus the
+    /// sandbox's spec and the processes to restart. Not produced yet.
+    Checkpoint,
+}
+
+impl SnapshotKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotKind::Disk => "disk",
+            SnapshotKind::Checkpoint => "checkpoint",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "disk" => Some(SnapshotKind::Disk),
+            "checkpoint" => Some(SnapshotKind::Checkpoint),
+            _ => None,
+        }
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/snapshots`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    /// 20 characters of [a-z0-9], like sandbox ids.
+    pub id: String,
+    pub sandbox_id: String,
+    /// The snapshot this one descends from: the sandbox's previous snapshot (or the one it
+    /// was rolled back to), or for a fork's first snapshot the one it was forked from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// Bytes the snapshot's files reference (shared extents counted in full), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    pub kind: SnapshotKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotList {
+    pub snapshots: Vec<Snapshot>,
+}
+
+/// `POST /v1/sandboxes/{id}/rollback`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    pub snapshot: String,
+}
+
+/// `POST /v1/sandboxes/{id}/fork`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// Fork from this snapshot of the sandbox; without it the live state is snapshotted
+    /// first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// How many sandboxes to create (1..=16, default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+}
+
+/// Answer of `POST /v1/sandboxes/{id}/fork` (the new sandboxes, in creation order).
+pub use crate::types::SandboxList as ForkResult;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_json_shape() {
+        let s = Snapshot {
+            id: "a".repeat(20),
+            sandbox_id: "b".repeat(20),
+            parent_id: None,
+            label: Some("x".into()),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            size_bytes: None,
+            kind: SnapshotKind::Disk,
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["kind"], "disk");
+        assert!(v.get("parent_id").is_none());
+        assert_eq!(serde_json::from_value::<Snapshot>(v).unwrap(), s);
+        assert!(serde_json::from_str::<ForkRequest>(r#"{"count":2,"x":1}"#).is_err());
+        assert_eq!(
+            SnapshotKind::parse("checkpoint"),
+            Some(SnapshotKind::Checkpoint)
+        );
+        assert_eq!(SnapshotKind::parse("mem"), None);
+    }
+}

@@ -1,0 +1,556 @@
+//! Disk snapshots, rollback and fork on the node. A child module of `node` (it shares the
+//! node's table, locks and launch path).
+//!
+//! ```text
+//! sandboxes/<id>/snapshots/<snap>/snapshot.json   written before the snapshot, so the
+//!                                                 snapshot's own commit makes it durable
+//! sandboxes/<id>/snapshots/<snap>/rootfs          read-only subvolume
+//! ```
+//!
+//! A snapshot is consistent across the sandbox's processes: the sandbox's cgroup is frozen
+//! around `BTRFS_IOC_SNAP_CREATE_V2`, which itself flushes the source's dirty data and
+//! commits the transaction (docs/decisions/0007-snapshots.md).
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use rand::Rng;
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
+use serde::{Deserialize, Serialize};
+
+use super::{Entry, Node, blocking, check_spec};
+use crate::api::{NodeError, SandboxSpec, SandboxStatus, SnapshotInfo};
+use crate::ids;
+use crate::state::{RECORD_VERSION, SandboxRecord, now_unix_ms};
+use crate::storage::{self, Layout, StorageError, Subvolumes};
+
+const SNAPSHOTS: &str = "snapshots";
+const SNAPSHOT_RECORD: &str = "snapshot.json";
+
+/// The node's record of one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SnapshotRecord {
+    pub id: String,
+    pub sandbox_id: String,
+    pub created_unix_ms: u64,
+    /// Referenced bytes, filled in the first time someone asks (the snapshot is read-only,
+    /// so the figure never changes).
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
+}
+
+pub(crate) fn snapshots_dir(layout: &Layout, id: &str) -> PathBuf {
+    layout.sandbox_dir(id).join(SNAPSHOTS)
+}
+
+pub(crate) fn snapshot_dir(layout: &Layout, id: &str, snap: &str) -> PathBuf {
+    snapshots_dir(layout, id).join(snap)
+}
+
+pub(crate) fn snapshot_rootfs(layout: &Layout, id: &str, snap: &str) -> PathBuf {
+    snapshot_dir(layout, id, snap).join("rootfs")
+}
+
+fn info_of(layout: &Layout, rec: &SnapshotRecord) -> SnapshotInfo {
+    SnapshotInfo {
+        id: rec.id.clone(),
+        sandbox_id: rec.sandbox_id.clone(),
+        created_unix_ms: rec.created_unix_ms,
+        size_bytes: rec.size_bytes,
+        path: snapshot_rootfs(layout, &rec.sandbox_id, &rec.id),
+    }
+}
+
+fn internal(what: &str) -> impl FnOnce(crate::runtime::RuntimeError) -> NodeError + '_ {
+    move |e| NodeError::Internal(format!("failed to {what}: {e}"))
+}
+
+/// Deletes one snapshot (subvolume, then its dir). Missing is fine.
+fn remove_snapshot_storage(
+    layout: &Layout,
+    subvols: &dyn Subvolumes,
+    id: &str,
+    snap: &str,
+) -> Result<(), StorageError> {
+    let rootfs = snapshot_rootfs(layout, id, snap);
+    if subvols.is_subvolume(&rootfs) {
+        subvols.delete(&rootfs)?;
+    }
+    storage::remove_tree(&snapshot_dir(layout, id, snap))
+}
+
+/// Deletes every snapshot of a sandbox (called before its dir is removed: read-only
+/// subvolumes cannot be unlinked file by file).
+pub(crate) fn remove_all_snapshots(
+    layout: &Layout,
+    subvols: &dyn Subvolumes,
+    id: &str,
+) -> Result<(), StorageError> {
+    let dir = snapshots_dir(layout, id);
+    let rd = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StorageError::io("read directory", &dir, e)),
+    };
+    for ent in rd {
+        let ent = ent.map_err(|e| StorageError::io("read directory", &dir, e))?;
+        let name = ent.file_name().to_string_lossy().into_owned();
+        remove_snapshot_storage(layout, subvols, id, &name)?;
+    }
+    storage::remove_tree(&dir)
+}
+
+/// Bytes referenced by the files under `root` (allocated blocks; hard links once; symlinks
+/// not followed).
+pub(crate) fn referenced_bytes(root: &Path) -> Result<u64, StorageError> {
+    let mut total = 0u64;
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let rd =
+            std::fs::read_dir(&dir).map_err(|e| StorageError::io("read directory", &dir, e))?;
+        for ent in rd {
+            let ent = ent.map_err(|e| StorageError::io("read directory", &dir, e))?;
+            let path = ent.path();
+            let md =
+                std::fs::symlink_metadata(&path).map_err(|e| StorageError::io("stat", &path, e))?;
+            if md.nlink() > 1 && !md.is_dir() && !seen.insert((md.dev(), md.ino())) {
+                continue;
+            }
+            total += md.blocks() * 512;
+            if md.is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// 32 lowercase hex digits (a systemd machine id).
+fn new_machine_id() -> String {
+    let mut rng = rand::rng();
+    (0..32)
+        .map(|_| char::from_digit(rng.random_range(0..16), 16).unwrap_or('0'))
+        .collect()
+}
+
+/// Writes `data` as a fresh file `rel` inside `root`, as host root (on-disk uid 0, so root
+/// inside the sandbox). The parent is resolved inside `root` (`RESOLVE_IN_ROOT`), so a
+/// symlink planted by sandbox code cannot redirect the write outside the sandbox; whatever
+/// is at the final name is unlinked first (never followed). A missing parent directory is
+/// skipped (returns false).
+fn write_in_root(root: &Path, rel: &str, data: &[u8]) -> Result<bool, StorageError> {
+    let path = root.join(rel);
+    let (parent, name) = rel.rsplit_once('/').unwrap_or((".", rel));
+    let rootfd = rustix::fs::open(
+        root,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(|e| StorageError::io("open", root, e.into()))?;
+    let dirfd = match rustix::fs::openat2(
+        &rootfd,
+        parent,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(false),
+        Err(e) => {
+            return Err(StorageError::io(
+                "open (in the sandbox root)",
+                &path,
+                e.into(),
+            ));
+        }
+    };
+    match rustix::fs::unlinkat(&dirfd, name, AtFlags::empty()) {
+        Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(StorageError::io("replace", &path, e.into())),
+    }
+    let fd = rustix::fs::openat(
+        &dirfd,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o444),
+    )
+    .map_err(|e| StorageError::io("create", &path, e.into()))?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(data)
+        .map_err(|e| StorageError::io("write", &path, e))?;
+    Ok(true)
+}
+
+/// Gives a fork's rootfs its own identity: /etc/hostname and /etc/machine-id. (The kernel
+/// RNG is per host and reseeded continuously, so no random seed file is needed.)
+pub(crate) fn write_identity(rootfs: &Path, hostname: &str) -> Result<(), StorageError> {
+    write_in_root(rootfs, "etc/hostname", format!("{hostname}\n").as_bytes())?;
+    let mid = new_machine_id();
+    write_in_root(rootfs, "etc/machine-id", format!("{mid}\n").as_bytes())?;
+    Ok(())
+}
+
+impl Node {
+    fn require_entry(&self, id: &str) -> Result<Entry, NodeError> {
+        self.entry(id).ok_or_else(|| NodeError::NotFound {
+            kind: "sandbox",
+            id: id.to_string(),
+        })
+    }
+
+    fn require_snapshot(&self, id: &str, snap: &str) -> Result<PathBuf, NodeError> {
+        let path = snapshot_rootfs(&self.layout, id, snap);
+        if self.subvols.is_subvolume(&path) {
+            Ok(path)
+        } else {
+            Err(NodeError::NotFound {
+                kind: "snapshot",
+                id: snap.to_string(),
+            })
+        }
+    }
+
+    pub(super) async fn snapshot_impl(
+        &self,
+        id: &str,
+        snap: &str,
+    ) -> Result<SnapshotInfo, NodeError> {
+        ids::validate_sandbox_id(id)?;
+        ids::validate_sandbox_id(snap)?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let entry = self.require_entry(id)?;
+        let dir = snapshot_dir(&self.layout, id, snap);
+        let rec_path = dir.join(SNAPSHOT_RECORD);
+        if self.subvols.is_subvolume(&dir.join("rootfs"))
+            && let Ok(rec) = storage::read_json::<SnapshotRecord>(&rec_path)
+        {
+            return Ok(info_of(&self.layout, &rec));
+        }
+        let rec = SnapshotRecord {
+            id: snap.to_string(),
+            sandbox_id: id.to_string(),
+            created_unix_ms: now_unix_ms(),
+            size_bytes: None,
+        };
+        // Freeze so that every process's writes so far are in and none is half done
+        // across files; a sandbox that is paused already stays as it is.
+        let freeze = self.is_running(&entry.record) && !self.runtime.is_frozen(id);
+        if freeze {
+            self.runtime
+                .set_frozen(id, true)
+                .await
+                .map_err(internal("freeze the sandbox for a snapshot"))?;
+        }
+        let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
+        let res = blocking(move || {
+            let (id, snap) = (&rec2.sandbox_id, &rec2.id);
+            // Leftover of an interrupted snapshot with this id.
+            remove_snapshot_storage(&layout, subvols.as_ref(), id, snap)?;
+            storage::mkdir_p(&snapshots_dir(&layout, id), 0o700)?;
+            let dir = snapshot_dir(&layout, id, snap);
+            storage::mkdir_private(&dir)?;
+            // Written first: the snapshot ioctl commits the btrfs transaction, which makes
+            // this record durable together with the snapshot, at no extra flush.
+            storage::write_json_atomic(&dir.join(SNAPSHOT_RECORD), &rec2, false)?;
+            let r = subvols.snapshot(&layout.sandbox_rootfs(id), &dir, "rootfs", true);
+            if r.is_err() {
+                let _ = storage::remove_tree(&dir);
+            }
+            Ok(r?)
+        })
+        .await;
+        if freeze && let Err(e) = self.runtime.set_frozen(id, false).await {
+            tracing::error!(id, error = %e, "failed to thaw the sandbox after a snapshot");
+            res?;
+            return Err(internal("thaw the sandbox after a snapshot")(e));
+        }
+        res?;
+        tracing::info!(id, snapshot = snap, "snapshot taken");
+        Ok(info_of(&self.layout, &rec))
+    }
+
+    pub(super) async fn list_snapshots_impl(
+        &self,
+        id: &str,
+        with_size: bool,
+    ) -> Result<Vec<SnapshotInfo>, NodeError> {
+        ids::validate_sandbox_id(id)?;
+        self.require_entry(id)?;
+        let layout = self.layout.clone();
+        let id = id.to_string();
+        blocking(move || {
+            let dir = snapshots_dir(&layout, &id);
+            let rd = match std::fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(StorageError::io("read directory", &dir, e).into()),
+            };
+            let mut out = Vec::new();
+            for ent in rd.flatten() {
+                let rec_path = ent.path().join(SNAPSHOT_RECORD);
+                let Ok(mut rec) = storage::read_json::<SnapshotRecord>(&rec_path) else {
+                    continue;
+                };
+                let rootfs = snapshot_rootfs(&layout, &id, &rec.id);
+                if !rootfs.is_dir() {
+                    continue; // interrupted
+                }
+                if with_size && rec.size_bytes.is_none() {
+                    match referenced_bytes(&rootfs) {
+                        Ok(n) => {
+                            rec.size_bytes = Some(n);
+                            if let Err(e) = storage::write_json_atomic(&rec_path, &rec, false) {
+                                tracing::warn!(error = %e, "failed to cache a snapshot's size");
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "failed to size a snapshot"),
+                    }
+                }
+                out.push(info_of(&layout, &rec));
+            }
+            out.sort_by(|a, b| (a.created_unix_ms, &a.id).cmp(&(b.created_unix_ms, &b.id)));
+            Ok(out)
+        })
+        .await
+    }
+
+    pub(super) async fn delete_snapshot_impl(&self, id: &str, snap: &str) -> Result<(), NodeError> {
+        ids::validate_sandbox_id(id)?;
+        ids::validate_sandbox_id(snap)?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
+        let (id, snap) = (id.to_string(), snap.to_string());
+        blocking(move || {
+            Ok(remove_snapshot_storage(
+                &layout,
+                subvols.as_ref(),
+                &id,
+                &snap,
+            )?)
+        })
+        .await
+    }
+
+    pub(super) async fn rollback_impl(
+        &self,
+        spec: &SandboxSpec,
+        snap: &str,
+    ) -> Result<SandboxStatus, NodeError> {
+        check_spec(spec)?;
+        ids::validate_sandbox_id(snap)?;
+        let id = spec.id.clone();
+        let lock = self.lock_for(&id);
+        let _guard = lock.lock().await;
+        let mut entry = self.require_entry(&id)?;
+        let source = self.require_snapshot(&id, snap)?;
+        self.runtime
+            .destroy(&id, entry.record.launched.as_ref())
+            .await
+            .map_err(internal("stop the sandbox for a rollback"))?;
+        entry.record.launched = None;
+        entry.client = None;
+        entry.record.spec = spec.clone();
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), entry.clone());
+        let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.clone());
+        blocking(move || {
+            let dir = layout.sandbox_dir(&id2);
+            let (new, old) = (dir.join("rootfs.new"), dir.join("rootfs.old"));
+            for p in [&new, &old] {
+                if subvols.is_subvolume(p) {
+                    subvols.delete(p)?;
+                }
+            }
+            subvols.snapshot(&source, &dir, "rootfs.new", false)?;
+            let rootfs = layout.sandbox_rootfs(&id2);
+            std::fs::rename(&rootfs, &old)
+                .map_err(|e| StorageError::io("move aside", &rootfs, e))?;
+            std::fs::rename(&new, &rootfs)
+                .map_err(|e| StorageError::io("move into place", &rootfs, e))?;
+            if let Err(e) = subvols.delete(&old) {
+                tracing::warn!(error = %e, "failed to delete the rolled-back rootfs");
+            }
+            Ok(())
+        })
+        .await?;
+        self.persist(&id, false).await?;
+        let (launched, client) = self.launch(&entry.record).await?;
+        entry.record.launched = Some(launched);
+        entry.client = Some(client);
+        let status = self.status_of(&entry.record);
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), entry);
+        self.persist(&id, false).await?;
+        tracing::info!(id, snapshot = snap, "sandbox rolled back");
+        Ok(status)
+    }
+
+    pub(super) async fn fork_impl(
+        &self,
+        source: &str,
+        snap: &str,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxStatus, NodeError> {
+        check_spec(spec)?;
+        ids::validate_sandbox_id(source)?;
+        ids::validate_sandbox_id(snap)?;
+        let id = spec.id.clone();
+        let lock = self.lock_for(&id);
+        let _guard = lock.lock().await;
+        if let Some(entry) = self.entry(&id) {
+            return Ok(self.status_of(&entry.record));
+        }
+        let src = self.require_entry(source)?;
+        let src_rootfs = self.require_snapshot(source, snap)?;
+        let uid_base = self
+            .uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .allocate()?;
+        let rec = SandboxRecord {
+            record_version: RECORD_VERSION,
+            spec: spec.clone(),
+            template_version: src.record.template_version,
+            uid_base,
+            uid_count: self.cfg.uid_count,
+            runtime: self.runtime.kind().to_string(),
+            created_unix_ms: now_unix_ms(),
+            launched: None,
+        };
+        let result = async {
+            let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
+            blocking(move || {
+                let id = &rec2.spec.id;
+                let dir = layout.sandbox_dir(id);
+                if dir.exists() {
+                    super::remove_sandbox_storage(&layout, subvols.as_ref(), id)?;
+                }
+                storage::mkdir_private(&dir)?;
+                subvols.snapshot(&src_rootfs, &dir, "rootfs", false)?;
+                write_identity(&layout.sandbox_rootfs(id), &rec2.spec.hostname)?;
+                storage::write_json_atomic(&layout.sandbox_record(id), &rec2, false)?;
+                Ok(())
+            })
+            .await?;
+            self.launch(&rec).await
+        }
+        .await;
+        match result {
+            Ok((launched, client)) => {
+                let mut rec = rec;
+                rec.launched = Some(launched);
+                let status = self.status_of(&rec);
+                self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
+                    id.clone(),
+                    Entry {
+                        record: rec,
+                        client: Some(client),
+                    },
+                );
+                if let Err(e) = self.persist(&id, false).await {
+                    tracing::warn!(id, error = %e, "failed to record the launched init");
+                }
+                tracing::info!(id, source, snapshot = snap, uid_base, "sandbox forked");
+                Ok(status)
+            }
+            Err(err) => {
+                tracing::warn!(id, error = %err, "fork failed; rolling back");
+                let (layout, subvols, id2) =
+                    (self.layout.clone(), self.subvols.clone(), id.clone());
+                if let Err(e) = blocking(move || {
+                    Ok(super::remove_sandbox_storage(
+                        &layout,
+                        subvols.as_ref(),
+                        &id2,
+                    )?)
+                })
+                .await
+                {
+                    tracing::error!(id, error = %e, "rollback of fork storage failed");
+                }
+                self.uids
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .free(uid_base);
+                Err(err)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_ids_are_32_hex_and_distinct() {
+        let (a, b) = (new_machine_id(), new_machine_id());
+        assert_eq!(a.len(), 32);
+        assert!(
+            a.bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn identity_writes_stay_inside_the_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("victim"), "keep").unwrap();
+        // A planted symlink at the file itself, and one escaping through `..`.
+        std::os::unix::fs::symlink(outside.join("victim"), root.join("etc/hostname")).unwrap();
+        std::os::unix::fs::symlink("../../outside/mid", root.join("etc/machine-id")).unwrap();
+        write_identity(&root, "host1").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(outside.join("victim")).unwrap(),
+            "keep"
+        );
+        assert!(!outside.join("mid").exists());
+        assert_eq!(
+            std::fs::read_to_string(root.join("etc/hostname")).unwrap(),
+            "host1\n"
+        );
+        let mid = std::fs::read_to_string(root.join("etc/machine-id")).unwrap();
+        assert_eq!(mid.trim().len(), 32);
+        assert!(
+            !std::fs::symlink_metadata(root.join("etc/machine-id"))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        // /etc itself a symlink out of the root: resolved inside the root instead.
+        let evil = tmp.path().join("evil");
+        std::fs::create_dir_all(&evil).unwrap();
+        std::os::unix::fs::symlink(&outside, evil.join("etc")).unwrap();
+        write_identity(&evil, "h").unwrap();
+        assert!(!outside.join("hostname").exists());
+        // No /etc at all: skipped, not an error.
+        let bare = tmp.path().join("bare");
+        std::fs::create_dir_all(&bare).unwrap();
+        write_identity(&bare, "h").unwrap();
+    }
+
+    #[test]
+    fn referenced_bytes_counts_hard_links_once() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        std::fs::write(d.join("sub/a"), vec![1u8; 64 * 1024]).unwrap();
+        let one = referenced_bytes(d).unwrap();
+        std::fs::hard_link(d.join("sub/a"), d.join("b")).unwrap();
+        assert_eq!(referenced_bytes(d).unwrap(), one);
+        assert!(one >= 64 * 1024);
+    }
+}

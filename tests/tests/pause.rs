@@ -1,0 +1,273 @@
+//! Pause/resume, auto-pause on idle and per-sandbox timeouts against a real spaced
+//! (decision 0008).
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::Value;
+use space_tests::{Spaced, percentile};
+
+fn inspect(s: &Spaced, id: &str) -> Value {
+    serde_json::from_str(&s.space_ok(&["inspect", id])).unwrap()
+}
+
+/// Runs the CLI expecting failure; returns its stderr.
+fn space_err(s: &Spaced, args: &[&str]) -> String {
+    let out = s.space(args);
+    assert!(
+        !out.status.success(),
+        "space {args:?} unexpectedly succeeded"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Polls `inspect` until `f` holds (or panics after `within`).
+fn wait_for(s: &Spaced, id: &str, within: Duration, f: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let v = inspect(s, id);
+        if f(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "condition not reached within {within:?}: {v}\n{}",
+            s.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+async fn output_bytes(s: &Spaced, id: &str, pid: u32) -> u64 {
+    let (code, v) = s
+        .get_json(&format!("/v1/sandboxes/{id}/processes"))
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{v}");
+    let p = v["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in {v}"));
+    assert_eq!(p["running"], true, "{p}");
+    p["output_bytes"].as_u64().unwrap()
+}
+
+async fn post_status(s: &Spaced, path: &str) -> (u16, Value) {
+    let r = s.req(Method::POST, path).send().await.unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_freezes_resume_continues() {
+    let s = tokio::task::block_in_place(|| Spaced::start().unwrap());
+    let id = s.create(&[]);
+    // A counter that prints a line every 50 ms and keeps its count in shell memory.
+    let pid: u32 = s
+        .space_ok(&[
+            "exec",
+            &id,
+            "-d",
+            "--",
+            "sh",
+            "-c",
+            "i=0; while true; do i=$((i+1)); echo $i; echo $i > /tmp/c; sleep 0.05; done",
+        ])
+        .trim()
+        .parse()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = output_bytes(&s, &id, pid).await;
+    assert!(before > 0);
+
+    let out = s.space_ok(&["pause", &id]);
+    assert_eq!(out.trim(), format!("{id} paused"));
+    let v = inspect(&s, &id);
+    assert_eq!(v["state"], "paused");
+    assert!(v["paused_at"].is_string(), "{v}");
+
+    // While paused: guest calls are refused at once with 409, not left hanging.
+    let t = Instant::now();
+    let err = space_err(&s, &["exec", &id, "--", "true"]);
+    assert!(
+        err.contains("(conflict)") && err.contains("paused"),
+        "{err}"
+    );
+    let (code, v) = s
+        .get_json(&format!("/v1/sandboxes/{id}/files/stat?path=/tmp/c"))
+        .await
+        .unwrap();
+    assert_eq!(code, 409, "{v}");
+    let (code, _) = s
+        .get_json(&format!("/v1/sandboxes/{id}/processes"))
+        .await
+        .unwrap();
+    assert_eq!(code, 409);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // Pausing twice conflicts; so does resuming a running sandbox; unknown ids are 404.
+    assert!(space_err(&s, &["pause", &id]).contains("(conflict)"));
+    let (code, v) = post_status(&s, &format!("/v1/sandboxes/{id}/pause")).await;
+    assert_eq!((code, v["error"]["code"].as_str()), (409, Some("conflict")));
+    let (code, _) = post_status(&s, "/v1/sandboxes/zzzzzzzzzzzzzzzzzzzz/pause").await;
+    assert_eq!(code, 404);
+    let (code, _) = post_status(&s, "/v1/sandboxes/zzzzzzzzzzzzzzzzzzzz/resume").await;
+    assert_eq!(code, 404);
+
+    // Frozen for 1.5 s: at 20 lines/s the counter would print ~30 lines (~90 bytes).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let out = s.space_ok(&["resume", &id]);
+    assert_eq!(out.trim(), format!("{id} running"));
+    let after = output_bytes(&s, &id, pid).await;
+    assert!(
+        after - before <= 24,
+        "counter advanced while paused: {before} -> {after} bytes"
+    );
+    assert!(space_err(&s, &["resume", &id]).contains("(conflict)"));
+    let (code, _) = post_status(&s, &format!("/v1/sandboxes/{id}/resume")).await;
+    assert_eq!(code, 409);
+
+    // Memory kept: the same process continues counting from where it was.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(output_bytes(&s, &id, pid).await > after);
+    let (_, c, _) = s.sh(&id, "cat /tmp/c");
+    let c: u64 = c.trim().parse().unwrap();
+    assert!(
+        c * 2 >= before,
+        "count {c} restarted (had printed {before} bytes)"
+    );
+    let v = inspect(&s, &id);
+    assert_eq!(v["state"], "running");
+    assert!(v.get("paused_at").is_none(), "{v}");
+
+    // Latency of pause and resume over 50 cycles (HTTP round trip).
+    let (mut p, mut r) = (Vec::new(), Vec::new());
+    for _ in 0..50 {
+        let t = Instant::now();
+        let (code, _) = post_status(&s, &format!("/v1/sandboxes/{id}/pause")).await;
+        p.push(t.elapsed());
+        assert_eq!(code, 200);
+        let t = Instant::now();
+        let (code, _) = post_status(&s, &format!("/v1/sandboxes/{id}/resume")).await;
+        r.push(t.elapsed());
+        assert_eq!(code, 200);
+    }
+    p.sort();
+    r.sort();
+    println!(
+        "pause p50 {:?} p90 {:?}; resume p50 {:?} p90 {:?}",
+        percentile(&p, 50.0),
+        percentile(&p, 90.0),
+        percentile(&r, 50.0),
+        percentile(&r, 90.0)
+    );
+    assert!(output_bytes(&s, &id, pid).await > after);
+
+    // Removing a paused sandbox works and leaves nothing behind.
+    s.space_ok(&["pause", &id]);
+    let t = Instant::now();
+    s.space_ok(&["rm", &id]);
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert_eq!(s.space(&["inspect", &id]).status.code(), Some(1));
+    for root in [
+        format!("/sys/fs/cgroup/freezer/{}/{id}", s.cgroup_parent),
+        format!("/sys/fs/cgroup/{}/{id}", s.cgroup_parent),
+    ] {
+        assert!(!std::path::Path::new(&root).exists(), "{root} left behind");
+    }
+}
+
+#[test]
+fn timeouts_pause_or_delete_and_are_never_reset() {
+    let mut s = Spaced::start().unwrap();
+    // A long timeout: unchanged by pause, resume and restarts of spaced.
+    let a = s.create(&["--timeout", "3600"]);
+    let v = inspect(&s, &a);
+    let t0 = v["timeout_at"].as_str().unwrap().to_string();
+    assert_eq!(v["on_timeout"], "pause");
+    s.space_ok(&["pause", &a]);
+    assert_eq!(inspect(&s, &a)["timeout_at"], t0.as_str());
+    s.stop().unwrap();
+    s.spawn().unwrap();
+    let v = inspect(&s, &a);
+    assert_eq!(v["state"], "paused", "{v}");
+    assert_eq!(v["timeout_at"], t0.as_str());
+    s.kill9();
+    s.spawn().unwrap();
+    // Still paused after a crash (the node reads the freezer state), and resumable.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(inspect(&s, &a)["state"], "paused");
+    s.space_ok(&["resume", &a]);
+    assert_eq!(s.space_ok(&["exec", &a, "--", "echo", "ok"]), "ok\n");
+    let v = inspect(&s, &a);
+    assert_eq!(
+        (v["state"].as_str(), v["timeout_at"].as_str()),
+        (Some("running"), Some(t0.as_str()))
+    );
+
+    // Only the timeout call changes it.
+    let out = s.space_ok(&["timeout", &a, "7200"]);
+    let t1 = inspect(&s, &a)["timeout_at"].as_str().unwrap().to_string();
+    assert!(out.contains(&t1) && t1 > t0, "{out} {t1} {t0}");
+    s.space_ok(&["timeout", &a, "--clear"]);
+    assert!(inspect(&s, &a).get("timeout_at").is_none());
+
+    // Expiry pauses (default) or deletes (on request); the reconciler runs every 2 s.
+    let b = s.create(&["--timeout", "2"]);
+    let c = s.create(&["--timeout", "2", "--on-timeout", "delete"]);
+    let v = wait_for(&s, &b, Duration::from_secs(10), |v| v["state"] == "paused");
+    assert!(
+        v.get("timeout_at").is_none(),
+        "a fired timeout is consumed: {v}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.space(&["inspect", &c]).status.success() {
+        assert!(
+            Instant::now() < deadline,
+            "{c} not deleted\n{}",
+            s.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A resumed sandbox is not paused again by the fired timeout.
+    s.space_ok(&["resume", &b]);
+    std::thread::sleep(Duration::from_millis(4500));
+    assert_eq!(inspect(&s, &b)["state"], "running");
+}
+
+#[test]
+fn auto_pause_after_idle() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&["--auto-pause", "2"]);
+    assert_eq!(inspect(&s, &id)["auto_pause_secs"], 2);
+    // An open exec stream is activity however long it lasts.
+    assert_eq!(
+        s.space_ok(&["exec", &id, "--", "sh", "-c", "sleep 5; echo done"]),
+        "done\n"
+    );
+    assert_eq!(inspect(&s, &id)["state"], "running");
+    // Then idle: paused within the period plus a reconcile interval or two.
+    let t = Instant::now();
+    wait_for(&s, &id, Duration::from_secs(10), |v| v["state"] == "paused");
+    assert!(
+        t.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    s.space_ok(&["resume", &id]);
+    let v = inspect(&s, &id);
+    assert_eq!(
+        (v["state"].as_str(), v["auto_pause_secs"].as_u64()),
+        (Some("running"), Some(2))
+    );
+    // Calls keep it awake.
+    for _ in 0..8 {
+        s.space_ok(&["exec", &id, "--", "true"]);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(inspect(&s, &id)["state"], "running");
+    wait_for(&s, &id, Duration::from_secs(10), |v| v["state"] == "paused");
+    // Bad input.
+    assert!(space_err(&s, &["create", "--auto-pause", "0"]).contains("invalid_argument"));
+}
