@@ -3,7 +3,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Debian packages space needs at run time and to build and test.
-PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables iproute2 util-linux procps tar gzip curl ca-certificates gcc libc6-dev pkg-config)
+PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables postgresql iproute2 util-linux procps tar gzip curl ca-certificates gcc libc6-dev pkg-config)
 GUEST_TARGET=x86_64-unknown-linux-gnu
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

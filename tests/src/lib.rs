@@ -64,6 +64,8 @@ pub struct Spaced {
     pub listen: String,
     pub uid_base: u32,
     pub cgroup_parent: String,
+    /// Extra spaced flags, kept for restarts.
+    extra_args: Vec<String>,
     child: Option<Child>,
     http: reqwest::Client,
 }
@@ -71,6 +73,11 @@ pub struct Spaced {
 impl Spaced {
     /// Start a fresh spaced and wait until it answers /healthz with a key on disk.
     pub fn start() -> Result<Spaced> {
+        Self::start_with(&[])
+    }
+
+    /// Start a fresh spaced with extra flags (e.g. `--database-url`).
+    pub fn start_with(extra_args: &[&str]) -> Result<Spaced> {
         require_root();
         let dir = tempfile::Builder::new()
             .prefix("space-it-")
@@ -88,6 +95,7 @@ impl Spaced {
             listen: String::new(),
             uid_base,
             cgroup_parent,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             child: None,
             http: reqwest::Client::new(),
         };
@@ -133,6 +141,7 @@ impl Spaced {
             .arg(self.uid_base.to_string())
             .arg("--cgroup-parent")
             .arg(&self.cgroup_parent)
+            .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -361,4 +370,89 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// A throwaway PostgreSQL server (Debian's postgresql package) on a temporary directory and a
+/// free loopback port, for running the control plane's store on PostgreSQL.
+pub struct Postgres {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    pub url: String,
+}
+
+impl Postgres {
+    fn as_postgres(&self, prog: &str) -> Command {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(self.bin.join(prog));
+        c
+    }
+
+    pub fn start() -> Result<Postgres> {
+        require_root();
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .context("PostgreSQL is not installed (Debian package postgresql)")?
+            .flatten()
+            .map(|e| e.path().join("bin"))
+            .filter(|b| b.join("initdb").is_file())
+            .max()
+            .context("no initdb under /usr/lib/postgresql/*/bin")?;
+        let dir = tempfile::Builder::new()
+            .prefix("space-pg-")
+            .tempdir_in("/var/tmp")?;
+        let st = Command::new("chown")
+            .arg("postgres:postgres")
+            .arg(dir.path())
+            .status()?;
+        anyhow::ensure!(st.success(), "chown of the PostgreSQL dir failed");
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let pg = Postgres {
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            dir,
+            bin,
+        };
+        let data = pg.dir.path().join("data");
+        let out = pg
+            .as_postgres("initdb")
+            .args(["-A", "trust", "-U", "postgres", "-D"])
+            .arg(&data)
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // pg_ctl -w returns once the server accepts connections (or fails), within -t seconds.
+        let opts = format!(
+            "-p {port} -c listen_addresses=127.0.0.1 -k {}",
+            pg.dir.path().display()
+        );
+        let out = pg
+            .as_postgres("pg_ctl")
+            .args(["-w", "-t", "60", "-D"])
+            .arg(&data)
+            .arg("-l")
+            .arg(pg.dir.path().join("server.log"))
+            .args(["-o", &opts, "start"])
+            .stdin(Stdio::null())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "postgres did not start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(pg)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let _ = self
+            .as_postgres("pg_ctl")
+            .args(["-m", "immediate", "-D"])
+            .arg(self.dir.path().join("data"))
+            .arg("stop")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
 }
