@@ -14,8 +14,13 @@ use serde::de::DeserializeOwned;
 
 use crate::types::*;
 
+#[path = "client_diff.rs"]
+mod client_diff;
 #[path = "client_snapshots.rs"]
 mod snapshots;
+
+#[path = "client_events.rs"]
+mod events;
 
 /// Errors of [`Client`].
 #[derive(Debug, thiserror::Error)]

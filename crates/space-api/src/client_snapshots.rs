@@ -58,4 +58,17 @@ impl Client {
             .await?;
         Ok(list.sandboxes)
     }
+
+    /// `PUT /v1/sandboxes/{id}/snapshot-policy`: replaces the sandbox's snapshot policy.
+    pub async fn set_snapshot_policy(
+        &self,
+        id: &str,
+        policy: &crate::snapshot_policy::SnapshotPolicy,
+    ) -> Result<Sandbox> {
+        self.json(Self::with_json(
+            self.request(Method::PUT, &format!("/v1/sandboxes/{id}/snapshot-policy")),
+            policy,
+        ))
+        .await
+    }
 }

@@ -4,11 +4,17 @@
 
 pub mod b64;
 pub mod client;
+pub mod diff;
+pub mod event;
 pub mod snapshot;
+pub mod snapshot_policy;
 pub mod types;
 
 pub use client::{ByteStream, Client, ClientError, EventStream, ExecOutput};
+pub use diff::*;
+pub use event::*;
 /// Request bodies for uploads (`Body::wrap_stream` streams any byte stream).
 pub use reqwest::Body;
 pub use snapshot::*;
+pub use snapshot_policy::*;
 pub use types::*;

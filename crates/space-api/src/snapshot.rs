@@ -60,6 +60,9 @@ pub struct Snapshot {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
     pub kind: SnapshotKind,
+    /// Taken by the sandbox's snapshot policy (never labelled), not through the API.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,8 +108,10 @@ mod tests {
             created_at: "2026-01-01T00:00:00Z".into(),
             size_bytes: None,
             kind: SnapshotKind::Disk,
+            auto: false,
         };
         let v = serde_json::to_value(&s).unwrap();
+        assert!(v.get("auto").is_none());
         assert_eq!(v["kind"], "disk");
         assert!(v.get("parent_id").is_none());
         assert_eq!(serde_json::from_value::<Snapshot>(v).unwrap(), s);

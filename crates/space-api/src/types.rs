@@ -106,6 +106,9 @@ pub struct CreateSandbox {
     /// What an expired timeout does; default `pause`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_timeout: Option<OnTimeout>,
+    /// Automatic snapshots and their retention; none = on demand only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_policy: Option<crate::snapshot_policy::SnapshotPolicy>,
 }
 
 /// What happens when a sandbox's timeout expires.
@@ -231,6 +234,9 @@ pub struct Sandbox {
     /// When the sandbox was paused (RFC 3339), while paused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_at: Option<String>,
+    /// Its snapshot policy, when one is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_policy: Option<crate::snapshot_policy::SnapshotPolicy>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -6,6 +6,8 @@
 
 mod bench;
 mod cp;
+mod diff;
+mod events;
 mod exec;
 mod snapshot;
 
@@ -57,6 +59,11 @@ enum Command {
     },
     #[command(flatten)]
     Snap(snapshot::SnapCmd),
+    /// Paths added (A), modified (M) and deleted (D) between two snapshots, or from the
+    /// sandbox's creation / to its live filesystem.
+    Diff(diff::DiffArgs),
+    /// Events and audit records of a sandbox, oldest first (also after it is deleted).
+    Events(events::EventsArgs),
     /// Delete sandboxes.
     Rm {
         #[arg(required = true)]
@@ -116,6 +123,18 @@ struct CreateArgs {
     /// What an expired timeout does: pause (default) or delete.
     #[arg(long, value_parser = parse_on_timeout)]
     on_timeout: Option<space_api::OnTimeout>,
+    /// Automatic snapshot every SECS seconds while its files change.
+    #[arg(long, value_name = "SECS")]
+    snapshot_every: Option<u64>,
+    /// Automatic snapshot after every foreground exec.
+    #[arg(long)]
+    snapshot_after_exec: bool,
+    /// Keep only the newest K automatic snapshots.
+    #[arg(long, value_name = "K")]
+    keep_last: Option<u32>,
+    /// Let retention delete labelled snapshots too (they count towards --keep-last).
+    #[arg(long)]
+    no_keep_labelled: bool,
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -220,6 +239,13 @@ async fn run(cli: Cli) -> Result<i32> {
                     timeout_secs: a.timeout,
                     auto_pause_secs: a.auto_pause,
                     on_timeout: a.on_timeout,
+                    snapshot_policy: Some(space_api::SnapshotPolicy {
+                        every_secs: a.snapshot_every,
+                        after_exec: a.snapshot_after_exec,
+                        keep_last: a.keep_last,
+                        keep_labelled: !a.no_keep_labelled,
+                    })
+                    .filter(|p| !p.is_empty()),
                 })
                 .await?;
             if a.json {
@@ -360,6 +386,8 @@ async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Bench(BenchCmd::Create(a)) => bench::run(client()?, a).await,
         Command::Snap(c) => snapshot::run(client()?, c).await,
+        Command::Diff(a) => diff::run(client()?, a).await,
+        Command::Events(a) => events::run(client()?, a).await,
     }
 }
 

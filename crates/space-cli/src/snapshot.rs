@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
 use clap::Subcommand;
-use space_api::{Client, ForkRequest, Snapshot, SnapshotList};
+use space_api::{Client, ForkRequest, Snapshot, SnapshotList, SnapshotPolicy};
 
 #[derive(Debug, Subcommand)]
 pub enum SnapCmd {
@@ -36,6 +36,60 @@ pub enum SnapCmd {
         #[arg(long, default_value_t = 1)]
         count: u32,
     },
+    /// Change a sandbox's snapshot policy (options not given stay as they are) and print
+    /// the resulting policy as JSON.
+    SnapshotPolicy(PolicyArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PolicyArgs {
+    id: String,
+    /// Automatic snapshot every SECS seconds while its files change.
+    #[arg(long, value_name = "SECS", conflicts_with = "no_every")]
+    every: Option<u64>,
+    #[arg(long)]
+    no_every: bool,
+    /// Automatic snapshot after every foreground exec.
+    #[arg(long, conflicts_with = "no_after_exec")]
+    after_exec: bool,
+    #[arg(long)]
+    no_after_exec: bool,
+    /// Keep only the newest K automatic snapshots.
+    #[arg(long, value_name = "K", conflicts_with = "no_keep_last")]
+    keep_last: Option<u32>,
+    /// Keep every automatic snapshot.
+    #[arg(long)]
+    no_keep_last: bool,
+    /// Retention never deletes labelled snapshots (the default).
+    #[arg(long, conflicts_with = "no_keep_labelled")]
+    keep_labelled: bool,
+    /// Labelled snapshots count towards --keep-last.
+    #[arg(long)]
+    no_keep_labelled: bool,
+    /// Remove the policy (snapshots on demand only).
+    #[arg(long)]
+    clear: bool,
+}
+
+/// The policy after applying `a` to `cur`.
+pub fn merge_policy(cur: Option<SnapshotPolicy>, a: &PolicyArgs) -> SnapshotPolicy {
+    if a.clear {
+        return SnapshotPolicy::default();
+    }
+    let mut p = cur.unwrap_or_default();
+    if a.every.is_some() || a.no_every {
+        p.every_secs = a.every;
+    }
+    if a.after_exec || a.no_after_exec {
+        p.after_exec = a.after_exec;
+    }
+    if a.keep_last.is_some() || a.no_keep_last {
+        p.keep_last = a.keep_last;
+    }
+    if a.keep_labelled || a.no_keep_labelled {
+        p.keep_labelled = a.keep_labelled;
+    }
+    p
 }
 
 pub async fn run(c: Client, cmd: SnapCmd) -> Result<i32> {
@@ -74,6 +128,11 @@ pub async fn run(c: Client, cmd: SnapCmd) -> Result<i32> {
                 println!("{}", f.id);
             }
         }
+        SnapCmd::SnapshotPolicy(a) => {
+            let cur = c.get_sandbox(&a.id).await?.snapshot_policy;
+            let sb = c.set_snapshot_policy(&a.id, &merge_policy(cur, &a)).await?;
+            crate::print_json(&sb.snapshot_policy.unwrap_or_default())?;
+        }
     }
     Ok(0)
 }
@@ -103,7 +162,9 @@ pub fn render_tree(list: &[Snapshot]) -> String {
             s.id,
             s.created_at,
             size,
-            s.label.as_deref().unwrap_or(""),
+            s.label
+                .as_deref()
+                .unwrap_or(if s.auto { "(auto)" } else { "" }),
             s.parent_id
                 .as_deref()
                 .filter(|p| !ids.contains(p))
@@ -132,7 +193,43 @@ mod tests {
             created_at: "t".into(),
             size_bytes: None,
             kind: SnapshotKind::Disk,
+            auto: false,
         }
+    }
+
+    #[test]
+    fn policy_flags_change_only_what_they_name() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            a: PolicyArgs,
+        }
+        let args = |v: &[&str]| {
+            T::try_parse_from(std::iter::once("t").chain(v.iter().copied()))
+                .unwrap()
+                .a
+        };
+        let cur = SnapshotPolicy {
+            every_secs: Some(5),
+            after_exec: true,
+            keep_last: Some(3),
+            keep_labelled: true,
+        };
+        let p = merge_policy(Some(cur.clone()), &args(&["x", "--keep-last", "7"]));
+        assert_eq!(p.keep_last, Some(7));
+        assert_eq!((p.every_secs, p.after_exec), (Some(5), true));
+        let p = merge_policy(
+            Some(cur.clone()),
+            &args(&["x", "--no-every", "--no-after-exec", "--no-keep-labelled"]),
+        );
+        assert_eq!(
+            (p.every_secs, p.after_exec, p.keep_labelled),
+            (None, false, false)
+        );
+        assert_eq!(p.keep_last, Some(3));
+        assert!(merge_policy(Some(cur), &args(&["x", "--clear"])).is_empty());
+        assert!(T::try_parse_from(["t", "x", "--every", "1", "--no-every"]).is_err());
     }
 
     #[test]

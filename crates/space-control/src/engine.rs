@@ -164,6 +164,12 @@ pub struct Engine {
     pub(crate) wake: Notify,
     /// API activity per sandbox, for auto-pause (see `lifecycle`).
     pub(crate) activity: Arc<crate::lifecycle::Activity>,
+    /// Events and audit (see `events`).
+    pub(crate) events: crate::events::EventLog,
+    /// When this engine started (unix ms): rows left `creating` before it are orphaned.
+    pub(crate) boot_ms: i64,
+    /// Automatic restarts after init deaths, for the crash-loop limit (see `recovery`).
+    pub(crate) restarts: crate::recovery::Restarts,
 }
 
 fn new_sandbox_id() -> String {
@@ -321,6 +327,8 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
         on_timeout: None,
         auto_pause_secs: None,
         paused_at: None,
+        // Filled by `snapshot_policy::decorate`.
+        snapshot_policy: None,
     }
 }
 
@@ -410,6 +418,7 @@ fn event_stream(
 
 impl Engine {
     pub fn new(store: Store, node: Arc<dyn NodeApi>, cfg: ControlConfig) -> Self {
+        let events = crate::events::EventLog::spawn(store.clone());
         Self {
             store,
             node,
@@ -418,6 +427,9 @@ impl Engine {
             metrics: Metrics::default(),
             wake: Notify::new(),
             activity: Arc::default(),
+            events,
+            boot_ms: now_ms(),
+            restarts: Default::default(),
         }
     }
 
@@ -443,6 +455,7 @@ impl Engine {
     ) -> AppResult<()> {
         tracing::info!(sandbox = id, state = %state, error, "sandbox status");
         self.store.set_status(id, state, error).await?;
+        self.event(id, &state.to_string(), "ok", error.unwrap_or(""));
         Ok(())
     }
 
@@ -504,6 +517,7 @@ impl Engine {
         let id = new_sandbox_id();
         let now = now_ms();
         let lifecycle = crate::lifecycle::lifecycle_from_create(&req, &id, now)?;
+        let snapshot_policy = crate::snapshot_policy::policy_from_create(&req, &id, now)?;
         let spec = validate_create(req, &id)?;
         let row = SandboxRow {
             id: id.clone(),
@@ -517,8 +531,17 @@ impl Engine {
         };
         let _guard = self.locks.lock(&id).await;
         self.store.insert_sandbox(&row).await?;
+        self.event(
+            &id,
+            "create",
+            "ok",
+            &format!("template={}", row.spec.template),
+        );
         if let Some(l) = &lifecycle {
             self.store.put_lifecycle(l).await?;
+        }
+        if let Some(p) = &snapshot_policy {
+            self.store.put_snapshot_policy(p).await?;
         }
         self.activity.touch(&id);
         match self.node.create_sandbox(&node_spec(&id, &row.spec)).await {
@@ -608,6 +631,8 @@ impl Engine {
         self.store.forget_snapshots_of(id).await?;
         self.store.delete_sandbox(id).await?;
         self.store.delete_lifecycle(id).await?;
+        self.event(id, "deleted", "ok", "");
+        self.restarts.forget(id);
         self.activity.forget(id);
         self.locks.forget(id);
         Ok(())

@@ -9,6 +9,10 @@ use space_node::api::NodeError;
 
 use crate::store::StoreError;
 
+/// The code of an error response, kept in its extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorCode(pub &'static str);
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppError {
     pub status: StatusCode,
@@ -77,6 +81,8 @@ impl AppError {
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, Json(self.body())).into_response();
+        // For the audit middleware (see `events`).
+        resp.extensions_mut().insert(ErrorCode(self.code));
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

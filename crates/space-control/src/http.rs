@@ -37,6 +37,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sandboxes/{id}/pause"),
     ("POST", "/v1/sandboxes/{id}/resume"),
     ("POST", "/v1/sandboxes/{id}/timeout"),
+    ("PUT", "/v1/sandboxes/{id}/snapshot-policy"),
     ("POST", "/v1/sandboxes/{id}/exec"),
     ("GET", "/v1/sandboxes/{id}/processes"),
     ("GET", "/v1/sandboxes/{id}/processes/{pid}/output"),
@@ -56,6 +57,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/sandboxes/{id}/snapshots/{snap}"),
     ("POST", "/v1/sandboxes/{id}/rollback"),
     ("POST", "/v1/sandboxes/{id}/fork"),
+    ("GET", "/v1/sandboxes/{id}/diff"),
+    ("GET", "/v1/sandboxes/{id}/events"),
     ("GET", "/v1/templates"),
     ("PUT", "/v1/templates/{name}"),
 ];
@@ -72,6 +75,9 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("POST", "/v1/sandboxes/{id}/pause") => post(crate::lifecycle::http_pause),
         ("POST", "/v1/sandboxes/{id}/resume") => post(crate::lifecycle::http_resume),
         ("POST", "/v1/sandboxes/{id}/timeout") => post(crate::lifecycle::http_set_timeout),
+        ("PUT", "/v1/sandboxes/{id}/snapshot-policy") => {
+            put(crate::snapshot_policy::http_set_policy)
+        }
         ("POST", "/v1/sandboxes/{id}/exec") => post(exec),
         ("GET", "/v1/sandboxes/{id}/processes") => get(list_processes),
         ("GET", "/v1/sandboxes/{id}/processes/{pid}/output") => get(process_output),
@@ -93,6 +99,8 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         }
         ("POST", "/v1/sandboxes/{id}/rollback") => post(crate::snapshots::rollback),
         ("POST", "/v1/sandboxes/{id}/fork") => post(crate::snapshots::fork),
+        ("GET", "/v1/sandboxes/{id}/diff") => get(crate::diff::diff),
+        ("GET", "/v1/sandboxes/{id}/events") => get(crate::events::http_list_events),
         ("GET", "/v1/templates") => get(list_templates),
         ("PUT", "/v1/templates/{name}") => put(import_template),
         _ => unreachable!("route {method} {path} has no handler"),
@@ -167,7 +175,8 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         return AppError::unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
             .into_response();
     }
-    next.run(req).await
+    let header = header.map(str::to_owned);
+    crate::events::audited(&state, header.as_deref(), req, next).await
 }
 
 async fn trace(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -364,7 +373,9 @@ async fn exec(
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> HResult<Response> {
     Ok(match s.engine.exec(&p.id, req).await? {
-        ExecReply::Events(events) => ndjson(events),
+        ExecReply::Events(events) => {
+            ndjson(crate::snapshot_policy::after_exec(&s.engine, &p.id, events))
+        }
         ExecReply::Background(pid) => (StatusCode::CREATED, Json(Started { pid })).into_response(),
     })
 }

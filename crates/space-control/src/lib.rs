@@ -7,11 +7,15 @@
 
 pub mod auth;
 pub mod convert;
+pub mod diff;
 pub mod engine;
 pub mod error;
+pub mod events;
 pub mod http;
 pub mod lifecycle;
 pub mod reconcile;
+pub mod recovery;
+pub mod snapshot_policy;
 pub mod snapshots;
 pub mod store;
 

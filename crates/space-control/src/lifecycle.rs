@@ -327,6 +327,7 @@ impl Engine {
             Ok(l) => decorate(sb, l.as_ref()),
             Err(e) => tracing::warn!(sandbox = %sb.id, error = %e, "lifecycle lookup"),
         }
+        self.decorate_policy(sb).await;
     }
 
     pub(crate) async fn decorate_all(&self, list: &mut [Sandbox]) {
@@ -334,6 +335,7 @@ impl Engine {
             Ok(map) => list.iter_mut().for_each(|sb| decorate(sb, map.get(&sb.id))),
             Err(e) => tracing::warn!(error = %e, "lifecycle lookup"),
         }
+        self.decorate_policies(list).await;
     }
 
     /// `POST /v1/sandboxes/{id}/pause`.

@@ -23,8 +23,8 @@ pub const ERROR_SANDBOX_LOST: &str = "sandbox lost";
 pub enum Step {
     /// Deletion finalizer: remove on the node, then forget the row.
     FinalizeDelete { id: String },
-    /// A running row whose init is gone: free runtime resources (keep the rootfs), mark
-    /// stopped.
+    /// A running row whose init is gone: restart it from its newest snapshot (or its
+    /// rootfs), or mark it stopped after a crash loop (see `recovery`).
     MarkStopped { id: String },
     /// A row whose sandbox the node no longer has: mark failed.
     MarkLost { id: String },
@@ -41,6 +41,9 @@ pub enum Step {
     AutoPause { id: String },
     /// Row running but node paused, or the reverse: make the node follow the row.
     SyncFreeze { id: String },
+    /// The snapshot policy's period passed: snapshot if the files changed (see
+    /// `snapshot_policy`).
+    AutoSnapshot { id: String },
 }
 
 impl Step {
@@ -54,7 +57,8 @@ impl Step {
             | Step::RemoveOrphan { id }
             | Step::ExpireTimeout { id }
             | Step::AutoPause { id }
-            | Step::SyncFreeze { id } => id,
+            | Step::SyncFreeze { id }
+            | Step::AutoSnapshot { id } => id,
         }
     }
 }
@@ -143,7 +147,15 @@ impl Engine {
             .reconcile_runs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let observed = self.node.list_sandboxes().await?;
-        let desired = self.store.list_sandboxes().await?;
+        let mut desired = self.store.list_sandboxes().await?;
+        // Rows left `creating` by an earlier spaced instance have no fast path to finish
+        // them: resolve them now instead of after the grace period (decision 0009).
+        for r in desired
+            .iter_mut()
+            .filter(|r| r.state == SandboxState::Creating && r.updated_at < self.boot_ms)
+        {
+            r.updated_at = i64::MIN / 2;
+        }
         let mut steps = reconcile(
             &desired,
             &observed,
@@ -151,6 +163,10 @@ impl Engine {
             self.cfg.create_grace.as_millis() as i64,
         );
         steps.extend(self.lifecycle_pass(&desired).await?);
+        match self.snapshot_policy_pass(&desired).await {
+            Ok(s) => steps.extend(s),
+            Err(e) => tracing::warn!(error = %e, "snapshot policy pass"),
+        }
         let mut applied = 0;
         for step in steps {
             let now = Instant::now();
@@ -181,7 +197,7 @@ impl Engine {
         let row = self.store.get_sandbox(id).await?;
         match step {
             Step::FinalizeDelete { .. } => self.ensure_deleted(row).await,
-            Step::MarkStopped { .. } => self.ensure_stopped(row).await,
+            Step::MarkStopped { .. } => self.ensure_recovered(row).await,
             Step::MarkLost { .. } => self.ensure_lost(row).await,
             Step::ResumeCreate { .. } => self.ensure_created(row).await,
             Step::CleanupFailed { .. } => self.ensure_failed_cleaned(row).await,
@@ -189,6 +205,7 @@ impl Engine {
             Step::ExpireTimeout { .. } => self.ensure_timeout_enforced(row).await,
             Step::AutoPause { .. } => self.ensure_idle_paused(row).await,
             Step::SyncFreeze { .. } => self.ensure_freeze_synced(row).await,
+            Step::AutoSnapshot { .. } => self.ensure_auto_snapshot(row).await,
         }
     }
 
@@ -198,22 +215,6 @@ impl Engine {
             return Ok(());
         }
         self.finalize_delete(&row.id).await
-    }
-
-    async fn ensure_stopped(&self, row: Option<SandboxRow>) -> AppResult<()> {
-        let Some(row) =
-            row.filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Paused))
-        else {
-            return Ok(());
-        };
-        match self.node.sandbox_status(&row.id).await? {
-            Some(s) if s.phase == Phase::Stopped => {
-                self.node.stop_sandbox(&row.id).await?;
-                self.write_status(&row.id, SandboxState::Stopped, Some(ERROR_INIT_EXITED))
-                    .await
-            }
-            _ => Ok(()),
-        }
     }
 
     async fn ensure_lost(&self, row: Option<SandboxRow>) -> AppResult<()> {
@@ -236,6 +237,27 @@ impl Engine {
         let Some(row) = row.filter(|r| r.state == SandboxState::Creating) else {
             return Ok(());
         };
+        // Half-done create (decision 0009): finished if the node has it running, else failed
+        // and cleaned.
+        match self.node.sandbox_status(&row.id).await? {
+            Some(s) if s.phase == Phase::Running => {
+                self.event(&row.id, "create_resolved", "ok", "running on the node");
+                return self
+                    .write_status(&row.id, SandboxState::Running, None)
+                    .await;
+            }
+            _ if row.updated_at < self.boot_ms => {
+                self.write_status(
+                    &row.id,
+                    SandboxState::Failed,
+                    Some("create interrupted by a restart of spaced"),
+                )
+                .await?;
+                self.node.remove_sandbox(&row.id).await?;
+                return Ok(());
+            }
+            _ => {}
+        }
         match self
             .node
             .create_sandbox(&node_spec(&row.id, &row.spec))
@@ -285,8 +307,11 @@ pub fn spawn_reconciler(
     tokio::spawn(async move {
         let mut backoff = Backoff::default();
         tokio::pin!(shutdown);
+        let actor: Arc<str> = Arc::from("reconciler");
         loop {
-            if let Err(e) = engine.reconcile_once(&mut backoff).await {
+            let pass =
+                crate::events::ACTOR.scope(actor.clone(), engine.reconcile_once(&mut backoff));
+            if let Err(e) = pass.await {
                 tracing::warn!(error = %e, "reconcile pass failed");
             }
             tokio::select! {

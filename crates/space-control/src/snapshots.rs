@@ -239,6 +239,8 @@ pub fn snapshot_dto(r: &SnapshotRow, size: Option<u64>) -> Snapshot {
         created_at: rfc3339_from_unix_ms(r.created_at),
         size_bytes: size.or(r.size_bytes.map(|n| n as u64)),
         kind: r.kind,
+        // Set by `snapshot_policy::mark_auto`.
+        auto: false,
     }
 }
 
@@ -264,7 +266,7 @@ impl Engine {
     }
 
     /// Takes a snapshot; the caller holds the sandbox's lock and checked its lifecycle.
-    async fn snapshot_locked(
+    pub(crate) async fn snapshot_locked(
         &self,
         row: &SandboxRow,
         label: Option<String>,
@@ -320,10 +322,12 @@ impl Engine {
                 HashMap::new()
             }
         };
-        Ok(rows
+        let mut out: Vec<Snapshot> = rows
             .iter()
             .map(|r| snapshot_dto(r, sizes.get(&r.id).copied().flatten()))
-            .collect())
+            .collect();
+        self.mark_auto(id, &mut out).await?;
+        Ok(out)
     }
 
     pub async fn delete_snapshot(&self, id: &str, snap: &str) -> AppResult<()> {

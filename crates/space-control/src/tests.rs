@@ -22,7 +22,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request as TReq, Response as TResp, Status};
 use tower::ServiceExt;
 
-use crate::reconcile::{Backoff, ERROR_INIT_EXITED, ERROR_SANDBOX_LOST};
+use crate::reconcile::{Backoff, ERROR_SANDBOX_LOST};
 use crate::{AppState, Auth, ControlConfig, ControlPlane, app};
 
 // ---------------------------------------------------------------- fake guest
@@ -1212,10 +1212,26 @@ async fn reconciler_heals_divergence() {
                 .await
         }
     };
+    // Its init died: restarted on its rootfs (it has no snapshot; decision 0009).
     let s: Sandbox = get(stopped.id.clone()).await.json();
-    assert_eq!(s.state, SandboxState::Stopped);
-    assert_eq!(s.error.as_deref(), Some(ERROR_INIT_EXITED));
-    assert!(h.node.calls().contains(&format!("stop {}", stopped.id)));
+    assert_eq!(s.state, SandboxState::Running);
+    assert_eq!(s.error, None);
+    assert!(h.node.calls().contains(&format!("create {}", stopped.id)));
+    let r = h
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{}/events", stopped.id),
+            Body::empty(),
+        )
+        .await;
+    let events: space_api::EventList = r.json();
+    let rec = events
+        .events
+        .iter()
+        .find(|e| e.action == "recovered")
+        .expect("a recovered event");
+    assert_eq!(rec.actor, "node");
+    assert!(rec.detail.contains("rootfs"), "{rec:?}");
     let s: Sandbox = get(lost.id.clone()).await.json();
     assert_eq!(s.state, SandboxState::Failed);
     assert_eq!(s.error.as_deref(), Some(ERROR_SANDBOX_LOST));
@@ -1224,10 +1240,10 @@ async fn reconciler_heals_divergence() {
     get(half_deleted.id.clone()).await.error(404, "not_found");
     assert!(h.node.calls().contains(&format!("remove {orphan}")));
 
-    // Exec in the stopped sandbox conflicts.
+    // Exec in the failed (lost) sandbox conflicts.
     h.call(
         Method::POST,
-        &format!("/v1/sandboxes/{}/exec", stopped.id),
+        &format!("/v1/sandboxes/{}/exec", lost.id),
         r#"{"cmd":["true"]}"#,
     )
     .await
@@ -1412,4 +1428,155 @@ async fn rust_client_against_the_served_api() {
 
 fn reqwest_body(chunks: Vec<Result<Vec<u8>, std::io::Error>>) -> space_api::Body {
     space_api::Body::wrap_stream(futures::stream::iter(chunks))
+}
+
+#[tokio::test]
+async fn events_record_actions_and_outlive_the_sandbox() {
+    let h = harness().await;
+    let sb = h.create().await;
+    let id = sb.id.clone();
+    let r = h
+        .call(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/files?path=%2Froot%2Fsecret.txt"),
+            Body::from("TOP-SECRET-CONTENT"),
+        )
+        .await;
+    let _ = r.status;
+    let r = h
+        .call(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{id}"),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let r = h
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/events"),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let text = String::from_utf8(r.body.clone()).unwrap();
+    assert!(!text.contains("TOP-SECRET"), "{text}");
+    let events: space_api::EventList = r.json();
+    let actions: Vec<&str> = events.events.iter().map(|e| e.action.as_str()).collect();
+    for want in [
+        "create",
+        "running",
+        "file_write",
+        "deleting",
+        "deleted",
+        "delete",
+    ] {
+        assert!(actions.contains(&want), "{want} missing in {actions:?}");
+    }
+    let create = &events.events[0];
+    assert_eq!(create.action, "create");
+    assert!(
+        create.actor.starts_with("api:") && create.actor.len() == 16,
+        "{create:?}"
+    );
+    let write = events
+        .events
+        .iter()
+        .find(|e| e.action == "file_write")
+        .unwrap();
+    assert_eq!(write.detail, "path=/root/secret.txt");
+    assert!(events.events.windows(2).all(|w| w[0].id < w[1].id));
+    // Paging.
+    let r = h
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/events?limit=2&after={}", create.id),
+            Body::empty(),
+        )
+        .await;
+    let page: space_api::EventList = r.json();
+    assert_eq!(page.events.len(), 2);
+    assert_eq!(page.events[0].id, events.events[1].id);
+    // No events and no sandbox: 404.
+    h.call(
+        Method::GET,
+        "/v1/sandboxes/zzzzzzzzzzzzzzzzzzzz/events",
+        Body::empty(),
+    )
+    .await
+    .error(404, "not_found");
+}
+
+#[tokio::test]
+async fn half_done_creates_of_an_earlier_instance_resolve_at_once() {
+    let h = harness().await;
+    let engine = h.state.engine.clone();
+    let before = engine.boot_ms - 1;
+    let on_node = "cccccccccccccccccccc";
+    let not_on_node = "dddddddddddddddddddd";
+    for id in [on_node, not_on_node] {
+        engine
+            .store()
+            .insert_sandbox(&crate::store::tests::row(
+                id,
+                SandboxState::Creating,
+                before,
+            ))
+            .await
+            .unwrap();
+    }
+    h.node.set_phase(on_node, Some(Phase::Running));
+    let mut backoff = Backoff::default();
+    engine.reconcile_once(&mut backoff).await.unwrap();
+    let row = engine.store().get_sandbox(on_node).await.unwrap().unwrap();
+    assert_eq!(row.state, SandboxState::Running);
+    let row = engine
+        .store()
+        .get_sandbox(not_on_node)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.state, SandboxState::Failed);
+    assert!(row.error.unwrap().contains("interrupted"));
+    assert!(h.node.calls().contains(&format!("remove {not_on_node}")));
+    // A create of this instance still gets its grace period.
+    let fresh = "eeeeeeeeeeeeeeeeeeee";
+    engine
+        .store()
+        .insert_sandbox(&crate::store::tests::row(
+            fresh,
+            SandboxState::Creating,
+            crate::store::now_ms(),
+        ))
+        .await
+        .unwrap();
+    engine.reconcile_once(&mut backoff).await.unwrap();
+    let row = engine.store().get_sandbox(fresh).await.unwrap().unwrap();
+    assert_eq!(row.state, SandboxState::Creating);
+}
+
+#[tokio::test]
+async fn crash_loop_stops_the_sandbox_and_keeps_its_data() {
+    let h = harness().await;
+    let engine = h.state.engine.clone();
+    let sb = h.create().await;
+    let now = crate::store::now_ms();
+    for i in 0..crate::recovery::RESTART_LIMIT as i64 {
+        engine.restarts.note(&sb.id, now - 60_000 + i);
+    }
+    h.node.set_phase(&sb.id, Some(Phase::Stopped));
+    let mut backoff = Backoff::default();
+    engine.reconcile_once(&mut backoff).await.unwrap();
+    let row = engine.store().get_sandbox(&sb.id).await.unwrap().unwrap();
+    assert_eq!(row.state, SandboxState::Stopped);
+    assert!(row.error.unwrap().starts_with("crash loop"));
+    // Its rootfs and snapshots stay: the next pass must not remove it on the node.
+    engine.reconcile_once(&mut backoff).await.unwrap();
+    assert!(engine.store().get_sandbox(&sb.id).await.unwrap().is_some());
+    let events = engine
+        .list_events(&sb.id, space_api::EventQuery::default())
+        .await
+        .unwrap();
+    assert!(events.iter().any(|e| e.action == "crash_loop"));
+    assert!(!events.iter().any(|e| e.action == "recovered"));
 }

@@ -192,12 +192,39 @@ pub trait NodeApi: Send + Sync {
             "snapshots are not supported by this node".into(),
         ))
     }
+    /// The paths added, modified and deleted from `from` to `to` (snapshot ids of this
+    /// sandbox; `from: None` = its creation (the template version it was made of), `to: None`
+    /// = the live rootfs, best effort while it is written). Sorted by path. Decision 0011.
+    async fn diff_sandbox(
+        &self,
+        id: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<Vec<crate::diff::Change>, NodeError> {
+        let _ = (id, from, to);
+        Err(NodeError::Internal(
+            "diff is not supported by this node".into(),
+        ))
+    }
     /// Deletes a snapshot. Idempotent: a missing snapshot is fine.
     async fn delete_snapshot(&self, id: &str, snap: &str) -> Result<(), NodeError> {
         let _ = (id, snap);
         Err(NodeError::Internal(
             "snapshots are not supported by this node".into(),
         ))
+    }
+    /// Whether the sandbox's rootfs changed since snapshot `snap` of sandbox `owner` (its
+    /// own, or for a fork the source's) was cut. Cheap (one btrfs tree search); it sees
+    /// creates, unlinks, renames and metadata at once, in-place overwrites once written
+    /// back or committed. When unsure (no such snapshot, not btrfs) it answers `true`.
+    async fn changed_since_snapshot(
+        &self,
+        id: &str,
+        owner: &str,
+        snap: &str,
+    ) -> Result<bool, NodeError> {
+        let _ = (id, owner, snap);
+        Ok(true)
     }
     /// Stops the sandbox's processes, replaces its rootfs with a writable snapshot of its
     /// snapshot `snap` and starts it again (same id, same uid range). `spec` carries the

@@ -3,6 +3,7 @@
 pub mod api;
 pub mod cgroup;
 pub mod channel;
+pub mod diff;
 pub mod ids;
 pub mod node;
 pub mod runtime;

@@ -814,6 +814,15 @@ impl NodeApi for Node {
         self.snapshot_impl(id, snap).await
     }
 
+    async fn diff_sandbox(
+        &self,
+        id: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<Vec<crate::diff::Change>, NodeError> {
+        self.diff_impl(id, from, to).await
+    }
+
     async fn list_snapshots(
         &self,
         id: &str,
@@ -824,6 +833,15 @@ impl NodeApi for Node {
 
     async fn delete_snapshot(&self, id: &str, snap: &str) -> Result<(), NodeError> {
         self.delete_snapshot_impl(id, snap).await
+    }
+
+    async fn changed_since_snapshot(
+        &self,
+        id: &str,
+        owner: &str,
+        snap: &str,
+    ) -> Result<bool, NodeError> {
+        self.changed_since_snapshot_impl(id, owner, snap).await
     }
 
     async fn rollback_sandbox(
@@ -873,6 +891,9 @@ impl NodeApi for Node {
 
 #[path = "snapshots.rs"]
 mod snapshots;
+
+#[path = "diff_node.rs"]
+mod diff_node;
 
 #[cfg(test)]
 #[path = "node_tests.rs"]

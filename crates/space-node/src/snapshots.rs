@@ -272,6 +272,31 @@ impl Node {
         Ok(info_of(&self.layout, &rec))
     }
 
+    pub(super) async fn changed_since_snapshot_impl(
+        &self,
+        id: &str,
+        owner: &str,
+        snap: &str,
+    ) -> Result<bool, NodeError> {
+        ids::validate_sandbox_id(id)?;
+        ids::validate_sandbox_id(owner)?;
+        ids::validate_sandbox_id(snap)?;
+        self.require_entry(id)?;
+        let rootfs = self.layout.sandbox_rootfs(id);
+        let snap_rootfs = snapshot_rootfs(&self.layout, owner, snap);
+        blocking(move || {
+            let since = match space_sys::btrfs::subvolume_transids(&snap_rootfs) {
+                Ok(t) => t.otransid,
+                Err(e) => {
+                    tracing::debug!(error = %e, "no snapshot generation: counting as changed");
+                    return Ok(true);
+                }
+            };
+            Ok(space_sys::btrfs::changed_since(&rootfs, since).unwrap_or(true))
+        })
+        .await
+    }
+
     pub(super) async fn list_snapshots_impl(
         &self,
         id: &str,

@@ -536,6 +536,379 @@ fn destroy_by_name(parent: &OwnedFd, name: &str, display: &Path) -> Result<(), B
     Ok(())
 }
 
+// ---------------------------------------------------------------- change detection
+
+/// `struct btrfs_ioctl_get_subvol_info_args` (the four `btrfs_ioctl_timespec`s are
+/// `{u64 sec; u32 nsec}` = 16 bytes each with padding).
+#[repr(C)]
+struct GetSubvolInfoArgs {
+    treeid: u64,
+    name: [u8; 256],
+    parent_id: u64,
+    dirid: u64,
+    generation: u64,
+    flags: u64,
+    uuids: [u8; 48],
+    ctransid: u64,
+    otransid: u64,
+    stransid: u64,
+    rtransid: u64,
+    times: [u64; 8],
+    reserved: [u64; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<GetSubvolInfoArgs>() == 504);
+
+const IOC_GET_SUBVOL_INFO: u32 = ioc(IOC_READ, 60, std::mem::size_of::<GetSubvolInfoArgs>());
+
+/// Transaction ids of a subvolume (BTRFS_IOC_GET_SUBVOL_INFO; unprivileged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubvolTransids {
+    /// Last committed generation of the subvolume's root item.
+    pub generation: u64,
+    /// Last change of the subvolume's tree.
+    pub ctransid: u64,
+    /// The transaction that created it (for a snapshot: the one whose commit cut it).
+    pub otransid: u64,
+}
+
+/// The transaction ids of the subvolume whose root directory is `path`.
+pub fn subvolume_transids(path: &Path) -> Result<SubvolTransids, BtrfsError> {
+    let fd = open_dir(path)?;
+    let mut args = GetSubvolInfoArgs {
+        treeid: 0,
+        name: [0; 256],
+        parent_id: 0,
+        dirid: 0,
+        generation: 0,
+        flags: 0,
+        uuids: [0; 48],
+        ctransid: 0,
+        otransid: 0,
+        stransid: 0,
+        rtransid: 0,
+        times: [0; 8],
+        reserved: [0; 8],
+    };
+    // SAFETY: `args` is a live btrfs_ioctl_get_subvol_info_args (size asserted); the kernel
+    // only writes into it.
+    unsafe { btrfs_ioctl(&fd, IOC_GET_SUBVOL_INFO, &mut args) }
+        .map_err(|e| BtrfsError::io("get subvolume info of", path, e))?;
+    Ok(SubvolTransids {
+        generation: args.generation,
+        ctransid: args.ctransid,
+        otransid: args.otransid,
+    })
+}
+
+/// Whether the tree of the subvolume whose root directory is `path` holds anything written
+/// in a transaction after `transid`: one BTRFS_IOC_TREE_SEARCH with `min_transid =
+/// transid + 1` and room for one item. The search skips every subtree whose generation is
+/// older, so it reads only the changed path (cost: microseconds, independent of the tree
+/// size). It sees the live (uncommitted) tree, so an inode update (a write's mtime, a
+/// create, an unlink) counts at once, not at the next commit. Needs CAP_SYS_ADMIN.
+pub fn changed_since(path: &Path, transid: u64) -> Result<bool, BtrfsError> {
+    let fd = open_dir(path)?;
+    let mut args = SearchArgs {
+        key: SearchKey {
+            tree_id: 0,
+            min_objectid: 0,
+            max_objectid: u64::MAX,
+            min_offset: 0,
+            max_offset: u64::MAX,
+            min_transid: transid.saturating_add(1),
+            max_transid: u64::MAX,
+            min_type: 0,
+            max_type: u32::MAX,
+            nr_items: 1,
+            ..SearchKey::default()
+        },
+        buf: [0; SEARCH_BUF],
+    };
+    // SAFETY: `args` is a live btrfs_ioctl_search_args (size asserted); the kernel fills
+    // `buf` with at most `SEARCH_BUF` bytes and sets `key.nr_items` to the item count.
+    unsafe { btrfs_ioctl(&fd, IOC_TREE_SEARCH, &mut args) }
+        .map_err(|e| BtrfsError::io("search subvolume tree of", path, e))?;
+    Ok(args.key.nr_items > 0)
+}
+
+// ---- change tracking: subvolume info, tree search from a generation, inode back-references ----
+
+const BTRFS_INODE_ITEM_KEY: u32 = 1;
+const BTRFS_INODE_REF_KEY: u32 = 12;
+const BTRFS_INODE_EXTREF_KEY: u32 = 13;
+const BTRFS_XATTR_ITEM_KEY: u32 = 24;
+const BTRFS_DIR_ITEM_KEY: u32 = 84;
+const BTRFS_DIR_INDEX_KEY: u32 = 96;
+const BTRFS_EXTENT_DATA_KEY: u32 = 108;
+/// Highest objectid of an ordinary inode (`BTRFS_LAST_FREE_OBJECTID`, -256).
+const BTRFS_LAST_FREE_OBJECTID: u64 = u64::MAX - 255;
+
+/// `struct btrfs_ioctl_timespec`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct IoctlTimespec {
+    sec: u64,
+    nsec: u32,
+}
+
+/// `struct btrfs_ioctl_get_subvol_info_args`.
+#[repr(C)]
+struct SubvolInfoArgsV {
+    treeid: u64,
+    name: [u8; 256],
+    parent_id: u64,
+    dirid: u64,
+    generation: u64,
+    flags: u64,
+    uuid: [u8; 16],
+    parent_uuid: [u8; 16],
+    received_uuid: [u8; 16],
+    ctransid: u64,
+    otransid: u64,
+    stransid: u64,
+    rtransid: u64,
+    ctime: IoctlTimespec,
+    otime: IoctlTimespec,
+    stime: IoctlTimespec,
+    rtime: IoctlTimespec,
+    reserved: [u64; 8],
+}
+const _: () = assert!(std::mem::size_of::<SubvolInfoArgsV>() == 504);
+const IOC_GET_SUBVOL_INFO_V: u32 = ioc(IOC_READ, 60, std::mem::size_of::<SubvolInfoArgsV>());
+
+/// What [`subvolume_info`] reports about one subvolume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubvolumeInfo {
+    /// Tree id (subvolume id).
+    pub tree_id: u64,
+    pub uuid: [u8; 16],
+    /// UUID of the subvolume this one was snapshotted from (zero when created empty).
+    pub parent_uuid: [u8; 16],
+    /// Transaction that created it (for a snapshot: the one that cut it).
+    pub otransid: u64,
+    /// Last transaction that changed its tree.
+    pub generation: u64,
+}
+
+/// BTRFS_IOC_GET_SUBVOL_INFO_V on the subvolume root at `path` (never follows a final symlink).
+pub fn subvolume_info(path: &Path) -> Result<SubvolumeInfo, BtrfsError> {
+    let fd = open_dir(path)?;
+    let zero_ts = IoctlTimespec { sec: 0, nsec: 0 };
+    let mut args = SubvolInfoArgsV {
+        treeid: 0,
+        name: [0; 256],
+        parent_id: 0,
+        dirid: 0,
+        generation: 0,
+        flags: 0,
+        uuid: [0; 16],
+        parent_uuid: [0; 16],
+        received_uuid: [0; 16],
+        ctransid: 0,
+        otransid: 0,
+        stransid: 0,
+        rtransid: 0,
+        ctime: zero_ts,
+        otime: zero_ts,
+        stime: zero_ts,
+        rtime: zero_ts,
+        reserved: [0; 8],
+    };
+    // SAFETY: `args` is a live btrfs_ioctl_get_subvol_info_args (size asserted against the
+    // kernel's 504 bytes); the kernel only writes into it.
+    unsafe { btrfs_ioctl(&fd, IOC_GET_SUBVOL_INFO_V, &mut args) }
+        .map_err(|e| BtrfsError::io("get subvolume info of", path, e))?;
+    Ok(SubvolumeInfo {
+        tree_id: args.treeid,
+        uuid: args.uuid,
+        parent_uuid: args.parent_uuid,
+        otransid: args.otransid,
+        generation: args.generation,
+    })
+}
+
+/// Inodes whose items sit in tree blocks written at or after a transaction, found by
+/// [`changed_inodes`].
+#[derive(Debug, Default, Clone)]
+pub struct ChangedInodes {
+    /// Every inode with at least one item (inode item, refs, xattrs, extents, dir entries) in
+    /// a tree block of generation >= the threshold. A superset of the inodes that changed:
+    /// unchanged neighbours in the same leaf are included.
+    pub inodes: std::collections::BTreeSet<u64>,
+    /// The subset known to be directories (dir entries seen, or a directory inode item).
+    pub dirs: std::collections::BTreeSet<u64>,
+}
+
+/// Walks the fs tree of subvolume `tree_id` (the volume is reached through `path`) with
+/// BTRFS_IOC_TREE_SEARCH and `min_transid`: the kernel skips every tree block older than
+/// `min_transid`, so only the leaves written since then are read (the `btrfs subvolume
+/// find-new` technique). Needs CAP_SYS_ADMIN.
+pub fn changed_inodes(
+    path: &Path,
+    tree_id: u64,
+    min_transid: u64,
+) -> Result<ChangedInodes, BtrfsError> {
+    let fd = open_dir(path)?;
+    let mut out = ChangedInodes::default();
+    let mut key = SearchKey {
+        tree_id,
+        min_objectid: SUBVOLUME_ROOT_INO,
+        max_objectid: BTRFS_LAST_FREE_OBJECTID,
+        min_offset: 0,
+        max_offset: u64::MAX,
+        min_transid,
+        max_transid: u64::MAX,
+        min_type: 0,
+        max_type: u32::MAX,
+        ..SearchKey::default()
+    };
+    loop {
+        let mut last = None;
+        search(&fd, path, &mut key, |objectid, typ, offset, item| {
+            last = Some((objectid, typ, offset));
+            match typ {
+                BTRFS_INODE_ITEM_KEY => {
+                    out.inodes.insert(objectid);
+                    // struct btrfs_inode_item: mode (le32) at byte 52.
+                    if let Some(m) = item.get(52..56) {
+                        let mode = u32::from_le_bytes([m[0], m[1], m[2], m[3]]);
+                        if mode & libc::S_IFMT == libc::S_IFDIR {
+                            out.dirs.insert(objectid);
+                        }
+                    }
+                }
+                BTRFS_DIR_ITEM_KEY | BTRFS_DIR_INDEX_KEY => {
+                    out.inodes.insert(objectid);
+                    out.dirs.insert(objectid);
+                }
+                BTRFS_INODE_REF_KEY => {
+                    out.inodes.insert(objectid);
+                    if offset >= SUBVOLUME_ROOT_INO {
+                        out.inodes.insert(offset);
+                        out.dirs.insert(offset);
+                    }
+                }
+                BTRFS_INODE_EXTREF_KEY | BTRFS_XATTR_ITEM_KEY | BTRFS_EXTENT_DATA_KEY => {
+                    out.inodes.insert(objectid);
+                }
+                _ => {}
+            }
+        })?;
+        // Continue right after the last key returned (objectid, type, offset order).
+        let Some((o, t, off)) = last else { break };
+        if off < u64::MAX {
+            (key.min_objectid, key.min_type, key.min_offset) = (o, t, off + 1);
+        } else if t < u32::MAX {
+            (key.min_objectid, key.min_type, key.min_offset) = (o, t + 1, 0);
+        } else if o < key.max_objectid {
+            (key.min_objectid, key.min_type, key.min_offset) = (o + 1, 0, 0);
+        } else {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// The directories holding a link to inode `ino` in subvolume `tree_id` (INODE_REF and
+/// INODE_EXTREF items; one entry per parent directory). Needs CAP_SYS_ADMIN.
+pub fn inode_parents(path: &Path, tree_id: u64, ino: u64) -> Result<Vec<u64>, BtrfsError> {
+    let fd = open_dir(path)?;
+    let mut parents = Vec::new();
+    let mut key = SearchKey {
+        tree_id,
+        min_objectid: ino,
+        max_objectid: ino,
+        min_offset: 0,
+        max_offset: u64::MAX,
+        min_transid: 0,
+        max_transid: u64::MAX,
+        min_type: BTRFS_INODE_REF_KEY,
+        max_type: BTRFS_INODE_EXTREF_KEY,
+        ..SearchKey::default()
+    };
+    loop {
+        let mut last = None;
+        search(&fd, path, &mut key, |objectid, typ, offset, item| {
+            last = Some((typ, offset));
+            if objectid != ino {
+                return;
+            }
+            if typ == BTRFS_INODE_REF_KEY {
+                parents.push(offset);
+            } else if typ == BTRFS_INODE_EXTREF_KEY {
+                // A run of struct btrfs_inode_extref: parent u64, index u64, name_len u16, name.
+                let mut rest = item;
+                while rest.len() >= 18 {
+                    parents.push(u64::from_le_bytes(rest[0..8].try_into().unwrap_or([0; 8])));
+                    let n = u16::from_le_bytes([rest[16], rest[17]]) as usize;
+                    rest = rest.get(18 + n..).unwrap_or(&[]);
+                }
+            }
+        })?;
+        let Some((t, off)) = last else { break };
+        if off < u64::MAX {
+            (key.min_type, key.min_offset) = (t, off + 1);
+        } else if t < BTRFS_INODE_EXTREF_KEY {
+            (key.min_type, key.min_offset) = (t + 1, 0);
+        } else {
+            break;
+        }
+    }
+    parents.sort_unstable();
+    parents.dedup();
+    Ok(parents)
+}
+
+/// The path of directory inode `dir_ino` in subvolume `tree_id`, relative to its root (empty
+/// for the root itself; no trailing '/'). Needs CAP_SYS_ADMIN.
+pub fn dir_path(path: &Path, tree_id: u64, dir_ino: u64) -> Result<PathBuf, BtrfsError> {
+    let fd = open_dir(path)?;
+    let (_, rel) = ino_lookup(&fd, path, tree_id, dir_ino)?;
+    let bytes = rel.as_os_str().as_bytes();
+    let trimmed = bytes.strip_suffix(b"/").unwrap_or(bytes);
+    Ok(PathBuf::from(OsStr::from_bytes(trimmed)))
+}
+
+/// One TREE_SEARCH call with `key` (its `nr_items` is set here); calls `f(objectid, type,
+/// offset, item bytes)` for every item returned.
+fn search(
+    fd: &OwnedFd,
+    path: &Path,
+    key: &mut SearchKey,
+    mut f: impl FnMut(u64, u32, u64, &[u8]),
+) -> Result<(), BtrfsError> {
+    let mut args = SearchArgs {
+        key: SearchKey {
+            nr_items: 4096,
+            ..*key
+        },
+        buf: [0; SEARCH_BUF],
+    };
+    // SAFETY: `args` is a live btrfs_ioctl_search_args (size asserted); the kernel fills
+    // `buf` with at most `SEARCH_BUF` bytes and sets `key.nr_items` to the item count.
+    unsafe { btrfs_ioctl(fd, IOC_TREE_SEARCH, &mut args) }
+        .map_err(|e| BtrfsError::io("search the fs tree of", path, e))?;
+    let mut off = 0usize;
+    for _ in 0..args.key.nr_items {
+        let hdr = args.buf.get(off..off + 32).ok_or_else(|| {
+            BtrfsError::io("parse search result of", path, io::ErrorKind::InvalidData)
+        })?;
+        let u64_at = |i: usize| u64::from_ne_bytes(hdr[i..i + 8].try_into().unwrap_or([0; 8]));
+        let objectid = u64_at(8);
+        let offset = u64_at(16);
+        let typ = u32::from_ne_bytes(hdr[24..28].try_into().unwrap_or([0; 4]));
+        let len = u32::from_ne_bytes(hdr[28..32].try_into().unwrap_or([0; 4])) as usize;
+        off += 32;
+        let item = args.buf.get(off..off + len).ok_or_else(|| {
+            BtrfsError::io("parse search result of", path, io::ErrorKind::InvalidData)
+        })?;
+        off += len;
+        f(objectid, typ, offset, item);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -555,6 +928,7 @@ mod tests {
         assert_eq!(IOC_INO_LOOKUP, 0xD000_9412);
         assert_eq!(IOC_SUBVOL_GETFLAGS, 0x8008_9419);
         assert_eq!(IOC_SUBVOL_SETFLAGS, 0x4008_941A);
+        assert_eq!(IOC_GET_SUBVOL_INFO_V, 0x81F8_943C);
     }
 
     #[test]
@@ -566,6 +940,56 @@ mod tests {
             );
         }
         assert!(check_name("rootfs").is_ok());
+    }
+
+    #[test]
+    fn changes_after_a_snapshot_are_seen_at_once() {
+        let img = img();
+        let root = img.mountpoint();
+        create_subvolume(root, "sb").unwrap();
+        let sb = root.join("sb");
+        std::fs::write(sb.join("f"), vec![1u8; 100_000]).unwrap();
+        for i in 0..200 {
+            std::fs::write(sb.join(format!("g{i}")), b"x").unwrap();
+        }
+        let check = |snap: &str| {
+            let t = subvolume_transids(&root.join(snap)).unwrap().otransid;
+            changed_since(&sb, t).unwrap()
+        };
+        snapshot(&sb, root, "s1", true).unwrap();
+        assert!(!check("s1"), "nothing written since the snapshot");
+        // Timed: the check is one search that reads only changed paths.
+        let t0 = std::time::Instant::now();
+        for _ in 0..1000 {
+            assert!(!check("s1"));
+        }
+        eprintln!("unchanged check: {:?} each", t0.elapsed() / 1000);
+        // An in-place overwrite of an existing file (no commit in between) counts.
+        {
+            use std::io::{Seek, Write};
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(sb.join("f"))
+                .unwrap();
+            f.seek(std::io::SeekFrom::Start(5000)).unwrap();
+            f.write_all(b"changed").unwrap();
+        }
+        // An in-place overwrite lives in the page cache and btrfs' delayed inode items
+        // until writeback / the next commit: not seen yet, seen after a commit.
+        assert!(!check("s1"), "overwrites are only seen once committed");
+        File::open(&sb).unwrap().sync_all().unwrap();
+        rustix::fs::syncfs(File::open(&sb).unwrap()).unwrap();
+        assert!(check("s1"), "a committed overwrite must count");
+        snapshot(&sb, root, "s2", true).unwrap();
+        assert!(!check("s2"));
+        std::fs::remove_file(sb.join("g7")).unwrap();
+        assert!(check("s2"), "an unlink must count");
+        snapshot(&sb, root, "s3", true).unwrap();
+        assert!(!check("s3"));
+        std::fs::write(sb.join("new"), b"1").unwrap();
+        assert!(check("s3"), "a create must count");
+        let t = subvolume_transids(&sb).unwrap();
+        assert!(t.ctransid > 0 && t.generation > 0);
     }
 
     #[test]
