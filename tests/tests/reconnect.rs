@@ -141,3 +141,45 @@ async fn overrun_buffer_reports_an_explicit_gap() {
     // After the gap: exactly the retained tail, byte for byte.
     assert!(data == expected[to..], "bytes after the gap differ");
 }
+
+/// Reconnect latency: attach to a running process's output and receive the first byte.
+/// A benchmark, not a timed test: run against release binaries with
+/// `--ignored --nocapture` (see docs/decisions/0007-snapshots.md for the command pattern).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_reconnect_first_byte() {
+    let s = tokio::task::block_in_place(|| Spaced::start().unwrap());
+    let id = tokio::task::block_in_place(|| s.create(&[]));
+    let pid = start_bg(&s, &id, "echo ready; sleep 1000").await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut samples = Vec::new();
+    for _ in 0..300 {
+        let t = std::time::Instant::now();
+        let r = s
+            .req(
+                Method::GET,
+                &format!("/v1/sandboxes/{id}/processes/{pid}/output?offset=0&follow=true"),
+            )
+            .send()
+            .await
+            .unwrap();
+        let mut body = r.bytes_stream();
+        let first = body.next().await.unwrap().unwrap();
+        samples.push(t.elapsed());
+        assert!(
+            String::from_utf8_lossy(&first).contains("\"stdout\""),
+            "{first:?}"
+        );
+        drop(body);
+    }
+    samples.sort();
+    let p = |q: f64| space_tests::percentile(&samples, q).as_secs_f64() * 1e3;
+    println!(
+        "reconnect (attach + first byte), {} runs: p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+        samples.len(),
+        p(50.0),
+        p(90.0),
+        p(99.0),
+        samples.last().unwrap().as_secs_f64() * 1e3
+    );
+}
