@@ -143,6 +143,7 @@ impl Spaced {
             .arg(&self.cgroup_parent)
             .args(&self.extra_args)
             .env("RUST_LOG", "info")
+            .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

@@ -183,3 +183,45 @@ async fn bench_reconnect_first_byte() {
         samples.last().unwrap().as_secs_f64() * 1e3
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffer_size_and_retention_are_configurable() {
+    let s = tokio::task::block_in_place(|| {
+        Spaced::start_with(&["--output-buffer", "64K", "--exited-retention", "2"]).unwrap()
+    });
+    let id = tokio::task::block_in_place(|| s.create(&[]));
+    // 100 KB of output overruns a 64 KiB buffer.
+    let pid = start_bg(&s, &id, "seq 1 20000").await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (data, gaps, ended) = read_output(&s, &id, pid, 0, usize::MAX).await;
+    assert!(ended);
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    assert_eq!(
+        data.len(),
+        64 * 1024,
+        "exactly the configured buffer is retained"
+    );
+    // The finished process is forgotten after the configured retention.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let r = s
+        .req(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/processes/{pid}/output"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    // The daemon's settings never reach the processes it starts.
+    let env = tokio::task::block_in_place(|| s.space_ok(&["exec", &id, "--", "env"]));
+    assert!(
+        !env.contains("SPACE_OUTPUT_BUFFER") && !env.contains("SPACE_EXITED"),
+        "{env}"
+    );
+    assert!(env.contains("SPACE_SANDBOX_ID="), "{env}");
+    // A nonsensical size is refused at start with a clear message.
+    let err = tokio::task::block_in_place(|| Spaced::start_with(&["--output-buffer", "1"]))
+        .err()
+        .expect("spaced must refuse a 1-byte buffer");
+    assert!(format!("{err:#}").contains("--output-buffer"), "{err:#}");
+}

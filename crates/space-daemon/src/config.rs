@@ -46,9 +46,17 @@ impl Config {
             exited_retention: num("SPACE_EXITED_RETENTION_SECS")
                 .map_or(DEFAULT_EXITED_RETENTION, Duration::from_secs),
             base_env: std::env::vars_os()
-                .filter(|(k, _)| k != "SPACE_CHANNEL_FD")
+                .filter(|(k, _)| !DAEMON_ONLY_ENV.iter().any(|d| k == d))
                 .collect(),
             root: PathBuf::from("/"),
         }
     }
 }
+
+/// Variables meant for the daemon itself; the processes it starts never see them.
+const DAEMON_ONLY_ENV: &[&str] = &[
+    "SPACE_CHANNEL_FD",
+    "SPACE_LOG",
+    "SPACE_OUTPUT_BUFFER_BYTES",
+    "SPACE_EXITED_RETENTION_SECS",
+];

@@ -51,6 +51,10 @@ pub struct NodeConfig {
     /// Cgroup (per v1 controller, or in the v2 tree) under which sandboxes get `<id>`.
     /// Default `space`.
     pub cgroup_parent: String,
+    /// Output kept per process for reconnects (space-daemon's ring). Default 1 MiB.
+    pub output_buffer_bytes: u64,
+    /// How long finished processes stay listed and attachable. Default 600 s.
+    pub exited_retention_secs: u64,
 }
 
 impl Default for NodeConfig {
@@ -64,6 +68,8 @@ impl Default for NodeConfig {
             uid_base_start: 1_000_000_000,
             uid_count: 65536,
             cgroup_parent: "space".to_owned(),
+            output_buffer_bytes: 1 << 20,
+            exited_retention_secs: 600,
         }
     }
 }
@@ -381,6 +387,15 @@ impl Node {
         ];
         env.retain(|(k, _)| !spec.env.iter().any(|(k2, _)| k2 == k));
         env.extend(spec.env.iter().cloned());
+        // For the daemon only (it strips these from the processes it starts).
+        env.push((
+            "SPACE_OUTPUT_BUFFER_BYTES".into(),
+            self.cfg.output_buffer_bytes.to_string(),
+        ));
+        env.push((
+            "SPACE_EXITED_RETENTION_SECS".into(),
+            self.cfg.exited_retention_secs.to_string(),
+        ));
         LaunchPlan {
             id: spec.id.clone(),
             rootfs: self.layout.sandbox_rootfs(&spec.id),

@@ -59,6 +59,14 @@ struct Args {
     /// Limit of streamed uploads (files, templates), bytes or K/M/G/T.
     #[arg(long, default_value = "10G", value_parser = parse_size)]
     max_upload: u64,
+    /// Output kept per process for reconnects (bytes or K/M/G); older output is reported as a
+    /// gap. Applies to sandboxes started from now on.
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    output_buffer: u64,
+    /// Seconds a finished process stays listed and attachable. Applies to sandboxes started
+    /// from now on.
+    #[arg(long, default_value_t = NodeConfig::default().exited_retention_secs)]
+    exited_retention: u64,
 }
 
 /// Parses "1048576", "512K", "16M", "16G", "1T" (powers of 1024; optional trailing "B"/"iB").
@@ -159,6 +167,11 @@ async fn main() -> Result<()> {
     init_logging(args.log_format);
     let daemon = daemon_binary(args.daemon_binary.clone())?;
 
+    anyhow::ensure!(
+        (4 << 10..=256 << 20).contains(&args.output_buffer),
+        "--output-buffer must be between 4K and 256M, got {} bytes",
+        args.output_buffer
+    );
     let node_cfg = NodeConfig {
         data_dir: args.data_dir.clone(),
         run_dir: args.run_dir.clone(),
@@ -167,6 +180,8 @@ async fn main() -> Result<()> {
         busybox: args.busybox.clone(),
         uid_base_start: args.uid_base,
         cgroup_parent: args.cgroup_parent.clone(),
+        output_buffer_bytes: args.output_buffer,
+        exited_retention_secs: args.exited_retention,
         ..NodeConfig::default()
     };
     let node = Node::open(node_cfg)
