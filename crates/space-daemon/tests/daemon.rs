@@ -84,9 +84,12 @@ impl Daemon {
     }
 
     async fn client(&self) -> GuestClient<Channel> {
-        let sock = self.sock.clone();
-        let channel =
-            Endpoint::try_from("http://guest.invalid")
+        // The socket file appears at bind(), a moment before listen(): until then a connect is
+        // refused. Retry for a bounded time instead of racing the daemon's start.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let sock = self.sock.clone();
+            let connected = Endpoint::try_from("http://guest.invalid")
                 .unwrap()
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let sock = sock.clone();
@@ -94,9 +97,20 @@ impl Daemon {
                         Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(sock).await?))
                     }
                 }))
-                .await
-                .unwrap();
-        GuestClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .await;
+            match connected {
+                Ok(channel) => {
+                    return GuestClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+                }
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(e) => panic!(
+                    "cannot connect to the daemon at {}: {e}",
+                    self.sock.display()
+                ),
+            }
+        }
     }
 }
 
