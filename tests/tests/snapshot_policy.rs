@@ -65,7 +65,7 @@ fn periodic_snapshots_only_while_files_change() {
     assert_eq!(p["every_secs"], 1, "{p}");
     // The first check finds no snapshot yet: one is taken.
     assert!(
-        eventually(Duration::from_secs(8), || !autos(&s, &id).is_empty()),
+        eventually(Duration::from_secs(20), || !autos(&s, &id).is_empty()),
         "no first automatic snapshot"
     );
     // Settle: let a check see the state as it is now.
@@ -78,7 +78,7 @@ fn periodic_snapshots_only_while_files_change() {
     let (code, _, err) = s.sh(&id, "echo hi > /root/new-file");
     assert_eq!(code, 0, "{err}");
     assert!(
-        eventually(Duration::from_secs(6), || autos(&s, &id).len() > before),
+        eventually(Duration::from_secs(20), || autos(&s, &id).len() > before),
         "no snapshot after a change"
     );
     let list = autos(&s, &id);
@@ -114,7 +114,7 @@ fn after_exec_and_retention_keep_last_with_labelled_kept() {
         let (code, _, err) = s.sh(&id, &format!("echo {i} > /root/f{i}"));
         assert_eq!(code, 0, "{err}");
         assert!(
-            eventually(Duration::from_secs(5), || autos(&s, &id).len() == i),
+            eventually(Duration::from_secs(20), || autos(&s, &id).len() == i),
             "exec {i}: {:?}",
             snapshots(&s, &id)
         );
@@ -126,7 +126,7 @@ fn after_exec_and_retention_keep_last_with_labelled_kept() {
         assert_eq!(code, 0);
         let prev = last.clone();
         assert!(
-            eventually(Duration::from_secs(5), || {
+            eventually(Duration::from_secs(20), || {
                 let a = autos(&s, &id);
                 let newest = a.last().map(|v| v["id"].clone());
                 let ok = a.len() == 2 && newest != prev;
