@@ -105,7 +105,8 @@ async fn pause_freezes_resume_continues() {
         .await
         .unwrap();
     assert_eq!(code, 409);
-    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    // Refused at once, not after waiting on a frozen guest (bound generous for a loaded CI).
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     // Pausing twice conflicts; so does resuming a running sandbox; unknown ids are 404.
     assert!(space_err(&s, &["pause", &id]).contains("(conflict)"));
     let (code, v) = post_status(&s, &format!("/v1/sandboxes/{id}/pause")).await;
@@ -168,7 +169,7 @@ async fn pause_freezes_resume_continues() {
     s.space_ok(&["pause", &id]);
     let t = Instant::now();
     s.space_ok(&["rm", &id]);
-    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     assert_eq!(s.space(&["inspect", &id]).status.code(), Some(1));
     for root in [
         format!("/sys/fs/cgroup/freezer/{}/{id}", s.cgroup_parent),
