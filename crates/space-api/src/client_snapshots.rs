@@ -11,10 +11,16 @@ impl Client {
     pub async fn create_snapshot(&self, id: &str, label: Option<&str>) -> Result<Snapshot> {
         let body = CreateSnapshot {
             label: label.map(str::to_string),
+            kind: None,
         };
+        self.create_snapshot_with(id, &body).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/snapshots` with any body (e.g. `kind: checkpoint`).
+    pub async fn create_snapshot_with(&self, id: &str, body: &CreateSnapshot) -> Result<Snapshot> {
         self.json(Self::with_json(
             self.request(Method::POST, &format!("/v1/sandboxes/{id}/snapshots")),
-            &body,
+            body,
         ))
         .await
     }

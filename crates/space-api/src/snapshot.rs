@@ -12,8 +12,9 @@ pub const MAX_FORK_COUNT: u32 = 16;
 pub enum SnapshotKind {
     /// The sandbox's filesystem only (an atomic read-only btrfs snapshot).
     Disk,
-    /// Disk plus process state. microvm: memory and devices; namespace: the disk plus the
-    /// sandbox's spec and the processes to restart. Not produced yet.
+    /// Disk plus process state. namespace: the disk plus the sandbox's spec and the
+    /// processes to restart (memory is not kept: they restart from scratch); microvm (later):
+    /// memory and devices too (`Snapshot::memory`).
     Checkpoint,
 }
 
@@ -40,6 +41,26 @@ impl SnapshotKind {
 pub struct CreateSnapshot {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
+    /// Default `disk`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<SnapshotKind>,
+}
+
+/// A process a checkpoint restarts (a fresh process: its memory is not kept). Never env
+/// values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointProcess {
+    /// argv.
+    pub cmd: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tty: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,6 +84,13 @@ pub struct Snapshot {
     /// Taken by the sandbox's snapshot policy (never labelled), not through the API.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub auto: bool,
+    /// Checkpoints: the processes restarted after a rollback, recovery or fork from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub processes: Option<Vec<CheckpointProcess>>,
+    /// Whether process memory was kept (microvm checkpoints, later). Always false for the
+    /// namespace runtime: its checkpoints restart processes from scratch.
+    #[serde(default)]
+    pub memory: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,6 +137,8 @@ mod tests {
             size_bytes: None,
             kind: SnapshotKind::Disk,
             auto: false,
+            processes: None,
+            memory: false,
         };
         let v = serde_json::to_value(&s).unwrap();
         assert!(v.get("auto").is_none());
@@ -121,5 +151,8 @@ mod tests {
             Some(SnapshotKind::Checkpoint)
         );
         assert_eq!(SnapshotKind::parse("mem"), None);
+        let c: CreateSnapshot = serde_json::from_str(r#"{"kind":"checkpoint"}"#).unwrap();
+        assert_eq!(c.kind, Some(SnapshotKind::Checkpoint));
+        assert!(serde_json::from_str::<CreateSnapshot>(r#"{"kind":"memory"}"#).is_err());
     }
 }

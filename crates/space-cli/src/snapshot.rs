@@ -7,15 +7,22 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
 use clap::Subcommand;
-use space_api::{Client, ForkRequest, Snapshot, SnapshotList, SnapshotPolicy};
+use space_api::{
+    Client, CreateSnapshot, ForkRequest, Snapshot, SnapshotKind, SnapshotList, SnapshotPolicy,
+};
 
 #[derive(Debug, Subcommand)]
 pub enum SnapCmd {
-    /// Take a disk snapshot of a sandbox and print its id.
+    /// Take a disk snapshot (or with --checkpoint, a checkpoint) of a sandbox and print its
+    /// id.
     Snapshot {
         id: String,
         #[arg(long)]
         label: Option<String>,
+        /// Also record the running processes, restarted (from scratch: memory is not kept)
+        /// after a rollback, recovery or fork from it.
+        #[arg(long)]
+        checkpoint: bool,
     },
     /// List a sandbox's snapshots as a tree (indented by parent).
     Snapshots {
@@ -94,8 +101,16 @@ pub fn merge_policy(cur: Option<SnapshotPolicy>, a: &PolicyArgs) -> SnapshotPoli
 
 pub async fn run(c: Client, cmd: SnapCmd) -> Result<i32> {
     match cmd {
-        SnapCmd::Snapshot { id, label } => {
-            let s = c.create_snapshot(&id, label.as_deref()).await?;
+        SnapCmd::Snapshot {
+            id,
+            label,
+            checkpoint,
+        } => {
+            let body = CreateSnapshot {
+                label,
+                kind: checkpoint.then_some(SnapshotKind::Checkpoint),
+            };
+            let s = c.create_snapshot_with(&id, &body).await?;
             println!("{}", s.id);
         }
         SnapCmd::Snapshots { id, json } => {
@@ -156,11 +171,16 @@ pub fn render_tree(list: &[Snapshot]) -> String {
             .size_bytes
             .map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)))
             .unwrap_or_else(|| "-".into());
+        let kind = match (&s.processes, s.kind) {
+            (Some(p), SnapshotKind::Checkpoint) => format!("checkpoint({})", p.len()),
+            (_, k) => k.as_str().to_string(),
+        };
         out.push_str(&format!(
-            "{:indent$}{}  {}  {}  {}{}\n",
+            "{:indent$}{}  {}  {}  {}  {}{}\n",
             "",
             s.id,
             s.created_at,
+            kind,
             size,
             s.label
                 .as_deref()
@@ -182,7 +202,6 @@ pub fn render_tree(list: &[Snapshot]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use space_api::SnapshotKind;
 
     fn s(id: &str, parent: Option<&str>) -> Snapshot {
         Snapshot {
@@ -194,6 +213,8 @@ mod tests {
             size_bytes: None,
             kind: SnapshotKind::Disk,
             auto: false,
+            processes: None,
+            memory: false,
         }
     }
 
@@ -245,6 +266,11 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 5);
         assert!(lines[0].starts_with("a "));
+        assert!(lines[0].contains("  disk  "), "{t}");
+        let mut cp = s("f", None);
+        cp.kind = SnapshotKind::Checkpoint;
+        cp.processes = Some(vec![space_api::CheckpointProcess::default()]);
+        assert!(render_tree(&[cp]).contains("  checkpoint(1)  "));
         assert!(lines[1].starts_with("  b "));
         assert!(lines[2].starts_with("    d "));
         assert!(lines[3].starts_with("  c "));

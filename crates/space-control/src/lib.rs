@@ -6,6 +6,7 @@
 //! `NodeApi` / guest gRPC. The reconciler heals whatever the fast path left behind.
 
 pub mod auth;
+pub mod checkpoints;
 pub mod convert;
 pub mod diff;
 pub mod engine;

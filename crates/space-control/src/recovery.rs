@@ -134,6 +134,9 @@ impl Engine {
                     self.store.set_snapshot_head(id, &snap.id).await?;
                 }
                 self.write_status(id, SandboxState::Running, None).await?;
+                if let Some(snap) = &newest {
+                    self.restart_checkpoint_processes(id, &snap.id).await;
+                }
                 let ms = started.elapsed().as_millis();
                 tracing::info!(
                     sandbox = id,

@@ -22,6 +22,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::AppState;
+use crate::checkpoints::Checkpoint;
 use crate::engine::{Action, Engine, check_lifecycle, node_spec, sandbox_dto};
 use crate::error::{AppError, AppResult};
 use crate::http::{ApiBytes, ApiJson, ApiPath};
@@ -167,6 +168,11 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(q("delete snapshot"))?;
+        sqlx::query("DELETE FROM checkpoints WHERE snapshot_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("delete checkpoint"))?;
         tx.commit().await.map_err(q("delete snapshot"))?;
         Ok(())
     }
@@ -241,6 +247,9 @@ pub fn snapshot_dto(r: &SnapshotRow, size: Option<u64>) -> Snapshot {
         kind: r.kind,
         // Set by `snapshot_policy::mark_auto`.
         auto: false,
+        // Set by `checkpoints::decorate`.
+        processes: None,
+        memory: false,
     }
 }
 
@@ -271,6 +280,16 @@ impl Engine {
         row: &SandboxRow,
         label: Option<String>,
     ) -> AppResult<SnapshotRow> {
+        self.snapshot_locked_as(row, label, None).await
+    }
+
+    /// Takes a snapshot, a checkpoint when `checkpoint` is given (recorded with it).
+    async fn snapshot_locked_as(
+        &self,
+        row: &SandboxRow,
+        label: Option<String>,
+        checkpoint: Option<&Checkpoint>,
+    ) -> AppResult<SnapshotRow> {
         let id = &row.id;
         let snap = new_id();
         let parent = self.store.snapshot_head(id).await?;
@@ -280,13 +299,20 @@ impl Engine {
             sandbox_id: id.clone(),
             parent_id: parent,
             label,
-            kind: SnapshotKind::Disk,
+            kind: if checkpoint.is_some() {
+                SnapshotKind::Checkpoint
+            } else {
+                SnapshotKind::Disk
+            },
             spec: serde_json::to_string(&row.spec).ok(),
             size_bytes: None,
             created_at: info.created_unix_ms as i64,
         };
         let stored = async {
             self.store.insert_snapshot(&srow).await?;
+            if let Some(c) = checkpoint {
+                self.store.insert_checkpoint(&snap, c).await?;
+            }
             self.store.set_snapshot_head(id, &snap).await
         }
         .await;
@@ -307,8 +333,27 @@ impl Engine {
         let _guard = self.locks.lock(id).await;
         let row = self.load_row(id).await?;
         check_lifecycle(&row, Action::Snapshot)?;
-        let s = self.snapshot_locked(&row, req.label).await?;
-        Ok(snapshot_dto(&s, None))
+        let checkpoint = match req.kind.unwrap_or(SnapshotKind::Disk) {
+            SnapshotKind::Disk => None,
+            SnapshotKind::Checkpoint => {
+                if row.state != SandboxState::Running {
+                    return Err(AppError::conflict(format!(
+                        "sandbox {id} is {}: a checkpoint needs it running (its process list \
+                         comes from the guest)",
+                        row.state
+                    )));
+                }
+                Some(self.checkpoint_state(id).await?)
+            }
+        };
+        let s = self
+            .snapshot_locked_as(&row, req.label, checkpoint.as_ref())
+            .await?;
+        let mut dto = snapshot_dto(&s, None);
+        if let Some(c) = &checkpoint {
+            crate::checkpoints::decorate(&mut dto, c);
+        }
+        Ok(dto)
     }
 
     pub async fn list_snapshots(&self, id: &str) -> AppResult<Vec<Snapshot>> {
@@ -327,6 +372,12 @@ impl Engine {
             .map(|r| snapshot_dto(r, sizes.get(&r.id).copied().flatten()))
             .collect();
         self.mark_auto(id, &mut out).await?;
+        let checkpoints = self.store.checkpoints_of(id).await?;
+        for s in &mut out {
+            if let Some(c) = checkpoints.get(&s.id) {
+                crate::checkpoints::decorate(s, c);
+            }
+        }
         Ok(out)
     }
 
@@ -367,6 +418,7 @@ impl Engine {
         };
         self.write_status(id, SandboxState::Running, None).await?;
         self.store.set_snapshot_head(id, &snap.id).await?;
+        self.restart_checkpoint_processes(id, &snap.id).await;
         let row = SandboxRow {
             state: SandboxState::Running,
             error: None,
@@ -417,6 +469,7 @@ impl Engine {
             Ok(status) => {
                 self.write_status(&id, SandboxState::Running, None).await?;
                 self.store.set_snapshot_head(&id, snap).await?;
+                self.restart_checkpoint_processes(&id, snap).await;
                 let row = SandboxRow {
                     state: SandboxState::Running,
                     ..row

@@ -102,7 +102,17 @@ impl Guest for FakeGuest {
         Ok(TResp::new(futures::stream::iter(events).boxed()))
     }
 
-    async fn start(&self, _: TReq<pb::ExecRequest>) -> Result<TResp<pb::StartReply>, Status> {
+    async fn start(&self, r: TReq<pb::ExecRequest>) -> Result<TResp<pb::StartReply>, Status> {
+        let r = r.into_inner();
+        self.calls.lock().unwrap().push(format!(
+            "start {:?} tag={} env={}",
+            r.argv,
+            r.tag,
+            r.env.len()
+        ));
+        if r.argv.first().is_some_and(|a| a == "missing") {
+            return Err(Status::not_found("executable missing not found"));
+        }
         Ok(TResp::new(pb::StartReply { pid: 8 }))
     }
 
@@ -415,6 +425,49 @@ impl NodeApi for FakeNode {
                 reason: e.to_string(),
             })?;
         Ok(GuestClient::new(ch.clone()))
+    }
+
+    async fn snapshot_sandbox(
+        &self,
+        id: &str,
+        snap: &str,
+    ) -> Result<space_node::api::SnapshotInfo, NodeError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("snapshot {id} {snap}"));
+        Ok(space_node::api::SnapshotInfo {
+            id: snap.into(),
+            sandbox_id: id.into(),
+            created_unix_ms: 1000,
+            size_bytes: None,
+            path: PathBuf::from("/s"),
+        })
+    }
+
+    async fn delete_snapshot(&self, id: &str, snap: &str) -> Result<(), NodeError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("snapshot-rm {id} {snap}"));
+        Ok(())
+    }
+
+    async fn rollback_sandbox(
+        &self,
+        spec: &SandboxSpec,
+        snap: &str,
+    ) -> Result<SandboxStatus, NodeError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("rollback {} {snap}", spec.id));
+        let st = Self::status(&spec.id, Phase::Running);
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .insert(spec.id.clone(), st.clone());
+        Ok(st)
     }
 
     async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
@@ -1579,4 +1632,126 @@ async fn crash_loop_stops_the_sandbox_and_keeps_its_data() {
         .unwrap();
     assert!(events.iter().any(|e| e.action == "crash_loop"));
     assert!(!events.iter().any(|e| e.action == "recovered"));
+}
+
+#[tokio::test]
+async fn checkpoints_record_running_processes_and_restart_them_on_rollback() {
+    let h = harness().await;
+    let sb = h.create().await;
+    let base = format!("/v1/sandboxes/{}", sb.id);
+    // Bad kinds are 400.
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/snapshots"),
+            r#"{"kind":"memory"}"#,
+        )
+        .await;
+    r.error(400, "invalid_argument");
+    // A disk snapshot records no processes.
+    let r = h.call(Method::POST, &format!("{base}/snapshots"), "").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let disk: space_api::Snapshot = r.json();
+    assert_eq!(disk.kind, space_api::SnapshotKind::Disk);
+    assert_eq!(disk.processes, None);
+    // A checkpoint asks the guest: the fake runs `sleep 1`.
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/snapshots"),
+            r#"{"kind":"checkpoint","label":"cp"}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let cp: space_api::Snapshot = r.json();
+    assert_eq!(cp.kind, space_api::SnapshotKind::Checkpoint);
+    assert!(!cp.memory);
+    let procs = cp.processes.clone().unwrap();
+    assert_eq!(procs.len(), 1);
+    assert_eq!(procs[0].cmd, vec!["sleep".to_string(), "1".to_string()]);
+    let r = h.call(Method::GET, &format!("{base}/snapshots"), "").await;
+    let list: space_api::SnapshotList = r.json();
+    let listed = list.snapshots.iter().find(|s| s.id == cp.id).unwrap();
+    assert_eq!(listed.processes, cp.processes);
+    assert_eq!(
+        list.snapshots
+            .iter()
+            .find(|s| s.id == disk.id)
+            .unwrap()
+            .processes,
+        None
+    );
+    // Rolling back to the disk snapshot starts nothing.
+    let starts = |h: &Harness| {
+        h.guest
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.starts_with("start "))
+            .count()
+    };
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/rollback"),
+            format!(r#"{{"snapshot":"{}"}}"#, disk.id),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(starts(&h), 0);
+    // Rolling back to the checkpoint restarts the process, without env.
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/rollback"),
+            format!(r#"{{"snapshot":"{}"}}"#, cp.id),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let calls = h.guest.calls.lock().unwrap().clone();
+    assert!(
+        calls.contains(&r#"start ["sleep", "1"] tag= env=0"#.to_string()),
+        "{calls:?}"
+    );
+    let r = h.call(Method::GET, &format!("{base}/events"), "").await;
+    let body = String::from_utf8_lossy(&r.body).to_string();
+    assert!(body.contains("process_restarted"), "{body}");
+    // Deleting the checkpoint forgets its process list.
+    let r = h
+        .call(Method::DELETE, &format!("{base}/snapshots/{}", cp.id), "")
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        h.state.engine.store().get_checkpoint(&cp.id).await.unwrap(),
+        None
+    );
+}
+
+#[tokio::test]
+async fn recovery_from_a_checkpoint_restarts_its_processes() {
+    let h = harness().await;
+    let sb = h.create().await;
+    let r = h
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/snapshots", sb.id),
+            r#"{"kind":"checkpoint"}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    // Its init died: the reconciler restarts it from the newest snapshot, the checkpoint.
+    h.node.set_phase(&sb.id, Some(Phase::Stopped));
+    let mut backoff = Backoff::default();
+    h.state.engine.reconcile_once(&mut backoff).await.unwrap();
+    assert!(
+        h.node.calls().iter().any(|c| c.starts_with("rollback ")),
+        "{:?}",
+        h.node.calls()
+    );
+    let calls = h.guest.calls.lock().unwrap().clone();
+    assert!(
+        calls.contains(&r#"start ["sleep", "1"] tag= env=0"#.to_string()),
+        "{calls:?}"
+    );
 }
