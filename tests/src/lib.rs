@@ -286,6 +286,35 @@ impl Spaced {
         Ok((status, r.json().await.unwrap_or(Value::Null)))
     }
 
+    /// (status, JSON body) of one API call, from synchronous test code.
+    pub fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime");
+        rt.block_on(async {
+            let mut rb = self.req(method, path);
+            if let Some(b) = body {
+                rb = rb.json(&b);
+            }
+            let r = rb.send().await.expect("send");
+            let status = r.status().as_u16();
+            (status, r.json().await.unwrap_or(Value::Null))
+        })
+    }
+
+    /// `space inspect ID` as JSON.
+    pub fn inspect(&self, id: &str) -> Value {
+        serde_json::from_str(&self.space_ok(&["inspect", id])).expect("inspect prints JSON")
+    }
+
+    /// `space snapshots ID --json`: the sandbox's snapshots, oldest first.
+    pub fn snapshots(&self, id: &str) -> Vec<Value> {
+        let v: Value = serde_json::from_str(&self.space_ok(&["snapshots", id, "--json"]))
+            .expect("snapshots prints JSON");
+        v["snapshots"].as_array().cloned().unwrap_or_default()
+    }
+
     /// Copy the static probe into the sandbox and run it; returns its JSON report.
     pub fn probe(&self, id: &str, args: &[&str]) -> Value {
         let dst = format!("{id}:/tmp/space-probe");

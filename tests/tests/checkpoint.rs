@@ -9,39 +9,9 @@ use space_tests::Spaced;
 
 const TICKER: &str = "while true; do date +%s%N >> /root/ticks; sleep 0.1; done";
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// (status, JSON body) of one API call.
-fn call(s: &Spaced, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-    rt().block_on(async {
-        let mut rb = s.req(method, path);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    })
-}
-
-fn snapshots(s: &Spaced, id: &str) -> Vec<Value> {
-    let v: Value = serde_json::from_str(&s.space_ok(&["snapshots", id, "--json"])).unwrap();
-    v["snapshots"].as_array().unwrap().clone()
-}
-
 /// The running processes tagged "ticker".
 fn tickers(s: &Spaced, id: &str) -> Vec<Value> {
-    let (code, v) = call(
-        s,
-        Method::GET,
-        &format!("/v1/sandboxes/{id}/processes"),
-        None,
-    );
+    let (code, v) = s.call(Method::GET, &format!("/v1/sandboxes/{id}/processes"), None);
     assert_eq!(code, 200, "{v}");
     v["processes"]
         .as_array()
@@ -87,7 +57,7 @@ fn checkpoint_rollback_restarts_processes_and_disk_rollback_does_not() {
         .trim()
         .to_string();
     let disk = s.space_ok(&["snapshot", &id]).trim().to_string();
-    let list = snapshots(&s, &id);
+    let list = s.snapshots(&id);
     let by_id = |x: &str| list.iter().find(|v| v["id"] == x).unwrap().clone();
     let c = by_id(&cp);
     assert_eq!(c["kind"], "checkpoint", "{c}");
@@ -136,7 +106,7 @@ fn checkpoint_rollback_restarts_processes_and_disk_rollback_does_not() {
     assert!(ticks_grow(&s, &id, n), "the restarted ticker does not tick");
 
     // One event per restart, naming argv[0] only.
-    let (code, ev) = call(&s, Method::GET, &format!("/v1/sandboxes/{id}/events"), None);
+    let (code, ev) = s.call(Method::GET, &format!("/v1/sandboxes/{id}/events"), None);
     assert_eq!(code, 200);
     let restarted: Vec<&Value> = ev["events"]
         .as_array()
@@ -149,8 +119,7 @@ fn checkpoint_rollback_restarts_processes_and_disk_rollback_does_not() {
     assert_eq!(restarted[0]["detail"], "sh");
 
     // Bad input.
-    let (code, v) = call(
-        &s,
+    let (code, v) = s.call(
         Method::POST,
         &format!("/v1/sandboxes/{id}/snapshots"),
         Some(json!({"kind": "memory"})),

@@ -7,10 +7,6 @@ use reqwest::Method;
 use serde_json::Value;
 use space_tests::{Spaced, percentile};
 
-fn inspect(s: &Spaced, id: &str) -> Value {
-    serde_json::from_str(&s.space_ok(&["inspect", id])).unwrap()
-}
-
 /// Runs the CLI expecting failure; returns its stderr.
 fn space_err(s: &Spaced, args: &[&str]) -> String {
     let out = s.space(args);
@@ -25,7 +21,7 @@ fn space_err(s: &Spaced, args: &[&str]) -> String {
 fn wait_for(s: &Spaced, id: &str, within: Duration, f: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + within;
     loop {
-        let v = inspect(s, id);
+        let v = s.inspect(id);
         if f(&v) {
             return v;
         }
@@ -84,7 +80,7 @@ async fn pause_freezes_resume_continues() {
 
     let out = s.space_ok(&["pause", &id]);
     assert_eq!(out.trim(), format!("{id} paused"));
-    let v = inspect(&s, &id);
+    let v = s.inspect(&id);
     assert_eq!(v["state"], "paused");
     assert!(v["paused_at"].is_string(), "{v}");
 
@@ -138,7 +134,7 @@ async fn pause_freezes_resume_continues() {
         c * 2 >= before,
         "count {c} restarted (had printed {before} bytes)"
     );
-    let v = inspect(&s, &id);
+    let v = s.inspect(&id);
     assert_eq!(v["state"], "running");
     assert!(v.get("paused_at").is_none(), "{v}");
 
@@ -184,24 +180,24 @@ fn timeouts_pause_or_delete_and_are_never_reset() {
     let mut s = Spaced::start().unwrap();
     // A long timeout: unchanged by pause, resume and restarts of spaced.
     let a = s.create(&["--timeout", "3600"]);
-    let v = inspect(&s, &a);
+    let v = s.inspect(&a);
     let t0 = v["timeout_at"].as_str().unwrap().to_string();
     assert_eq!(v["on_timeout"], "pause");
     s.space_ok(&["pause", &a]);
-    assert_eq!(inspect(&s, &a)["timeout_at"], t0.as_str());
+    assert_eq!(s.inspect(&a)["timeout_at"], t0.as_str());
     s.stop().unwrap();
     s.spawn().unwrap();
-    let v = inspect(&s, &a);
+    let v = s.inspect(&a);
     assert_eq!(v["state"], "paused", "{v}");
     assert_eq!(v["timeout_at"], t0.as_str());
     s.kill9();
     s.spawn().unwrap();
     // Still paused after a crash (the node reads the freezer state), and resumable.
     std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(inspect(&s, &a)["state"], "paused");
+    assert_eq!(s.inspect(&a)["state"], "paused");
     s.space_ok(&["resume", &a]);
     assert_eq!(s.space_ok(&["exec", &a, "--", "echo", "ok"]), "ok\n");
-    let v = inspect(&s, &a);
+    let v = s.inspect(&a);
     assert_eq!(
         (v["state"].as_str(), v["timeout_at"].as_str()),
         (Some("running"), Some(t0.as_str()))
@@ -209,10 +205,10 @@ fn timeouts_pause_or_delete_and_are_never_reset() {
 
     // Only the timeout call changes it.
     let out = s.space_ok(&["timeout", &a, "7200"]);
-    let t1 = inspect(&s, &a)["timeout_at"].as_str().unwrap().to_string();
+    let t1 = s.inspect(&a)["timeout_at"].as_str().unwrap().to_string();
     assert!(out.contains(&t1) && t1 > t0, "{out} {t1} {t0}");
     s.space_ok(&["timeout", &a, "--clear"]);
-    assert!(inspect(&s, &a).get("timeout_at").is_none());
+    assert!(s.inspect(&a).get("timeout_at").is_none());
 
     // Expiry pauses (default) or deletes (on request); the reconciler runs every 2 s.
     let b = s.create(&["--timeout", "2"]);
@@ -234,20 +230,20 @@ fn timeouts_pause_or_delete_and_are_never_reset() {
     // A resumed sandbox is not paused again by the fired timeout.
     s.space_ok(&["resume", &b]);
     std::thread::sleep(Duration::from_millis(4500));
-    assert_eq!(inspect(&s, &b)["state"], "running");
+    assert_eq!(s.inspect(&b)["state"], "running");
 }
 
 #[test]
 fn auto_pause_after_idle() {
     let s = Spaced::start().unwrap();
     let id = s.create(&["--auto-pause", "2"]);
-    assert_eq!(inspect(&s, &id)["auto_pause_secs"], 2);
+    assert_eq!(s.inspect(&id)["auto_pause_secs"], 2);
     // An open exec stream is activity however long it lasts.
     assert_eq!(
         s.space_ok(&["exec", &id, "--", "sh", "-c", "sleep 5; echo done"]),
         "done\n"
     );
-    assert_eq!(inspect(&s, &id)["state"], "running");
+    assert_eq!(s.inspect(&id)["state"], "running");
     // Then idle: paused within the period plus a reconcile interval or two.
     let t = Instant::now();
     wait_for(&s, &id, Duration::from_secs(10), |v| v["state"] == "paused");
@@ -257,7 +253,7 @@ fn auto_pause_after_idle() {
         t.elapsed()
     );
     s.space_ok(&["resume", &id]);
-    let v = inspect(&s, &id);
+    let v = s.inspect(&id);
     assert_eq!(
         (v["state"].as_str(), v["auto_pause_secs"].as_u64()),
         (Some("running"), Some(2))
@@ -267,7 +263,7 @@ fn auto_pause_after_idle() {
         s.space_ok(&["exec", &id, "--", "true"]);
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert_eq!(inspect(&s, &id)["state"], "running");
+    assert_eq!(s.inspect(&id)["state"], "running");
     wait_for(&s, &id, Duration::from_secs(10), |v| v["state"] == "paused");
     // Bad input.
     assert!(space_err(&s, &["create", "--auto-pause", "0"]).contains("invalid_argument"));

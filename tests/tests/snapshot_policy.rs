@@ -7,40 +7,11 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use space_tests::Spaced;
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// (status, JSON body) of one API call.
-fn call(s: &Spaced, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-    rt().block_on(async {
-        let mut rb = s.req(method, path);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    })
-}
-
-fn snapshots(s: &Spaced, id: &str) -> Vec<Value> {
-    let v: Value = serde_json::from_str(&s.space_ok(&["snapshots", id, "--json"])).unwrap();
-    v["snapshots"].as_array().unwrap().clone()
-}
-
 fn autos(s: &Spaced, id: &str) -> Vec<Value> {
-    snapshots(s, id)
+    s.snapshots(id)
         .into_iter()
         .filter(|v| v["auto"] == true)
         .collect()
-}
-
-fn inspect(s: &Spaced, id: &str) -> Value {
-    serde_json::from_str(&s.space_ok(&["inspect", id])).unwrap()
 }
 
 /// Waits up to `within` for `f` to hold.
@@ -61,7 +32,7 @@ fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
 fn periodic_snapshots_only_while_files_change() {
     let s = Spaced::start().unwrap();
     let id = s.create(&["--snapshot-every", "1"]);
-    let p = &inspect(&s, &id)["snapshot_policy"];
+    let p = &s.inspect(&id)["snapshot_policy"];
     assert_eq!(p["every_secs"], 1, "{p}");
     // The first check finds no snapshot yet: one is taken.
     assert!(
@@ -91,7 +62,7 @@ fn periodic_snapshots_only_while_files_change() {
     s.space_ok(&["resume", &id]);
     // Clearing the period stops it.
     s.space_ok(&["snapshot-policy", &id, "--no-every"]);
-    assert!(inspect(&s, &id).get("snapshot_policy").is_none());
+    assert!(s.inspect(&id).get("snapshot_policy").is_none());
     let n = autos(&s, &id).len();
     let (code, _, _) = s.sh(&id, "echo more > /root/more");
     assert_eq!(code, 0);
@@ -103,7 +74,7 @@ fn periodic_snapshots_only_while_files_change() {
 fn after_exec_and_retention_keep_last_with_labelled_kept() {
     let s = Spaced::start().unwrap();
     let id = s.create(&["--snapshot-after-exec", "--keep-last", "2"]);
-    let p = inspect(&s, &id)["snapshot_policy"].clone();
+    let p = s.inspect(&id)["snapshot_policy"].clone();
     assert_eq!(p, json!({"after_exec": true, "keep_last": 2}));
     let labelled = s
         .space_ok(&["snapshot", &id, "--label", "mine"])
@@ -116,7 +87,7 @@ fn after_exec_and_retention_keep_last_with_labelled_kept() {
         assert!(
             eventually(Duration::from_secs(20), || autos(&s, &id).len() == i),
             "exec {i}: {:?}",
-            snapshots(&s, &id)
+            s.snapshots(&id)
         );
     }
     // More execs: retention keeps exactly the newest two automatic ones.
@@ -136,10 +107,10 @@ fn after_exec_and_retention_keep_last_with_labelled_kept() {
                 ok
             }),
             "exec {i}: {:?}",
-            snapshots(&s, &id)
+            s.snapshots(&id)
         );
     }
-    let all = snapshots(&s, &id);
+    let all = s.snapshots(&id);
     assert!(
         all.iter().any(|v| v["id"] == labelled.as_str()),
         "labelled snapshot kept: {all:?}"
@@ -159,10 +130,9 @@ fn after_exec_and_retention_keep_last_with_labelled_kept() {
 fn policy_changes_and_bad_input() {
     let s = Spaced::start().unwrap();
     let id = s.create(&[]);
-    assert!(inspect(&s, &id).get("snapshot_policy").is_none());
+    assert!(s.inspect(&id).get("snapshot_policy").is_none());
     let path = format!("/v1/sandboxes/{id}/snapshot-policy");
-    let (st, sb) = call(
-        &s,
+    let (st, sb) = s.call(
         Method::PUT,
         &path,
         Some(json!({"every_secs": 60, "keep_last": 3, "keep_labelled": false})),
@@ -179,7 +149,7 @@ fn policy_changes_and_bad_input() {
         p,
         json!({"every_secs": 60, "after_exec": true, "keep_last": 3})
     );
-    assert_eq!(inspect(&s, &id)["snapshot_policy"], p);
+    assert_eq!(s.inspect(&id)["snapshot_policy"], p);
     for bad in [
         json!({"keep_last": 0}),
         json!({"keep_last": 1001}),
@@ -187,25 +157,23 @@ fn policy_changes_and_bad_input() {
         json!({"every_secs": 1, "bogus": true}),
         json!({"after_exec": "yes"}),
     ] {
-        let (st, body) = call(&s, Method::PUT, &path, Some(bad.clone()));
+        let (st, body) = s.call(Method::PUT, &path, Some(bad.clone()));
         assert_eq!(st, 400, "{bad}: {body}");
     }
-    let (st, _) = call(
-        &s,
+    let (st, _) = s.call(
         Method::PUT,
         &format!("/v1/sandboxes/{}/snapshot-policy", "z".repeat(20)),
         Some(json!({"every_secs": 5})),
     );
     assert_eq!(st, 404);
-    let (st, body) = call(
-        &s,
+    let (st, body) = s.call(
         Method::POST,
         "/v1/sandboxes",
         Some(json!({"snapshot_policy": {"keep_last": 0}})),
     );
     assert_eq!(st, 400, "{body}");
     // An empty policy removes it.
-    let (st, sb) = call(&s, Method::PUT, &path, Some(json!({})));
+    let (st, sb) = s.call(Method::PUT, &path, Some(json!({})));
     assert_eq!(st, 200);
     assert!(sb.get("snapshot_policy").is_none(), "{sb}");
 }

@@ -11,28 +11,6 @@ fn rt() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// (status, JSON body) of one API call.
-fn call(s: &Spaced, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-    rt().block_on(async {
-        let mut rb = s.req(method, path);
-        if let Some(b) = body {
-            rb = rb.json(&b);
-        }
-        let r = rb.send().await.unwrap();
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    })
-}
-
-fn snapshots(s: &Spaced, id: &str) -> Vec<Value> {
-    let v: Value = serde_json::from_str(&s.space_ok(&["snapshots", id, "--json"])).unwrap();
-    v["snapshots"].as_array().unwrap().clone()
-}
-
-fn inspect(s: &Spaced, id: &str) -> Value {
-    serde_json::from_str(&s.space_ok(&["inspect", id])).unwrap()
-}
-
 fn out(s: &Spaced, id: &str, script: &str) -> String {
     let (code, out, err) = s.sh(id, script);
     assert_eq!(code, 0, "{script}: {err}");
@@ -49,7 +27,7 @@ fn snapshot_change_rollback_and_tree() {
         "echo one > /root/a; mkdir -p /root/d; echo x > /root/d/f",
     );
     s.space_ok(&["exec", &id, "-d", "--", "sleep", "1000"]);
-    let uid_before = inspect(&s, &id)["uid_base"].clone();
+    let uid_before = s.inspect(&id)["uid_base"].clone();
 
     let snap1 = s
         .space_ok(&["snapshot", &id, "--label", "first"])
@@ -88,7 +66,7 @@ fn snapshot_change_rollback_and_tree() {
     // is snap1 again (a branch).
     s.space_ok(&["rollback", &id, &snap1]);
     let snap3 = s.space_ok(&["snapshot", &id]).trim().to_string();
-    let list = snapshots(&s, &id);
+    let list = s.snapshots(&id);
     let by_id = |sid: &str| list.iter().find(|x| x["id"] == sid).unwrap().clone();
     assert_eq!(list.len(), 3);
     assert!(by_id(&snap1).get("parent_id").is_none());
@@ -110,12 +88,11 @@ fn snapshot_change_rollback_and_tree() {
 
     // Deleting snap1 re-links its children to its parent (none).
     s.space_ok(&["snapshot-rm", &id, &snap1]);
-    let list = snapshots(&s, &id);
+    let list = s.snapshots(&id);
     assert_eq!(list.len(), 2);
     assert!(list.iter().all(|x| x.get("parent_id").is_none()));
     // Rolling back to the deleted snapshot: 404.
-    let (st, v) = call(
-        &s,
+    let (st, v) = s.call(
         Method::POST,
         &format!("/v1/sandboxes/{id}/rollback"),
         Some(json!({"snapshot": snap1})),
@@ -141,7 +118,7 @@ fn fork_isolation_identity_count_and_source_deletion() {
     let mut maps = vec![parent_map];
     for f in &forks {
         assert_ne!(f, &id);
-        let sb = inspect(&s, f);
+        let sb = s.inspect(f);
         assert_eq!(sb["state"], "running");
         assert_eq!(sb["memory_mib"], 256);
         assert_eq!(sb["env"]["K"], "v");
@@ -185,7 +162,7 @@ fn fork_isolation_identity_count_and_source_deletion() {
 
     // A fork's first snapshot descends from the snapshot it was forked from.
     let fsnap = s.space_ok(&["snapshot", &forks[0]]).trim().to_string();
-    let list = snapshots(&s, &forks[0]);
+    let list = s.snapshots(&forks[0]);
     assert_eq!(list.len(), 1);
     assert_eq!(list[0]["id"], fsnap.as_str());
     assert_eq!(list[0]["parent_id"], snap.as_str());
@@ -198,7 +175,7 @@ fn fork_isolation_identity_count_and_source_deletion() {
         .collect();
     assert_eq!(live.len(), 1);
     assert_eq!(out(&s, &live[0], "cat /root/p"), "parent\n");
-    assert_eq!(snapshots(&s, &id).len(), 2);
+    assert_eq!(s.snapshots(&id).len(), 2);
 
     // Deleting the source snapshot and then the source sandbox leaves the forks intact.
     s.space_ok(&["snapshot-rm", &id, &snap]);
@@ -209,7 +186,7 @@ fn fork_isolation_identity_count_and_source_deletion() {
     }
     assert_eq!(out(&s, &forks[0], "cat /root/f /root/g"), "mine\nonly0\n");
     // The fork's snapshot lost its (deleted) parent link but still rolls back fine.
-    let list = snapshots(&s, &forks[0]);
+    let list = s.snapshots(&forks[0]);
     assert!(list[0].get("parent_id").is_none(), "{list:?}");
     out(&s, &forks[0], "rm /root/g");
     s.space_ok(&["rollback", &forks[0], &fsnap]);
@@ -232,8 +209,7 @@ fn bad_input() {
     };
 
     // Rollback to another sandbox's snapshot: 400 that says so.
-    let r = call(
-        &s,
+    let r = s.call(
         Method::POST,
         &format!("/v1/sandboxes/{a}/rollback"),
         Some(json!({"snapshot": snap_b})),
@@ -245,87 +221,72 @@ fn bad_input() {
     );
     expect(r, 400, "invalid_argument");
     // Fork of another sandbox's snapshot too.
-    let r = call(
-        &s,
+    let r = s.call(
         Method::POST,
         &format!("/v1/sandboxes/{a}/fork"),
         Some(json!({"snapshot": snap_b})),
     );
     expect(r, 400, "invalid_argument");
     // Unknown snapshot / sandbox.
-    let r = call(
-        &s,
+    let r = s.call(
         Method::DELETE,
         &format!("/v1/sandboxes/{a}/snapshots/{unknown}"),
         None,
     );
     expect(r, 404, "not_found");
-    let r = call(
-        &s,
+    let r = s.call(
         Method::DELETE,
         &format!("/v1/sandboxes/{a}/snapshots/{snap_b}"),
         None,
     );
     expect(r, 404, "not_found");
-    let r = call(
-        &s,
+    let r = s.call(
         Method::POST,
         &format!("/v1/sandboxes/{unknown}/snapshots"),
         None,
     );
     expect(r, 404, "not_found");
-    let r = call(
-        &s,
+    let r = s.call(
         Method::GET,
         &format!("/v1/sandboxes/{unknown}/snapshots"),
         None,
     );
     expect(r, 404, "not_found");
-    let r = call(&s, Method::POST, "/v1/sandboxes/NOPE/snapshots", None);
+    let r = s.call(Method::POST, "/v1/sandboxes/NOPE/snapshots", None);
     expect(r, 400, "invalid_argument");
     // Bad bodies.
-    let r = call(
-        &s,
+    let r = s.call(
         Method::POST,
         &format!("/v1/sandboxes/{b}/fork"),
         Some(json!({"count": 17})),
     );
     expect(r, 400, "invalid_argument");
-    let r = call(
-        &s,
+    let r = s.call(
         Method::POST,
         &format!("/v1/sandboxes/{b}/snapshots"),
         Some(json!({"label": "x", "extra": 1})),
     );
     expect(r, 400, "invalid_argument");
-    let r = call(
-        &s,
+    let r = s.call(
         Method::POST,
         &format!("/v1/sandboxes/{b}/rollback"),
         Some(json!({})),
     );
     expect(r, 400, "invalid_argument");
     // A snapshot through the API (no body) is 201 with the documented shape.
-    let r = call(
-        &s,
-        Method::POST,
-        &format!("/v1/sandboxes/{b}/snapshots"),
-        None,
-    );
+    let r = s.call(Method::POST, &format!("/v1/sandboxes/{b}/snapshots"), None);
     assert_eq!(r.0, 201, "{}", r.1);
     assert_eq!(r.1["parent_id"], snap_b.as_str());
     assert_eq!(r.1["sandbox_id"], b.as_str());
     // Fork of a deleted snapshot: 404; deleting it twice: 404.
     s.space_ok(&["snapshot-rm", &b, &snap_b]);
-    let r = call(
-        &s,
+    let r = s.call(
         Method::POST,
         &format!("/v1/sandboxes/{b}/fork"),
         Some(json!({"snapshot": snap_b})),
     );
     expect(r, 404, "not_found");
-    let r = call(
-        &s,
+    let r = s.call(
         Method::DELETE,
         &format!("/v1/sandboxes/{b}/snapshots/{snap_b}"),
         None,
@@ -338,12 +299,7 @@ fn bad_input() {
     // Removing a sandbox removes its snapshots (the list of a removed sandbox is 404).
     s.space_ok(&["snapshot", &a]);
     s.space_ok(&["rm", &a, &b]);
-    let r = call(
-        &s,
-        Method::GET,
-        &format!("/v1/sandboxes/{a}/snapshots"),
-        None,
-    );
+    let r = s.call(Method::GET, &format!("/v1/sandboxes/{a}/snapshots"), None);
     expect(r, 404, "not_found");
     let left = std::fs::read_dir(s.data_dir().join("volume/sandboxes"))
         .map(|rd| rd.count())
