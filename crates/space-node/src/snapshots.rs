@@ -285,7 +285,7 @@ impl Node {
         let rootfs = self.layout.sandbox_rootfs(id);
         let snap_rootfs = snapshot_rootfs(&self.layout, owner, snap);
         blocking(move || {
-            let since = match space_sys::btrfs::subvolume_transids(&snap_rootfs) {
+            let since = match space_sys::btrfs::subvolume_info(&snap_rootfs) {
                 Ok(t) => t.otransid,
                 Err(e) => {
                     tracing::debug!(error = %e, "no snapshot generation: counting as changed");

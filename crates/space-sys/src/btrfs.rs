@@ -538,69 +538,6 @@ fn destroy_by_name(parent: &OwnedFd, name: &str, display: &Path) -> Result<(), B
 
 // ---------------------------------------------------------------- change detection
 
-/// `struct btrfs_ioctl_get_subvol_info_args` (the four `btrfs_ioctl_timespec`s are
-/// `{u64 sec; u32 nsec}` = 16 bytes each with padding).
-#[repr(C)]
-struct GetSubvolInfoArgs {
-    treeid: u64,
-    name: [u8; 256],
-    parent_id: u64,
-    dirid: u64,
-    generation: u64,
-    flags: u64,
-    uuids: [u8; 48],
-    ctransid: u64,
-    otransid: u64,
-    stransid: u64,
-    rtransid: u64,
-    times: [u64; 8],
-    reserved: [u64; 8],
-}
-
-const _: () = assert!(std::mem::size_of::<GetSubvolInfoArgs>() == 504);
-
-const IOC_GET_SUBVOL_INFO: u32 = ioc(IOC_READ, 60, std::mem::size_of::<GetSubvolInfoArgs>());
-
-/// Transaction ids of a subvolume (BTRFS_IOC_GET_SUBVOL_INFO; unprivileged).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SubvolTransids {
-    /// Last committed generation of the subvolume's root item.
-    pub generation: u64,
-    /// Last change of the subvolume's tree.
-    pub ctransid: u64,
-    /// The transaction that created it (for a snapshot: the one whose commit cut it).
-    pub otransid: u64,
-}
-
-/// The transaction ids of the subvolume whose root directory is `path`.
-pub fn subvolume_transids(path: &Path) -> Result<SubvolTransids, BtrfsError> {
-    let fd = open_dir(path)?;
-    let mut args = GetSubvolInfoArgs {
-        treeid: 0,
-        name: [0; 256],
-        parent_id: 0,
-        dirid: 0,
-        generation: 0,
-        flags: 0,
-        uuids: [0; 48],
-        ctransid: 0,
-        otransid: 0,
-        stransid: 0,
-        rtransid: 0,
-        times: [0; 8],
-        reserved: [0; 8],
-    };
-    // SAFETY: `args` is a live btrfs_ioctl_get_subvol_info_args (size asserted); the kernel
-    // only writes into it.
-    unsafe { btrfs_ioctl(&fd, IOC_GET_SUBVOL_INFO, &mut args) }
-        .map_err(|e| BtrfsError::io("get subvolume info of", path, e))?;
-    Ok(SubvolTransids {
-        generation: args.generation,
-        ctransid: args.ctransid,
-        otransid: args.otransid,
-    })
-}
-
 /// Whether the tree of the subvolume whose root directory is `path` holds anything written
 /// in a transaction after `transid`: one BTRFS_IOC_TREE_SEARCH with `min_transid =
 /// transid + 1` and room for one item. The search skips every subtree whose generation is
@@ -654,7 +591,7 @@ struct IoctlTimespec {
 
 /// `struct btrfs_ioctl_get_subvol_info_args`.
 #[repr(C)]
-struct SubvolInfoArgsV {
+struct SubvolInfoArgs {
     treeid: u64,
     name: [u8; 256],
     parent_id: u64,
@@ -674,8 +611,8 @@ struct SubvolInfoArgsV {
     rtime: IoctlTimespec,
     reserved: [u64; 8],
 }
-const _: () = assert!(std::mem::size_of::<SubvolInfoArgsV>() == 504);
-const IOC_GET_SUBVOL_INFO_V: u32 = ioc(IOC_READ, 60, std::mem::size_of::<SubvolInfoArgsV>());
+const _: () = assert!(std::mem::size_of::<SubvolInfoArgs>() == 504);
+const IOC_GET_SUBVOL_INFO: u32 = ioc(IOC_READ, 60, std::mem::size_of::<SubvolInfoArgs>());
 
 /// What [`subvolume_info`] reports about one subvolume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -687,15 +624,17 @@ pub struct SubvolumeInfo {
     pub parent_uuid: [u8; 16],
     /// Transaction that created it (for a snapshot: the one that cut it).
     pub otransid: u64,
-    /// Last transaction that changed its tree.
+    /// Last committed generation of the subvolume's root item.
     pub generation: u64,
+    /// Last transaction that changed its tree.
+    pub ctransid: u64,
 }
 
-/// BTRFS_IOC_GET_SUBVOL_INFO_V on the subvolume root at `path` (never follows a final symlink).
+/// BTRFS_IOC_GET_SUBVOL_INFO on the subvolume root at `path` (never follows a final symlink).
 pub fn subvolume_info(path: &Path) -> Result<SubvolumeInfo, BtrfsError> {
     let fd = open_dir(path)?;
     let zero_ts = IoctlTimespec { sec: 0, nsec: 0 };
-    let mut args = SubvolInfoArgsV {
+    let mut args = SubvolInfoArgs {
         treeid: 0,
         name: [0; 256],
         parent_id: 0,
@@ -717,7 +656,7 @@ pub fn subvolume_info(path: &Path) -> Result<SubvolumeInfo, BtrfsError> {
     };
     // SAFETY: `args` is a live btrfs_ioctl_get_subvol_info_args (size asserted against the
     // kernel's 504 bytes); the kernel only writes into it.
-    unsafe { btrfs_ioctl(&fd, IOC_GET_SUBVOL_INFO_V, &mut args) }
+    unsafe { btrfs_ioctl(&fd, IOC_GET_SUBVOL_INFO, &mut args) }
         .map_err(|e| BtrfsError::io("get subvolume info of", path, e))?;
     Ok(SubvolumeInfo {
         tree_id: args.treeid,
@@ -725,6 +664,7 @@ pub fn subvolume_info(path: &Path) -> Result<SubvolumeInfo, BtrfsError> {
         parent_uuid: args.parent_uuid,
         otransid: args.otransid,
         generation: args.generation,
+        ctransid: args.ctransid,
     })
 }
 
@@ -928,7 +868,7 @@ mod tests {
         assert_eq!(IOC_INO_LOOKUP, 0xD000_9412);
         assert_eq!(IOC_SUBVOL_GETFLAGS, 0x8008_9419);
         assert_eq!(IOC_SUBVOL_SETFLAGS, 0x4008_941A);
-        assert_eq!(IOC_GET_SUBVOL_INFO_V, 0x81F8_943C);
+        assert_eq!(IOC_GET_SUBVOL_INFO, 0x81F8_943C);
     }
 
     #[test]
@@ -953,7 +893,7 @@ mod tests {
             std::fs::write(sb.join(format!("g{i}")), b"x").unwrap();
         }
         let check = |snap: &str| {
-            let t = subvolume_transids(&root.join(snap)).unwrap().otransid;
+            let t = subvolume_info(&root.join(snap)).unwrap().otransid;
             changed_since(&sb, t).unwrap()
         };
         snapshot(&sb, root, "s1", true).unwrap();
@@ -988,7 +928,7 @@ mod tests {
         assert!(!check("s3"));
         std::fs::write(sb.join("new"), b"1").unwrap();
         assert!(check("s3"), "a create must count");
-        let t = subvolume_transids(&sb).unwrap();
+        let t = subvolume_info(&sb).unwrap();
         assert!(t.ctransid > 0 && t.generation > 0);
     }
 
