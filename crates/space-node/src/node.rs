@@ -496,40 +496,54 @@ impl Node {
         .await;
         match result {
             Ok((launched, client)) => {
-                let mut rec = rec;
-                rec.launched = Some(launched);
-                let status = self.status_of(&rec);
-                self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
-                    id.clone(),
-                    Entry {
-                        record: rec,
-                        client: Some(client),
-                    },
-                );
-                // Launched only matters while the host is up: no fsync needed.
-                if let Err(e) = self.persist(&id, false).await {
-                    tracing::warn!(id, error = %e, "failed to record the launched init");
-                }
+                let status = self.register_launched(rec, launched, client).await;
                 tracing::info!(id, template = %spec.template, version = tmpl.version, uid_base, "sandbox created");
                 Ok(status)
             }
             Err(err) => {
                 tracing::warn!(id, error = %err, "create failed; rolling back");
-                let (layout, subvols, id2) =
-                    (self.layout.clone(), self.subvols.clone(), id.clone());
-                if let Err(e) =
-                    blocking(move || Ok(remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?))
-                        .await
-                {
-                    tracing::error!(id, error = %e, "rollback of sandbox storage failed");
-                }
-                self.uids
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .free(uid_base);
+                self.undo_new_sandbox(&id, uid_base).await;
                 Err(err)
             }
         }
+    }
+
+    /// Enters a freshly launched sandbox (create or fork) in the table and records its init.
+    pub(crate) async fn register_launched(
+        &self,
+        mut rec: SandboxRecord,
+        launched: Launched,
+        client: GuestClient<Channel>,
+    ) -> SandboxStatus {
+        let id = rec.spec.id.clone();
+        rec.launched = Some(launched);
+        let status = self.status_of(&rec);
+        self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            id.clone(),
+            Entry {
+                record: rec,
+                client: Some(client),
+            },
+        );
+        // Launched only matters while the host is up: no fsync needed.
+        if let Err(e) = self.persist(&id, false).await {
+            tracing::warn!(id, error = %e, "failed to record the launched init");
+        }
+        status
+    }
+
+    /// Undoes a new sandbox (create or fork) whose launch failed: its storage and uid slot.
+    pub(crate) async fn undo_new_sandbox(&self, id: &str, uid_base: u32) {
+        let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_string());
+        if let Err(e) =
+            blocking(move || Ok(remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?)).await
+        {
+            tracing::error!(id, error = %e, "rollback of sandbox storage failed");
+        }
+        self.uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free(uid_base);
     }
 
     /// Starts a stopped sandbox again on its kept rootfs (limits, env and hostname from

@@ -470,41 +470,13 @@ impl Node {
         .await;
         match result {
             Ok((launched, client)) => {
-                let mut rec = rec;
-                rec.launched = Some(launched);
-                let status = self.status_of(&rec);
-                self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
-                    id.clone(),
-                    Entry {
-                        record: rec,
-                        client: Some(client),
-                    },
-                );
-                if let Err(e) = self.persist(&id, false).await {
-                    tracing::warn!(id, error = %e, "failed to record the launched init");
-                }
+                let status = self.register_launched(rec, launched, client).await;
                 tracing::info!(id, source, snapshot = snap, uid_base, "sandbox forked");
                 Ok(status)
             }
             Err(err) => {
                 tracing::warn!(id, error = %err, "fork failed; rolling back");
-                let (layout, subvols, id2) =
-                    (self.layout.clone(), self.subvols.clone(), id.clone());
-                if let Err(e) = blocking(move || {
-                    Ok(super::remove_sandbox_storage(
-                        &layout,
-                        subvols.as_ref(),
-                        &id2,
-                    )?)
-                })
-                .await
-                {
-                    tracing::error!(id, error = %e, "rollback of fork storage failed");
-                }
-                self.uids
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .free(uid_base);
+                self.undo_new_sandbox(&id, uid_base).await;
                 Err(err)
             }
         }
