@@ -498,6 +498,7 @@ impl Node {
             Ok((launched, client)) => {
                 let status = self.register_launched(rec, launched, client).await;
                 tracing::info!(id, template = %spec.template, version = tmpl.version, uid_base, "sandbox created");
+                self.sync_record_in_background(&id);
                 Ok(status)
             }
             Err(err) => {
@@ -530,6 +531,20 @@ impl Node {
             tracing::warn!(id, error = %e, "failed to record the launched init");
         }
         status
+    }
+
+    /// Makes the sandbox's record durable after the create has answered: the record is
+    /// written without fsync on the create path (~7 ms on a loop image), and this closes the
+    /// window in which a power loss would lose it from up to 30 s (the next btrfs commit) to
+    /// milliseconds, without adding to create latency (decision 0005).
+    pub(crate) fn sync_record_in_background(&self, id: &str) {
+        let path = self.layout.sandbox_record(id);
+        let id = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = storage::sync_file_and_dir(&path) {
+                tracing::warn!(id, error = %e, "could not make the sandbox record durable");
+            }
+        });
     }
 
     /// Undoes a new sandbox (create or fork) whose launch failed: its storage and uid slot.

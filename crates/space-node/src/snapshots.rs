@@ -472,6 +472,7 @@ impl Node {
             Ok((launched, client)) => {
                 let status = self.register_launched(rec, launched, client).await;
                 tracing::info!(id, source, snapshot = snap, uid_base, "sandbox forked");
+                self.sync_record_in_background(&id);
                 Ok(status)
             }
             Err(err) => {

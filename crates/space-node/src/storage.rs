@@ -218,6 +218,18 @@ pub fn write_json_atomic<T: Serialize>(
     Ok(())
 }
 
+/// Makes an already written file and its directory entry durable (fsync both). Used off the
+/// hot path, after a record was written with `durable: false`.
+pub fn sync_file_and_dir(path: &Path) -> Result<(), StorageError> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| StorageError::io("fsync", path, e))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StorageError::io("fsync directory", dir, e))
+}
+
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, StorageError> {
     let bytes = std::fs::read(path).map_err(|e| StorageError::io("read", path, e))?;
     serde_json::from_slice(&bytes).map_err(|e| StorageError::Json {
