@@ -482,11 +482,9 @@ impl Node {
                 }
                 storage::mkdir_private(&dir)?;
                 subvols.snapshot(&tmpl.path, &dir, "rootfs", false)?;
-                // Atomic but not fsynced: an fsync costs ~7 ms on the loop image (a flush is an
-                // fsync of the image file). The record becomes durable with the next btrfs
-                // commit (<= 30 s), like the sandbox's own files; after a host crash before
-                // that, the sandbox is cleaned up as half-created and recreated by the
-                // control plane (its processes are gone anyway).
+                // Atomic but not fsynced here: an fsync costs ~7 ms on the loop image (a flush
+                // is an fsync of the image file). `sync_record_in_background` makes it durable
+                // right after the create answers (decision 0005).
                 storage::write_json_atomic(&layout.sandbox_record(&rec2.spec.id), &rec2, false)?;
                 Ok(())
             })
