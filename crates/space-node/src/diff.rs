@@ -97,16 +97,7 @@ fn base_transid(a: &btrfs::SubvolumeInfo, b: &btrfs::SubvolumeInfo) -> Option<u6
 pub fn diff_trees(from: &Path, to: &Path) -> Result<(Vec<Change>, DiffStats), DiffError> {
     let ia = btrfs::subvolume_info(from)?;
     let ib = btrfs::subvolume_info(to)?;
-    let mut w = Walker {
-        a_root: open_root(from)?,
-        b_root: open_root(to)?,
-        a_path: from.to_path_buf(),
-        b_path: to.to_path_buf(),
-        changed: BTreeSet::new(),
-        full: true,
-        out: BTreeMap::new(),
-        stats: DiffStats::default(),
-    };
+    let mut w = Walker::new(from, to)?;
     match base_transid(&ia, &ib) {
         Some(min_transid) => {
             w.full = false;
@@ -136,42 +127,15 @@ pub fn diff_trees(from: &Path, to: &Path) -> Result<(Vec<Change>, DiffStats), Di
         }
         None => w.compare_dir_at(b"")?,
     }
-    let changes = w
-        .out
-        .into_iter()
-        .map(|(p, (kind, is_dir))| Change {
-            path: format!("/{}", String::from_utf8_lossy(&p)),
-            kind,
-            is_dir,
-        })
-        .collect();
-    Ok((changes, w.stats))
+    Ok(w.finish())
 }
 
 /// A plain recursive walk of both trees comparing every entry (the naive baseline, used by
 /// the benchmark and when no common base is known).
 pub fn diff_trees_full(from: &Path, to: &Path) -> Result<(Vec<Change>, DiffStats), DiffError> {
-    let mut w = Walker {
-        a_root: open_root(from)?,
-        b_root: open_root(to)?,
-        a_path: from.to_path_buf(),
-        b_path: to.to_path_buf(),
-        changed: BTreeSet::new(),
-        full: true,
-        out: BTreeMap::new(),
-        stats: DiffStats::default(),
-    };
+    let mut w = Walker::new(from, to)?;
     w.compare_dir_at(b"")?;
-    let changes = w
-        .out
-        .into_iter()
-        .map(|(p, (kind, is_dir))| Change {
-            path: format!("/{}", String::from_utf8_lossy(&p)),
-            kind,
-            is_dir,
-        })
-        .collect();
-    Ok((changes, w.stats))
+    Ok(w.finish())
 }
 
 fn open_root(path: &Path) -> Result<OwnedFd, DiffError> {
@@ -252,6 +216,33 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 impl Walker {
+    /// A walker comparing every entry until told which inodes changed.
+    fn new(from: &Path, to: &Path) -> Result<Walker, DiffError> {
+        Ok(Walker {
+            a_root: open_root(from)?,
+            b_root: open_root(to)?,
+            a_path: from.to_path_buf(),
+            b_path: to.to_path_buf(),
+            changed: BTreeSet::new(),
+            full: true,
+            out: BTreeMap::new(),
+            stats: DiffStats::default(),
+        })
+    }
+
+    /// The changes found, as absolute paths inside the sandbox, and the walk's statistics.
+    fn finish(self) -> (Vec<Change>, DiffStats) {
+        let changes = self
+            .out
+            .into_iter()
+            .map(|(p, (kind, is_dir))| Change {
+                path: format!("/{}", String::from_utf8_lossy(&p)),
+                kind,
+                is_dir,
+            })
+            .collect();
+        (changes, self.stats)
+    }
     fn list(&mut self, dir: OwnedFd, display: &Path) -> Result<HashMap<Vec<u8>, Entry>, DiffError> {
         self.stats.dirs_read += 1;
         let mut out = HashMap::new();

@@ -461,16 +461,7 @@ impl Node {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .allocate()?;
-        let rec = SandboxRecord {
-            record_version: RECORD_VERSION,
-            spec: spec.clone(),
-            template_version: tmpl.version,
-            uid_base,
-            uid_count: self.cfg.uid_count,
-            runtime: self.runtime.kind().to_string(),
-            created_unix_ms: now_unix_ms(),
-            launched: None,
-        };
+        let rec = self.new_record(spec, tmpl.version, uid_base);
         let result = async {
             let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
             blocking(move || {
@@ -504,6 +495,25 @@ impl Node {
                 self.undo_new_sandbox(&id, uid_base).await;
                 Err(err)
             }
+        }
+    }
+
+    /// The record of a sandbox about to be made (create or fork), not yet launched.
+    pub(crate) fn new_record(
+        &self,
+        spec: &SandboxSpec,
+        template_version: u32,
+        uid_base: u32,
+    ) -> SandboxRecord {
+        SandboxRecord {
+            record_version: RECORD_VERSION,
+            spec: spec.clone(),
+            template_version,
+            uid_base,
+            uid_count: self.cfg.uid_count,
+            runtime: self.runtime.kind().to_string(),
+            created_unix_ms: now_unix_ms(),
+            launched: None,
         }
     }
 

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::{Entry, Node, blocking, check_spec};
 use crate::api::{NodeError, SandboxSpec, SandboxStatus, SnapshotInfo};
 use crate::ids;
-use crate::state::{RECORD_VERSION, SandboxRecord, now_unix_ms};
+use crate::state::now_unix_ms;
 use crate::storage::{self, Layout, StorageError, Subvolumes};
 
 const SNAPSHOTS: &str = "snapshots";
@@ -440,16 +440,7 @@ impl Node {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .allocate()?;
-        let rec = SandboxRecord {
-            record_version: RECORD_VERSION,
-            spec: spec.clone(),
-            template_version: src.record.template_version,
-            uid_base,
-            uid_count: self.cfg.uid_count,
-            runtime: self.runtime.kind().to_string(),
-            created_unix_ms: now_unix_ms(),
-            launched: None,
-        };
+        let rec = self.new_record(spec, src.record.template_version, uid_base);
         let result = async {
             let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
             blocking(move || {
