@@ -59,4 +59,6 @@ const DAEMON_ONLY_ENV: &[&str] = &[
     "SPACE_LOG",
     "SPACE_OUTPUT_BUFFER_BYTES",
     "SPACE_EXITED_RETENTION_SECS",
+    "SPACE_DNS",
+    "SPACE_CA_PEM",
 ];

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod exec;
 pub mod files;
+pub mod netsetup;
 pub mod output;
 pub mod procs;
 pub mod service;

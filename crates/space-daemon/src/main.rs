@@ -11,7 +11,8 @@ use space_daemon::Config;
 const USAGE: &str = "usage: space-daemon [--listen SOCKET]\n\
     Serves the space guest channel. Without --listen, the listening socket is the fd in\n\
     SPACE_CHANNEL_FD. Env: SPACE_LOG (error|warn|info|debug|trace), SPACE_OUTPUT_BUFFER_BYTES,\n\
-    SPACE_EXITED_RETENTION_SECS.";
+    SPACE_EXITED_RETENTION_SECS, SPACE_DNS (resolver to write into /etc/resolv.conf),\n\
+    SPACE_CA_PEM (CA to install under /etc/space).";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -49,6 +50,16 @@ fn main() -> ExitCode {
         Ok(true) => tracing::debug!("brought lo up"),
         Ok(false) => {}
         Err(e) => tracing::warn!(error = %e, "cannot bring lo up"),
+    }
+
+    if listen.is_none() {
+        let dns = std::env::var("SPACE_DNS").ok();
+        let ca = std::env::var("SPACE_CA_PEM").ok();
+        if let Err(e) =
+            space_daemon::netsetup::apply(std::path::Path::new("/"), dns.as_deref(), ca.as_deref())
+        {
+            tracing::warn!(error = %e, "cannot write the resolver and CA files");
+        }
     }
 
     let listener = match &listen {

@@ -40,6 +40,14 @@ pub struct SandboxSpec {
     /// Environment every process in the sandbox starts with (on top of PATH, HOME, ...).
     pub env: Vec<(String, String)>,
     pub hostname: String,
+    /// Egress policy (decision 0012). Absent in records written before networking: `open`
+    /// defaults apply.
+    #[serde(default)]
+    pub network: crate::net::NetworkSpec,
+    /// Secrets the sandbox may use through the egress proxy (placeholders only; values stay
+    /// in the control plane's store).
+    #[serde(default)]
+    pub secrets: Vec<crate::net::SecretBinding>,
 }
 
 /// Where a sandbox stands as the node observes it.
@@ -70,6 +78,9 @@ pub struct SandboxStatus {
     pub channel: PathBuf,
     /// Bytes of the sandbox's memory cgroup in use, when known.
     pub memory_bytes: Option<u64>,
+    /// Its network slot and policy (None: networking off on this node).
+    #[serde(default)]
+    pub network: Option<crate::net::NetworkStatus>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,6 +180,35 @@ pub trait NodeApi: Send + Sync {
         name: &str,
         source: TemplateSource,
     ) -> Result<TemplateInfo, NodeError>;
+
+    // ---- networking (additive; default: unsupported) ----
+
+    /// Checks an egress policy without applying it (InvalidArgument naming the bad rule).
+    fn validate_network(&self, network: &crate::net::NetworkSpec) -> Result<(), NodeError> {
+        let _ = network;
+        Ok(())
+    }
+    /// Replaces the sandbox's egress policy now (running or paused; a stopped sandbox gets it
+    /// at its next start); connections it no longer allows are cut. NotFound for an unknown
+    /// id; InvalidArgument for bad rules.
+    async fn set_network(
+        &self,
+        id: &str,
+        network: &crate::net::NetworkSpec,
+    ) -> Result<SandboxStatus, NodeError> {
+        let _ = network;
+        Err(NodeError::Conflict(format!(
+            "this node cannot change the network of sandbox {id}"
+        )))
+    }
+    /// A TCP connection to `port` on the sandbox's loopback, for the inbound port proxy.
+    /// NotFound for an unknown id; Unavailable when nothing listens there.
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, NodeError> {
+        let _ = port;
+        Err(NodeError::Conflict(format!(
+            "this node cannot connect into sandbox {id}"
+        )))
+    }
 
     // ---- snapshots, rollback and fork (additive; default: unsupported) ----
 

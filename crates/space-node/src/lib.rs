@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod channel;
 pub mod diff;
 pub mod ids;
+pub mod net;
 pub mod node;
 pub mod runtime;
 pub mod state;

@@ -20,7 +20,8 @@ use crate::api::{
 };
 use crate::channel::{GuestConnector, UnixConnector};
 use crate::ids::{self, UidAllocator};
-use crate::runtime::{LaunchPlan, Launched, Runtime};
+use crate::net::{NetConfig, NetError, Network, NetworkSpec, SecretSource};
+use crate::runtime::{LaunchPlan, Launched, Runtime, SlotNetns};
 use crate::state::{RECORD_VERSION, SandboxRecord, now_unix_ms};
 use crate::storage::{self, Btrfs, Layout, StorageError, Subvolumes};
 use crate::template::{TemplateError, TemplateStore};
@@ -55,6 +56,8 @@ pub struct NodeConfig {
     pub output_buffer_bytes: u64,
     /// How long finished processes stay listed and attachable. Default 600 s.
     pub exited_retention_secs: u64,
+    /// Networking: slots, egress policy, DNS, proxy (decision 0012).
+    pub net: NetConfig,
 }
 
 impl Default for NodeConfig {
@@ -70,6 +73,7 @@ impl Default for NodeConfig {
             cgroup_parent: "space".to_owned(),
             output_buffer_bytes: 1 << 20,
             exited_retention_secs: 600,
+            net: NetConfig::default(),
         }
     }
 }
@@ -81,6 +85,8 @@ pub struct NodeParts {
     pub subvols: Arc<dyn Subvolumes>,
     pub runtime: Arc<dyn Runtime>,
     pub connector: Arc<dyn GuestConnector>,
+    /// None: sandboxes get an empty network namespace (loopback only).
+    pub network: Option<Arc<Network>>,
 }
 
 #[derive(Clone)]
@@ -99,6 +105,7 @@ pub struct Node {
     table: Mutex<HashMap<String, Entry>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     uids: Mutex<UidAllocator>,
+    network: Option<Arc<Network>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -151,6 +158,16 @@ impl Node {
             tracing::warn!(path = %cfg.daemon_binary.display(),
                 "space-daemon binary not found; sandboxes will fail to start");
         }
+        let network = if cfg.net.enabled {
+            Some(
+                Network::open(cfg.net.clone(), &cfg.data_dir, &cfg.run_dir)
+                    .await
+                    .map_err(|e| NodeError::Internal(format!("networking: {e}")))?,
+            )
+        } else {
+            tracing::warn!("networking is off: sandboxes get loopback only");
+            None
+        };
         Self::open_with(
             cfg,
             NodeParts {
@@ -158,6 +175,7 @@ impl Node {
                 subvols: Arc::new(Btrfs),
                 runtime: Arc::new(runtime),
                 connector: Arc::new(UnixConnector::default()),
+                network,
             },
         )
         .await
@@ -190,6 +208,7 @@ impl Node {
             templates,
             table: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
+            network: parts.network,
         });
         node.recover().await?;
         Ok(node)
@@ -261,6 +280,38 @@ impl Node {
             }
             tracing::info!(id, "sandbox init is gone; marked stopped");
             self.persist(&id, false).await?;
+        }
+        // Take back the network slots the records name (running and stopped sandboxes keep
+        // theirs); a slot that is gone (host reboot) is replaced at the next start.
+        if let Some(net) = &self.network {
+            let with_slots: Vec<SandboxRecord> = self
+                .table
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .filter(|e| e.record.slot.is_some())
+                .map(|e| e.record.clone())
+                .collect();
+            for rec in with_slots {
+                let id = rec.spec.id.clone();
+                let slot = rec.slot.clone().expect("filtered");
+                if let Err(e) = net
+                    .adopt(&id, &slot, &rec.spec.network, &rec.spec.secrets)
+                    .await
+                {
+                    tracing::warn!(id, error = %e, "could not take back the sandbox's network slot");
+                    if let Some(e) = self
+                        .table
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_mut(&id)
+                    {
+                        e.record.slot = None;
+                    }
+                    self.persist(&id, false).await?;
+                }
+            }
+            net.finish_recovery().await;
         }
         // Adopt running sandboxes: reconnect their channels (bounded parallelism).
         let results: Vec<_> = futures::stream::iter(adopt)
@@ -335,6 +386,21 @@ impl Node {
             .cloned()
     }
 
+    /// The entry of a sandbox whose init runs: NotFound, or Unavailable when stopped.
+    fn running_entry(&self, id: &str) -> Result<Entry, NodeError> {
+        let entry = self.entry(id).ok_or_else(|| NodeError::NotFound {
+            kind: "sandbox",
+            id: id.to_string(),
+        })?;
+        if !self.is_running(&entry.record) {
+            return Err(NodeError::Unavailable {
+                id: id.to_string(),
+                reason: "sandbox is stopped".into(),
+            });
+        }
+        Ok(entry)
+    }
+
     fn is_running(&self, rec: &SandboxRecord) -> bool {
         rec.launched.as_ref().is_some_and(|l| self.runtime.alive(l))
     }
@@ -365,7 +431,41 @@ impl Node {
             } else {
                 None
             },
+            network: self.network.as_ref().and_then(|n| n.status(&rec.spec.id)),
         }
+    }
+
+    /// Graceful shutdown: frees the ready (unused) network slots. Sandboxes, their slots and
+    /// their processes stay, to be adopted by the next start.
+    pub async fn shutdown(&self) {
+        if let Some(n) = &self.network {
+            n.close().await;
+        }
+    }
+
+    /// Lets the egress proxy ask the control plane for secret values.
+    pub fn set_secret_source(&self, source: Arc<dyn SecretSource>) {
+        if let Some(n) = &self.network {
+            n.set_secret_source(source);
+        }
+    }
+
+    /// Gives the sandbox of `rec` a network slot unless it has one; records it in `rec`.
+    /// Returns whether a slot was attached now (to undo on a failed launch).
+    async fn ensure_slot(&self, rec: &mut SandboxRecord) -> Result<bool, NodeError> {
+        let Some(net) = &self.network else {
+            return Ok(false);
+        };
+        let id = &rec.spec.id;
+        if net.netns(id).is_some() {
+            return Ok(false);
+        }
+        let slot = net
+            .attach(id, &rec.spec.network, &rec.spec.secrets)
+            .await
+            .map_err(|e| net_error(id, e))?;
+        rec.slot = Some(slot);
+        Ok(true)
     }
 
     /// Writes the table's record of `id` to its sandbox.json.
@@ -396,6 +496,26 @@ impl Node {
             "SPACE_EXITED_RETENTION_SECS".into(),
             self.cfg.exited_retention_secs.to_string(),
         ));
+        let netns = self.network.as_ref().and_then(|n| {
+            let ns = n.netns(&spec.id)?;
+            // The node's DNS inside the slot, and the CA of intercepted TLS (decision 0012).
+            env.push(("SPACE_DNS".into(), "127.0.0.1".into()));
+            env.push(("SPACE_CA_PEM".into(), n.ca_pem()));
+            for (k, v) in [
+                ("SSL_CERT_FILE", "/etc/space/ca-bundle.pem"),
+                ("REQUESTS_CA_BUNDLE", "/etc/space/ca-bundle.pem"),
+                ("CURL_CA_BUNDLE", "/etc/space/ca-bundle.pem"),
+                ("NODE_EXTRA_CA_CERTS", "/etc/space/ca.pem"),
+            ] {
+                if !spec.env.iter().any(|(k2, _)| k2 == k) {
+                    env.push((k.into(), v.into()));
+                }
+            }
+            Some(SlotNetns {
+                ns,
+                home: n.home_netns(),
+            })
+        });
         LaunchPlan {
             id: spec.id.clone(),
             rootfs: self.layout.sandbox_rootfs(&spec.id),
@@ -407,12 +527,35 @@ impl Node {
             daemon_binary: self.cfg.daemon_binary.clone(),
             channel_socket: self.layout.channel_socket(&spec.id),
             run_dir: self.layout.run_sandbox_dir(&spec.id),
+            netns,
         }
     }
 
     /// Launches the sandbox of `rec` (rootfs and record exist) and connects its channel.
     /// On error nothing of the launch is left running.
     async fn launch(
+        &self,
+        rec: &mut SandboxRecord,
+    ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
+        let attached = self.ensure_slot(rec).await?;
+        if !attached && let Some(net) = &self.network {
+            // A restart, rollback or checkpoint restore: the spec may carry a newer policy.
+            net.update(&rec.spec.id, &rec.spec.network)
+                .await
+                .map_err(|e| net_error(&rec.spec.id, e))?;
+        }
+        let result = self.launch_in_slot(rec).await;
+        if result.is_err()
+            && attached
+            && let Some(net) = &self.network
+        {
+            net.detach(&rec.spec.id).await;
+            rec.slot = None;
+        }
+        result
+    }
+
+    async fn launch_in_slot(
         &self,
         rec: &SandboxRecord,
     ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
@@ -461,7 +604,7 @@ impl Node {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .allocate()?;
-        let rec = self.new_record(spec, tmpl.version, uid_base);
+        let mut rec = self.new_record(spec, tmpl.version, uid_base);
         let result = async {
             let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
             blocking(move || {
@@ -480,7 +623,7 @@ impl Node {
                 Ok(())
             })
             .await?;
-            self.launch(&rec).await
+            self.launch(&mut rec).await
         }
         .await;
         match result {
@@ -514,6 +657,7 @@ impl Node {
             runtime: self.runtime.kind().to_string(),
             created_unix_ms: now_unix_ms(),
             launched: None,
+            slot: None,
         }
     }
 
@@ -578,7 +722,7 @@ impl Node {
     ) -> Result<SandboxStatus, NodeError> {
         entry.record.spec = spec.clone();
         entry.record.launched = None;
-        let (launched, client) = self.launch(&entry.record).await?;
+        let (launched, client) = self.launch(&mut entry.record).await?;
         entry.record.launched = Some(launched);
         entry.client = Some(client);
         let status = self.status_of(&entry.record);
@@ -623,6 +767,16 @@ impl Node {
         })?;
         tracing::info!(id, paused = pause, "sandbox freezer state changed");
         Ok(self.status_of(&entry.record))
+    }
+}
+
+/// The node error for a networking failure of sandbox `id`.
+fn net_error(id: &str, e: NetError) -> NodeError {
+    match e {
+        NetError::InvalidArgument(m) => NodeError::InvalidArgument(m),
+        NetError::Exhausted(m) => NodeError::Exhausted(format!("network slots: {m}")),
+        NetError::NotFound(_) => NodeError::Conflict(format!("sandbox {id} has no network slot")),
+        e => NodeError::Internal(format!("network of sandbox {id}: {e}")),
     }
 }
 
@@ -750,6 +904,9 @@ impl NodeApi for Node {
             e.record.launched = None;
             e.client = None;
         }
+        if let Some(net) = &self.network {
+            net.detach(id).await;
+        }
         let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_string());
         blocking(move || Ok(remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?)).await?;
         if let Some(e) = self
@@ -818,16 +975,7 @@ impl NodeApi for Node {
     }
 
     async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError> {
-        let entry = self.entry(id).ok_or_else(|| NodeError::NotFound {
-            kind: "sandbox",
-            id: id.to_string(),
-        })?;
-        if !self.is_running(&entry.record) {
-            return Err(NodeError::Unavailable {
-                id: id.to_string(),
-                reason: "sandbox is stopped".into(),
-            });
-        }
+        let entry = self.running_entry(id)?;
         if self.runtime.is_frozen(id) {
             // Its daemon is frozen too: a call would hang until resume.
             return Err(NodeError::Conflict(format!("sandbox {id} is paused")));
@@ -919,6 +1067,71 @@ impl NodeApi for Node {
 
     async fn resume_sandbox(&self, id: &str) -> Result<SandboxStatus, NodeError> {
         self.set_paused(id, false).await
+    }
+
+    fn validate_network(&self, network: &NetworkSpec) -> Result<(), NodeError> {
+        match &self.network {
+            Some(net) => net.validate(network).map_err(|e| net_error("(new)", e)),
+            None => Ok(()),
+        }
+    }
+
+    async fn set_network(
+        &self,
+        id: &str,
+        network: &NetworkSpec,
+    ) -> Result<SandboxStatus, NodeError> {
+        ids::validate_sandbox_id(id)?;
+        self.validate_network(network)?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let entry = self.entry(id).ok_or_else(|| NodeError::NotFound {
+            kind: "sandbox",
+            id: id.to_string(),
+        })?;
+        if let Some(net) = &self.network
+            && net.netns(id).is_some()
+        {
+            net.update(id, network)
+                .await
+                .map_err(|e| net_error(id, e))?;
+        }
+        let status = {
+            let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            let e = table.get_mut(id).ok_or_else(|| NodeError::NotFound {
+                kind: "sandbox",
+                id: id.to_string(),
+            })?;
+            e.record.spec.network = network.clone();
+            self.status_of(&e.record)
+        };
+        self.persist(id, false).await?;
+        tracing::info!(
+            id,
+            egress = network.egress.as_str(),
+            rules = network.allow.len(),
+            was = entry.record.spec.network.egress.as_str(),
+            "egress policy changed"
+        );
+        Ok(status)
+    }
+
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, NodeError> {
+        ids::validate_sandbox_id(id)?;
+        if port == 0 {
+            return Err(NodeError::InvalidArgument("port must be 1..=65535".into()));
+        }
+        self.running_entry(id)?;
+        let Some(net) = &self.network else {
+            return Err(NodeError::Conflict("networking is off on this node".into()));
+        };
+        net.connect(id, port).await.map_err(|e| match e {
+            NetError::Setup { source, .. } => NodeError::Unavailable {
+                id: id.to_string(),
+                reason: format!("nothing answers on port {port} inside the sandbox: {source}"),
+            },
+            e => net_error(id, e),
+        })
     }
 
     async fn import_template(

@@ -151,6 +151,7 @@ async fn open(
             subvols,
             runtime: rt,
             connector: conn,
+            network: None,
         },
     )
     .await
@@ -182,6 +183,8 @@ fn spec(id: &str) -> SandboxSpec {
             ("HOME".into(), "/home/x".into()),
         ],
         hostname: "box".into(),
+        network: Default::default(),
+        secrets: vec![],
     }
 }
 
@@ -532,6 +535,7 @@ async fn real_btrfs_create_and_remove_with_nested_subvolumes() {
             subvols: Arc::new(Btrfs),
             runtime: rt.clone(),
             connector: Arc::new(FakeConnector::default()),
+            network: None,
         },
     )
     .await

@@ -405,7 +405,7 @@ impl Node {
         })
         .await?;
         self.persist(&id, false).await?;
-        let (launched, client) = self.launch(&entry.record).await?;
+        let (launched, client) = self.launch(&mut entry.record).await?;
         entry.record.launched = Some(launched);
         entry.client = Some(client);
         let status = self.status_of(&entry.record);
@@ -440,7 +440,7 @@ impl Node {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .allocate()?;
-        let rec = self.new_record(spec, src.record.template_version, uid_base);
+        let mut rec = self.new_record(spec, src.record.template_version, uid_base);
         let result = async {
             let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
             blocking(move || {
@@ -456,7 +456,7 @@ impl Node {
                 Ok(())
             })
             .await?;
-            self.launch(&rec).await
+            self.launch(&mut rec).await
         }
         .await;
         match result {

@@ -22,6 +22,9 @@ pub struct SandboxRecord {
     /// The running init, when launched (meaningless after a host reboot; checked with
     /// `Runtime::alive`).
     pub launched: Option<Launched>,
+    /// Its network slot while it has one (decision 0012); re-adopted after a node restart.
+    #[serde(default)]
+    pub slot: Option<crate::net::SlotInfo>,
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -46,6 +49,8 @@ mod tests {
                 limits: Limits::default(),
                 env: vec![("A".into(), "1".into())],
                 hostname: "abc".into(),
+                network: Default::default(),
+                secrets: vec![],
             },
             template_version: 3,
             uid_base: 1_000_065_536,
@@ -56,6 +61,7 @@ mod tests {
                 init_pid: 42,
                 start_time: 7,
             }),
+            slot: None,
         };
         let json = serde_json::to_string(&r).unwrap();
         let back: SandboxRecord = serde_json::from_str(&json).unwrap();

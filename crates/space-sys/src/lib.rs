@@ -5,5 +5,6 @@
 pub mod btrfs;
 pub mod loopdev;
 pub mod mount;
+pub mod netns;
 pub mod ns;
 pub mod process;

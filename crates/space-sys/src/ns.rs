@@ -89,6 +89,19 @@ pub struct InitSpec<'a> {
     /// A cgroup v2 directory to start the child in (`CLONE_INTO_CGROUP`): no migration
     /// afterwards, so no wait for an RCU grace period in the kernel.
     pub cgroup: Option<BorrowedFd<'a>>,
+    /// A network namespace (owned by the node, pinned) for the child to live in instead of a
+    /// fresh one, with `home` the namespace the calling thread returns to. The calling thread
+    /// enters it around `clone3` (the child, already in its own user namespace, could not).
+    /// The sandbox then has no capability over its network: addresses, routes and firewall
+    /// rules stay the node's. Its loopback is the node's job too.
+    pub netns: Option<NetnsJoin<'a>>,
+}
+
+/// See [`InitSpec::netns`].
+#[derive(Debug, Clone, Copy)]
+pub struct NetnsJoin<'a> {
+    pub ns: BorrowedFd<'a>,
+    pub home: BorrowedFd<'a>,
 }
 
 /// Where space-daemon appears inside the sandbox.
@@ -264,6 +277,8 @@ struct Prepared {
     keep_caps: u64,
     last_cap: u32,
     mount_sysfs: bool,
+    /// A fresh network namespace (bring its loopback up) rather than the node's slot.
+    own_netns: bool,
     stdin: RawFd,
     stdout: RawFd,
     channel: RawFd,
@@ -377,6 +392,7 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
         keep_caps: spec.keep_caps,
         last_cap: last_cap(),
         mount_sysfs: spec.mount_sysfs,
+        own_netns: spec.netns.is_none(),
         stdin: spec.stdin.as_raw_fd(),
         stdout: spec.stdout.as_raw_fd(),
         channel: spec.channel.as_raw_fd(),
@@ -395,8 +411,12 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
                 | libc::CLONE_NEWNS
                 | libc::CLONE_NEWUTS
                 | libc::CLONE_NEWIPC
-                | libc::CLONE_NEWNET
-                | libc::CLONE_PIDFD) as u64,
+                | libc::CLONE_PIDFD) as u64
+            | if spec.netns.is_some() {
+                0
+            } else {
+                libc::CLONE_NEWNET as u64
+            },
         pidfd: &mut pidfd as *mut c_int as u64,
         child_tid: 0,
         parent_tid: 0,
@@ -409,6 +429,17 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
         cgroup: spec.cgroup.map_or(0, |fd| fd.as_raw_fd() as u64),
     };
 
+    // The child inherits this thread's network namespace: enter the slot for the clone only.
+    if let Some(join) = spec.netns {
+        // SAFETY: plain integer arguments; affects only this thread, undone right after
+        // clone3 below.
+        if unsafe { libc::setns(join.ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+            return Err(NsError::Parent {
+                op: "enter the sandbox's network namespace",
+                source: io::Error::last_os_error(),
+            });
+        }
+    }
     // Block every signal across the clone so that no handler of the parent (tokio's, say)
     // runs in the child before it has reset all dispositions.
     // SAFETY: sigset_t is plain data; sigfillset/pthread_sigmask only write the given sets.
@@ -436,6 +467,18 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
     let clone_err = io::Error::last_os_error();
     // SAFETY: restores the mask saved above for this thread.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut()) };
+    if let Some(join) = spec.netns {
+        // SAFETY: plain integer arguments; returns this thread to the node's namespace.
+        if unsafe { libc::setns(join.home.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
+            // This thread (a pooled one, maybe) would go on creating sockets in a sandbox's
+            // network: a panic could be caught and the thread reused, so stop the process.
+            eprintln!(
+                "fatal: cannot return to the node's network namespace: {}",
+                io::Error::last_os_error()
+            );
+            std::process::abort();
+        }
+    }
     if ret < 0 {
         return Err(NsError::Parent {
             op: "clone3 the sandbox init",
@@ -864,7 +907,9 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     let host = p.hostname.as_bytes();
     // SAFETY: pointer and length of the live hostname buffer.
     check(unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) }).at(Hostname)?;
-    loopback_up().at(Loopback)?;
+    if p.own_netns {
+        loopback_up().at(Loopback)?;
+    }
 
     raw_mount(c"none", c"/", None, libc::MS_REC | libc::MS_PRIVATE, None).at(MountPrivate)?;
 

@@ -32,6 +32,16 @@ pub struct LaunchPlan {
     pub channel_socket: PathBuf,
     /// Per-sandbox host directory for runtime state (outside the sandbox).
     pub run_dir: PathBuf,
+    /// The sandbox's network slot (a node-owned network namespace) to start in; None: a
+    /// fresh empty one (loopback only).
+    pub netns: Option<SlotNetns>,
+}
+
+/// A network namespace the sandbox joins, and the node's own to come back to.
+#[derive(Debug, Clone)]
+pub struct SlotNetns {
+    pub ns: std::sync::Arc<std::fs::File>,
+    pub home: std::sync::Arc<std::fs::File>,
 }
 
 /// What identifies a started sandbox across node restarts.

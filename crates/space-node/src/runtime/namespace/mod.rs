@@ -349,6 +349,10 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
         devpts_gid: (plan.id_count > 5).then_some(5),
         mount_sysfs: inner.cfg.mount_sysfs,
         cgroup: cgroup_fd.as_ref().map(|fd| fd.as_fd()),
+        netns: plan.netns.as_ref().map(|n| ns::NetnsJoin {
+            ns: n.ns.as_fd(),
+            home: n.home.as_fd(),
+        }),
     };
     let child = ns::spawn_sandbox_init(&spec)?;
     let released = (|| -> Result<(), RuntimeError> {

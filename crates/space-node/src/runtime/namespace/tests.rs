@@ -58,6 +58,7 @@ fn plan_in(dir: &Path, id: &str, rootfs: PathBuf, daemon: PathBuf) -> LaunchPlan
         daemon_binary: daemon,
         channel_socket: dir.join("run").join(id).join("guest.sock"),
         run_dir: dir.join("run").join(id),
+        netns: None,
     }
 }
 

@@ -1,0 +1,781 @@
+//! nftables rulesets (decision 0012): the node's root table `ip space_node` (forwarding and
+//! NAT for every slot, constant size) and each slot's `inet space` table, kept inside the slot
+//! so that a policy is nothing but set contents and a policy change is one atomic `nft -f -`
+//! transaction.
+//!
+//! Rendering is pure (unit-tested on the text); applying goes through [`NftRunner`], whose
+//! real implementation runs `nft -f -` (in a slot: from a thread inside its namespace).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{self, Write as _};
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ipnet::Ipv4Net;
+
+use super::policy::{self, Policy};
+use super::{Egress, NetworkSpec};
+
+/// Shortest life of a `dns4` element (a TTL of 0 must still let the connection start).
+pub const DNS4_MIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest life of a `dns4` element.
+pub const DNS4_MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+/// At most this many live `dns4` elements per slot.
+pub const DNS4_MAX_ELEMENTS: usize = 16_384;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    #[error("failed to run {nft}: {source}")]
+    Spawn {
+        nft: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("failed to enter the slot's network namespace: {0}")]
+    Netns(#[source] io::Error),
+    #[error("nft -f - failed ({status}): {stderr}")]
+    Failed { status: String, stderr: String },
+    #[error("too many resolved addresses in the slot's dns4 set (at most {DNS4_MAX_ELEMENTS})")]
+    DnsFull,
+    #[error("the policy changed while the answer was being processed")]
+    Stale,
+}
+
+/// Applies an nftables script atomically (`nft -f -`), in a network namespace.
+pub trait NftRunner: Send + Sync + std::fmt::Debug {
+    /// Runs `script` as one transaction in `ns` (None: the calling thread's namespace).
+    fn apply(&self, ns: Option<&File>, script: &str) -> Result<(), NftError>;
+}
+
+/// The real runner: spawns the `nft` binary.
+#[derive(Debug, Clone)]
+pub struct SystemNft {
+    binary: PathBuf,
+}
+
+impl Default for SystemNft {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SystemNft {
+    /// Finds `nft` on PATH, or in /usr/sbin and /sbin (spaced may run with a short PATH).
+    pub fn new() -> SystemNft {
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let binary = std::env::split_paths(&path)
+            .chain(["/usr/sbin".into(), "/sbin".into()])
+            .map(|d| d.join("nft"))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("nft"));
+        SystemNft { binary }
+    }
+
+    fn run(&self, script: &str) -> Result<(), NftError> {
+        let spawn_err = |source| NftError::Spawn {
+            nft: self.binary.display().to_string(),
+            source,
+        };
+        let mut child = Command::new(&self.binary)
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_err)?;
+        let write = child
+            .stdin
+            .take()
+            .map(|mut stdin| stdin.write_all(script.as_bytes()))
+            .unwrap_or(Ok(()));
+        let out = child.wait_with_output().map_err(spawn_err)?;
+        if !out.status.success() {
+            return Err(NftError::Failed {
+                status: out.status.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        write.map_err(spawn_err)
+    }
+}
+
+impl NftRunner for SystemNft {
+    fn apply(&self, ns: Option<&File>, script: &str) -> Result<(), NftError> {
+        match ns {
+            None => self.run(script),
+            // The child inherits the namespace of the thread that spawns it.
+            Some(ns) => space_sys::netns::run_in(ns.as_fd(), || self.run(script))
+                .map_err(NftError::Netns)?,
+        }
+    }
+}
+
+/// The node's table (in its own namespace): no slot reaches another slot, the node itself or
+/// link-local/metadata addresses; slots reach the outside through masquerade; nothing from
+/// outside starts a connection into a slot.
+pub fn root_table(subnet: Ipv4Net) -> String {
+    format!(
+        "add table ip space_node\n\
+         delete table ip space_node\n\
+         table ip space_node {{\n\
+         \tchain forward {{\n\
+         \t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\tiifname \"spv*\" oifname \"spv*\" drop\n\
+         \t\tiifname \"spv*\" ip daddr 169.254.0.0/16 drop\n\
+         \t\toifname \"spv*\" ct state established,related accept\n\
+         \t\toifname \"spv*\" drop\n\
+         \t}}\n\
+         \tchain input {{\n\
+         \t\ttype filter hook input priority filter; policy accept;\n\
+         \t\tiifname \"spv*\" drop\n\
+         \t}}\n\
+         \tchain postrouting {{\n\
+         \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\tip saddr {subnet} oifname != \"spv*\" masquerade\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+/// Removes the node's table (tests, and a node switched to `--network off`).
+pub fn remove_root_table() -> &'static str {
+    "add table ip space_node\ndelete table ip space_node\n"
+}
+
+/// Ranges a slot never reaches in `open` mode unless `allow4` names them: the default-denied
+/// and always-denied ranges and the node's slot subnet (fixed at slot creation).
+pub fn deny_ranges(subnet: Ipv4Net) -> Vec<Ipv4Net> {
+    let mut nets = policy::default_denied_nets();
+    nets.extend(policy::always_denied_nets());
+    nets.push(subnet);
+    Ipv4Net::aggregate(&nets)
+}
+
+/// The contents of a slot's policy sets.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SlotSets {
+    /// CIDR rules (merged).
+    pub allow4: Vec<Ipv4Net>,
+    /// Resolved addresses of allowed names, with their remaining life.
+    pub dns4: Vec<(Ipv4Addr, Duration)>,
+    /// The slot's own address iff egress is open.
+    pub open4: Option<Ipv4Addr>,
+}
+
+impl SlotSets {
+    /// The sets for `policy` in the slot at `address` (no resolved addresses).
+    pub fn for_policy(policy: &Policy, address: Ipv4Addr) -> SlotSets {
+        SlotSets {
+            allow4: if policy.egress() == Egress::None {
+                Vec::new()
+            } else {
+                Ipv4Net::aggregate(&policy.cidrs().to_vec())
+            },
+            dns4: Vec::new(),
+            open4: (policy.egress() == Egress::Open).then_some(address),
+        }
+    }
+}
+
+fn elements<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    items
+        .into_iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn timeout_secs(d: Duration) -> u64 {
+    d.as_secs().max(1)
+}
+
+/// A slot's table, created once in a fresh slot (deny-all until sets are filled: every set
+/// empty). Redirects DNS to 127.0.0.1:53 and HTTP(S) to the egress proxy on 127.0.0.1:15001.
+/// Nothing accepts "ct state established" on output, so emptied sets cut live flows.
+///
+/// `ip daddr 127.0.0.0/8 accept`: a packet redirected by `nat_output` has its new (loopback)
+/// destination but still its original output interface when the filter sees it, so
+/// `oif "lo"` alone would reject the very redirects to the node's DNS and proxy.
+pub fn slot_table(deny: &[Ipv4Net]) -> String {
+    let deny = if deny.is_empty() {
+        String::new()
+    } else {
+        format!(" elements = {{ {} }};", elements(deny))
+    };
+    format!(
+        "table inet space {{\n\
+         \tset allow4 {{ type ipv4_addr; flags interval; auto-merge; }}\n\
+         \tset dns4 {{ type ipv4_addr; flags timeout; size {DNS4_MAX_ELEMENTS}; }}\n\
+         \tset deny4 {{ type ipv4_addr; flags interval; auto-merge;{deny} }}\n\
+         \tset open4 {{ type ipv4_addr; }}\n\
+         \tchain output {{\n\
+         \t\ttype filter hook output priority filter; policy drop;\n\
+         \t\toif \"lo\" accept\n\
+         \t\tip daddr 127.0.0.0/8 accept\n\
+         \t\tmeta nfproto ipv6 drop\n\
+         \t\tip daddr 169.254.0.0/16 reject with icmp type admin-prohibited\n\
+         \t\tip daddr @allow4 accept\n\
+         \t\tip daddr @dns4 accept\n\
+         \t\tip saddr @open4 ip daddr != @deny4 accept\n\
+         \t\tmeta l4proto tcp reject with tcp reset\n\
+         \t\treject with icmp type admin-prohibited\n\
+         \t}}\n\
+         \tchain nat_output {{\n\
+         \t\ttype nat hook output priority -100; policy accept;\n\
+         \t\tip daddr != 127.0.0.0/8 meta l4proto {{ tcp, udp }} th dport 53 redirect to :53\n\
+         \t\tip daddr != 127.0.0.0/8 tcp dport {{ 80, 443 }} redirect to :15001\n\
+         \t}}\n\
+         \tchain input {{\n\
+         \t\ttype filter hook input priority filter; policy drop;\n\
+         \t\tiif \"lo\" accept\n\
+         \t\tct state established,related accept\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+/// One transaction replacing the policy sets' contents.
+pub fn set_contents(sets: &SlotSets) -> String {
+    let mut s = String::from(
+        "flush set inet space allow4\nflush set inet space dns4\nflush set inet space open4\n",
+    );
+    if !sets.allow4.is_empty() {
+        let _ = writeln!(
+            s,
+            "add element inet space allow4 {{ {} }}",
+            elements(&sets.allow4)
+        );
+    }
+    if !sets.dns4.is_empty() {
+        let items = sets
+            .dns4
+            .iter()
+            .map(|(ip, t)| format!("{ip} timeout {}s", timeout_secs(*t)));
+        let _ = writeln!(s, "add element inet space dns4 {{ {} }}", elements(items));
+    }
+    if let Some(a) = sets.open4 {
+        let _ = writeln!(s, "add element inet space open4 {{ {a} }}");
+    }
+    s
+}
+
+/// One transaction taking the sets from `old` (None: unknown) to `new`: unchanged sets are
+/// left alone, grown ones only get additions, others are flushed and refilled (removing
+/// elements costs the kernel an RCU grace period, adding does not). `dns_removed`: some live
+/// `dns4` element must go (then `dns4` is refilled with `new.dns4`, the ones kept).
+pub fn set_changes(old: Option<&SlotSets>, new: &SlotSets, dns_removed: bool) -> String {
+    let Some(old) = old else {
+        return set_contents(new);
+    };
+    let mut s = String::new();
+    if old.allow4 != new.allow4 {
+        let added: Vec<_> = new
+            .allow4
+            .iter()
+            .filter(|n| !old.allow4.contains(n))
+            .collect();
+        if old.allow4.iter().any(|n| !new.allow4.contains(n)) {
+            s.push_str("flush set inet space allow4\n");
+            if !new.allow4.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "add element inet space allow4 {{ {} }}",
+                    elements(&new.allow4)
+                );
+            }
+        } else {
+            let _ = writeln!(s, "add element inet space allow4 {{ {} }}", elements(added));
+        }
+    }
+    if old.open4 != new.open4 {
+        if old.open4.is_some() {
+            s.push_str("flush set inet space open4\n");
+        }
+        if let Some(a) = new.open4 {
+            let _ = writeln!(s, "add element inet space open4 {{ {a} }}");
+        }
+    }
+    if dns_removed {
+        s.push_str("flush set inet space dns4\n");
+        if !new.dns4.is_empty() {
+            let items = new
+                .dns4
+                .iter()
+                .map(|(ip, t)| format!("{ip} timeout {}s", timeout_secs(*t)));
+            let _ = writeln!(s, "add element inet space dns4 {{ {} }}", elements(items));
+        }
+    }
+    s
+}
+
+/// Adds (or refreshes the timeout of) resolved addresses in `dns4`: add, delete, add again in
+/// one transaction, so an element already there gets the new timeout and a missing one does
+/// not fail the delete.
+pub fn add_dns4(entries: &[(Ipv4Addr, Duration)]) -> String {
+    if entries.is_empty() {
+        return String::new();
+    }
+    let with_timeout = elements(
+        entries
+            .iter()
+            .map(|(ip, t)| format!("{ip} timeout {}s", timeout_secs(*t))),
+    );
+    let plain = elements(entries.iter().map(|(ip, _)| ip));
+    format!(
+        "add element inet space dns4 {{ {with_timeout} }}\n\
+         delete element inet space dns4 {{ {plain} }}\n\
+         add element inet space dns4 {{ {with_timeout} }}\n"
+    )
+}
+
+/// The life of a `dns4` element for an answer with `ttl`.
+pub fn dns4_timeout(ttl: u32) -> Duration {
+    Duration::from_secs(u64::from(ttl)).clamp(DNS4_MIN_TIMEOUT, DNS4_MAX_TIMEOUT)
+}
+
+#[derive(Debug)]
+struct DnsEntry {
+    name: String,
+    expires: Instant,
+}
+
+#[derive(Debug, Default)]
+struct FirewallState {
+    /// The spec whose sets are in the kernel (None: unknown, e.g. an adopted slot).
+    applied: Option<NetworkSpec>,
+    /// `allow4` and `open4` as in the kernel (None: unknown).
+    sets: Option<SlotSets>,
+    /// What `dns4` holds, with the name that let each address in.
+    dns: HashMap<Ipv4Addr, DnsEntry>,
+}
+
+/// One slot's kernel policy: the `inet space` sets inside its namespace. Serializes every
+/// change (policy replacement and DNS additions), so an address resolved under an old policy
+/// never lands in the sets of a new one.
+#[derive(Debug)]
+pub struct SlotFirewall {
+    ns: Option<Arc<File>>,
+    runner: Arc<dyn NftRunner>,
+    address: Ipv4Addr,
+    state: tokio::sync::Mutex<FirewallState>,
+}
+
+impl SlotFirewall {
+    /// `applied`: the policy already in the kernel sets (a pool slot made with the default
+    /// policy), if known.
+    pub fn new(
+        ns: Option<Arc<File>>,
+        runner: Arc<dyn NftRunner>,
+        address: Ipv4Addr,
+        applied: Option<&Policy>,
+    ) -> SlotFirewall {
+        SlotFirewall {
+            ns,
+            runner,
+            address,
+            state: tokio::sync::Mutex::new(FirewallState {
+                applied: applied.map(|p| p.spec().clone()),
+                sets: applied.map(|p| SlotSets::for_policy(p, address)),
+                dns: HashMap::new(),
+            }),
+        }
+    }
+
+    async fn run(&self, script: String) -> Result<(), NftError> {
+        let ns = self.ns.clone();
+        let runner = self.runner.clone();
+        tokio::task::spawn_blocking(move || runner.apply(ns.as_deref(), &script))
+            .await
+            .unwrap_or_else(|e| Err(NftError::Netns(io::Error::other(e))))
+    }
+
+    /// The spec whose sets are in the kernel.
+    pub async fn applied(&self) -> Option<NetworkSpec> {
+        self.state.lock().await.applied.clone()
+    }
+
+    /// Puts `policy` into the kernel sets (one transaction, touching only the sets that
+    /// change). Resolved addresses whose name the new policy still allows stay in `dns4` with
+    /// their remaining life. Returns false when no nft run was needed.
+    pub async fn apply_policy(&self, policy: &Policy) -> Result<bool, NftError> {
+        let mut st = self.state.lock().await;
+        if st.applied.as_ref() == Some(policy.spec()) {
+            return Ok(false);
+        }
+        let now = Instant::now();
+        let mut sets = SlotSets::for_policy(policy, self.address);
+        let mut kept = HashMap::new();
+        let mut dns_removed = false;
+        for (ip, e) in st.dns.drain() {
+            if e.expires <= now {
+                continue;
+            }
+            if policy.egress() == Egress::Allowlist
+                && policy.allows_name(&e.name)
+                && policy.allows_resolved_ip(ip)
+            {
+                sets.dns4.push((ip, e.expires - now));
+                kept.insert(ip, e);
+            } else {
+                dns_removed = true;
+            }
+        }
+        sets.dns4.sort();
+        let script = set_changes(st.sets.as_ref(), &sets, dns_removed);
+        let ran = !script.is_empty();
+        if ran {
+            self.run(script).await?;
+        }
+        st.applied = Some(policy.spec().clone());
+        sets.dns4.clear();
+        st.sets = Some(sets);
+        st.dns = kept;
+        Ok(ran)
+    }
+
+    /// Lets the slot reach addresses `name` resolved to (`(address, ttl)`), before the DNS
+    /// answer goes out. `policy` is the one the answer was checked against; if the kernel
+    /// holds another one by now, fails with [`NftError::Stale`].
+    pub async fn allow_resolved(
+        &self,
+        policy: &Policy,
+        name: &str,
+        answers: &[(Ipv4Addr, u32)],
+    ) -> Result<(), NftError> {
+        let mut st = self.state.lock().await;
+        if st.applied.as_ref() != Some(policy.spec()) {
+            return Err(NftError::Stale);
+        }
+        let now = Instant::now();
+        let mut add = Vec::new();
+        for &(ip, ttl) in answers {
+            let timeout = dns4_timeout(ttl);
+            // Still there for at least half the new life: nothing to do.
+            let fresh = st
+                .dns
+                .get(&ip)
+                .is_some_and(|e| e.expires > now + timeout / 2);
+            if !fresh && !add.iter().any(|(a, _)| *a == ip) {
+                add.push((ip, timeout));
+            }
+        }
+        if add.is_empty() {
+            return Ok(());
+        }
+        if st.dns.len() + add.len() > DNS4_MAX_ELEMENTS {
+            st.dns.retain(|_, e| e.expires > now);
+            if st.dns.len() + add.len() > DNS4_MAX_ELEMENTS {
+                return Err(NftError::DnsFull);
+            }
+        }
+        self.run(add_dns4(&add)).await?;
+        for (ip, timeout) in add {
+            st.dns.insert(
+                ip,
+                DnsEntry {
+                    name: name.to_owned(),
+                    expires: now + timeout,
+                },
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Records scripts instead of running them (unit tests).
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub struct RecordingNft {
+    pub scripts: std::sync::Mutex<Vec<(bool, String)>>,
+    pub fail: std::sync::atomic::AtomicBool,
+}
+
+#[cfg(test)]
+impl NftRunner for RecordingNft {
+    fn apply(&self, ns: Option<&File>, script: &str) -> Result<(), NftError> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(NftError::Failed {
+                status: "exit status: 1".into(),
+                stderr: "injected".into(),
+            });
+        }
+        self.scripts
+            .lock()
+            .unwrap()
+            .push((ns.is_some(), script.to_owned()));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl RecordingNft {
+    pub fn taken(&self) -> Vec<String> {
+        std::mem::take(&mut *self.scripts.lock().unwrap())
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(egress: Egress, allow: &[&str]) -> NetworkSpec {
+        NetworkSpec {
+            egress,
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn subnet() -> Ipv4Net {
+        "10.213.0.0/16".parse().unwrap()
+    }
+
+    fn pol(egress: Egress, allow: &[&str]) -> Policy {
+        Policy::new(&spec(egress, allow), &[subnet()]).unwrap()
+    }
+
+    const ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 6);
+
+    #[test]
+    fn root_table_is_idempotent_and_names_the_subnet() {
+        let t = root_table(subnet());
+        assert!(t.starts_with("add table ip space_node\ndelete table ip space_node\n"));
+        assert!(t.contains("ip saddr 10.213.0.0/16 oifname != \"spv*\" masquerade"));
+        assert!(t.contains("iifname \"spv*\" oifname \"spv*\" drop"));
+        assert!(t.contains("iifname \"spv*\" ip daddr 169.254.0.0/16 drop"));
+        assert!(t.contains("chain input"));
+    }
+
+    #[test]
+    fn deny_ranges_cover_private_reserved_and_subnet_merged() {
+        let d = deny_ranges("100.127.0.0/16".parse().unwrap());
+        let has = |s: &str| d.contains(&s.parse().unwrap());
+        assert!(has("10.0.0.0/8") && has("192.168.0.0/16") && has("169.254.0.0/16"));
+        assert!(has("127.0.0.0/8") && has("224.0.0.0/3"), "{d:?}");
+        // 100.127/16 lies inside 100.64/10: merged away.
+        assert!(!has("100.127.0.0/16") && has("100.64.0.0/10"));
+        let d2 = deny_ranges("198.18.0.0/16".parse().unwrap());
+        assert!(d2.contains(&"198.18.0.0/16".parse().unwrap()));
+        assert!(slot_table(&d2).contains("198.18.0.0/16"));
+    }
+
+    #[test]
+    fn sets_follow_the_egress_mode() {
+        let none = SlotSets::for_policy(&Policy::deny_all(), ADDR);
+        assert_eq!(none, SlotSets::default());
+        let s = set_contents(&none);
+        assert_eq!(
+            s,
+            "flush set inet space allow4\nflush set inet space dns4\nflush set inet space open4\n"
+        );
+
+        let open = SlotSets::for_policy(&pol(Egress::Open, &["192.168.1.0/24"]), ADDR);
+        assert_eq!(open.open4, Some(ADDR));
+        let s = set_contents(&open);
+        assert!(s.contains("add element inet space allow4 { 192.168.1.0/24 }"));
+        assert!(s.contains("add element inet space open4 { 10.213.0.6 }"));
+
+        let allow = SlotSets::for_policy(
+            &pol(
+                Egress::Allowlist,
+                &[
+                    "203.0.113.0/25",
+                    "203.0.113.128/25",
+                    "198.51.100.7",
+                    "x.com",
+                ],
+            ),
+            ADDR,
+        );
+        assert_eq!(allow.open4, None);
+        // Adjacent CIDRs are merged before they reach the kernel.
+        assert_eq!(
+            set_contents(&allow).lines().nth(3).unwrap(),
+            "add element inet space allow4 { 198.51.100.7/32, 203.0.113.0/24 }"
+        );
+    }
+
+    #[test]
+    fn changes_touch_only_what_differs_and_flush_only_to_remove() {
+        let open = SlotSets::for_policy(&pol(Egress::Open, &[]), ADDR);
+        let none = SlotSets::for_policy(&Policy::deny_all(), ADDR);
+        let a1 = SlotSets::for_policy(&pol(Egress::Allowlist, &["198.51.100.0/24"]), ADDR);
+        let a2 = SlotSets::for_policy(
+            &pol(Egress::Allowlist, &["198.51.100.0/24", "203.0.113.7"]),
+            ADDR,
+        );
+        assert_eq!(set_changes(None, &none, false), set_contents(&none));
+        assert_eq!(set_changes(Some(&open), &open, false), "");
+        assert_eq!(
+            set_changes(Some(&none), &open, false),
+            "add element inet space open4 { 10.213.0.6 }\n"
+        );
+        assert_eq!(
+            set_changes(Some(&open), &a1, false),
+            "add element inet space allow4 { 198.51.100.0/24 }\nflush set inet space open4\n"
+        );
+        // Growing: additions only.
+        assert_eq!(
+            set_changes(Some(&a1), &a2, false),
+            "add element inet space allow4 { 203.0.113.7/32 }\n"
+        );
+        // Shrinking: flush and refill.
+        assert_eq!(
+            set_changes(Some(&a2), &a1, false),
+            "flush set inet space allow4\nadd element inet space allow4 { 198.51.100.0/24 }\n"
+        );
+        let mut kept = a1.clone();
+        kept.dns4 = vec![(Ipv4Addr::new(1, 2, 3, 4), Duration::from_secs(61))];
+        assert_eq!(
+            set_changes(Some(&a1), &kept, true),
+            "flush set inet space dns4\nadd element inet space dns4 { 1.2.3.4 timeout 61s }\n"
+        );
+        assert_eq!(set_changes(Some(&a1), &kept, false), "");
+    }
+
+    #[test]
+    fn dns4_refresh_is_add_delete_add_and_timeouts_are_clamped() {
+        let s = add_dns4(&[(Ipv4Addr::new(1, 2, 3, 4), Duration::from_secs(90))]);
+        assert_eq!(
+            s,
+            "add element inet space dns4 { 1.2.3.4 timeout 90s }\n\
+             delete element inet space dns4 { 1.2.3.4 }\n\
+             add element inet space dns4 { 1.2.3.4 timeout 90s }\n"
+        );
+        assert_eq!(add_dns4(&[]), "");
+        assert_eq!(dns4_timeout(0), DNS4_MIN_TIMEOUT);
+        assert_eq!(dns4_timeout(300), Duration::from_secs(300));
+        assert_eq!(dns4_timeout(u32::MAX), DNS4_MAX_TIMEOUT);
+    }
+
+    #[tokio::test]
+    async fn firewall_skips_same_policy_and_keeps_still_allowed_dns() {
+        let rec = Arc::new(RecordingNft::default());
+        let fw = SlotFirewall::new(None, rec.clone(), ADDR, Some(&pol(Egress::Open, &[])));
+        // The pool pre-applied the default: no nft.
+        assert!(!fw.apply_policy(&pol(Egress::Open, &[])).await.unwrap());
+        assert!(rec.taken().is_empty());
+
+        let p = pol(Egress::Allowlist, &["a.example.com", "*.b.example.com"]);
+        assert!(fw.apply_policy(&p).await.unwrap());
+        assert_eq!(rec.taken().len(), 1);
+
+        let a = Ipv4Addr::new(93, 184, 216, 34);
+        let b = Ipv4Addr::new(93, 184, 216, 35);
+        fw.allow_resolved(&p, "a.example.com", &[(a, 300)])
+            .await
+            .unwrap();
+        fw.allow_resolved(&p, "x.b.example.com", &[(b, 10)])
+            .await
+            .unwrap();
+        let s = rec.taken();
+        assert_eq!(s.len(), 2);
+        assert!(s[0].contains("93.184.216.34 timeout 300s"));
+        assert!(s[1].contains("93.184.216.35 timeout 60s"));
+        // Answered again while fresh: nothing to do.
+        fw.allow_resolved(&p, "a.example.com", &[(a, 300)])
+            .await
+            .unwrap();
+        assert!(rec.taken().is_empty());
+
+        // A narrower policy keeps only a.example.com's address.
+        let p2 = pol(Egress::Allowlist, &["a.example.com"]);
+        assert!(fw.apply_policy(&p2).await.unwrap());
+        let s = rec.taken();
+        assert!(s[0].contains("add element inet space dns4 { 93.184.216.34 timeout"));
+        assert!(!s[0].contains("93.184.216.35"), "{}", s[0]);
+        // An answer checked against the old policy is refused.
+        assert!(matches!(
+            fw.allow_resolved(&p, "x.b.example.com", &[(b, 10)]).await,
+            Err(NftError::Stale)
+        ));
+        // Open mode: dns4 empties, open4 holds the slot.
+        assert!(fw.apply_policy(&pol(Egress::Open, &[])).await.unwrap());
+        let s = rec.taken();
+        assert!(!s[0].contains("dns4 {"), "{}", s[0]);
+        assert!(s[0].contains("open4 { 10.213.0.6 }"));
+    }
+
+    #[tokio::test]
+    async fn a_failed_apply_leaves_the_recorded_policy() {
+        let rec = Arc::new(RecordingNft::default());
+        let fw = SlotFirewall::new(None, rec.clone(), ADDR, Some(&pol(Egress::Open, &[])));
+        rec.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(fw.apply_policy(&Policy::deny_all()).await.is_err());
+        assert_eq!(fw.applied().await, Some(spec(Egress::Open, &[])));
+    }
+
+    /// A real `nft` in a throwaway namespace: the rendered scripts are accepted by the kernel
+    /// and nft, and `dns4` refreshes work on elements present or not (root).
+    #[test]
+    fn real_nft_accepts_the_rendered_rulesets() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pin = dir.path().join("ns");
+        space_sys::netns::create_pinned(&pin).unwrap();
+        let ns = File::open(&pin).unwrap();
+        let nft = SystemNft::new();
+        let t0 = Instant::now();
+        let r = (|| -> Result<(), NftError> {
+            nft.apply(Some(&ns), &root_table(subnet()))?;
+            nft.apply(Some(&ns), &root_table(subnet()))?;
+            nft.apply(Some(&ns), &slot_table(&deny_ranges(subnet())))?;
+            let p = pol(
+                Egress::Allowlist,
+                &["203.0.113.0/24", "203.0.113.0/25", "x.com"],
+            );
+            nft.apply(Some(&ns), &set_contents(&SlotSets::for_policy(&p, ADDR)))?;
+            let e = [(Ipv4Addr::new(1, 2, 3, 4), Duration::from_secs(70))];
+            nft.apply(Some(&ns), &add_dns4(&e))?;
+            nft.apply(Some(&ns), &add_dns4(&e))?;
+            nft.apply(
+                Some(&ns),
+                &set_contents(&SlotSets::for_policy(&pol(Egress::Open, &[]), ADDR)),
+            )?;
+            nft.apply(Some(&ns), remove_root_table())
+        })();
+        let elapsed = t0.elapsed();
+        let listing = space_sys::netns::run_in(ns.as_fd(), || {
+            Command::new(&nft.binary)
+                .args(["list", "table", "inet", "space"])
+                .output()
+        });
+        drop(ns);
+        space_sys::netns::remove_pinned(&pin).unwrap();
+        r.unwrap();
+        let listing = String::from_utf8(listing.unwrap().unwrap().stdout).unwrap();
+        assert!(listing.contains("10.213.0.6"), "{listing}");
+        assert!(listing.contains("redirect to :15001"), "{listing}");
+        eprintln!("8 nft transactions: {elapsed:?}");
+    }
+
+    #[test]
+    fn a_bad_script_reports_nft_stderr() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("needs root");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let pin = dir.path().join("ns");
+        space_sys::netns::create_pinned(&pin).unwrap();
+        let ns = File::open(&pin).unwrap();
+        let r = SystemNft::new().apply(Some(&ns), "flush set inet space nosuchset\n");
+        drop(ns);
+        space_sys::netns::remove_pinned(&pin).unwrap();
+        match r {
+            Err(NftError::Failed { stderr, .. }) => assert!(!stderr.is_empty()),
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+}
