@@ -21,6 +21,8 @@ mod snapshots;
 
 #[path = "client_events.rs"]
 mod events;
+#[path = "client_net.rs"]
+mod net;
 
 /// Errors of [`Client`].
 #[derive(Debug, thiserror::Error)]

@@ -6,6 +6,7 @@ pub mod b64;
 pub mod client;
 pub mod diff;
 pub mod event;
+pub mod net;
 pub mod snapshot;
 pub mod snapshot_policy;
 pub mod types;
@@ -13,6 +14,7 @@ pub mod types;
 pub use client::{ByteStream, Client, ClientError, EventStream, ExecOutput};
 pub use diff::*;
 pub use event::*;
+pub use net::*;
 /// Request bodies for uploads (`Body::wrap_stream` streams any byte stream).
 pub use reqwest::Body;
 pub use snapshot::*;

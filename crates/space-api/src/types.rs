@@ -109,6 +109,13 @@ pub struct CreateSandbox {
     /// Automatic snapshots and their retention; none = on demand only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_policy: Option<crate::snapshot_policy::SnapshotPolicy>,
+    /// Egress policy; none = the node's default egress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::net::NetworkPolicy>,
+    /// Names of secrets (`PUT /v1/secrets/{name}`) the sandbox may use: each becomes an
+    /// environment variable holding a placeholder the egress proxy replaces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// What happens when a sandbox's timeout expires.
@@ -237,6 +244,12 @@ pub struct Sandbox {
     /// Its snapshot policy, when one is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_policy: Option<crate::snapshot_policy::SnapshotPolicy>,
+    /// Its egress policy and address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::net::SandboxNetwork>,
+    /// Names of the secrets it uses (never their values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -9,6 +9,7 @@ mod cp;
 mod diff;
 mod events;
 mod exec;
+mod net;
 mod snapshot;
 
 use std::collections::BTreeMap;
@@ -88,6 +89,13 @@ enum Command {
         #[arg(long, short, default_value = "KILL")]
         signal: SignalSpec,
     },
+    /// Show a sandbox's egress policy and address, or replace the policy (--egress, --allow).
+    Net(net::NetArgs),
+    /// Print a URL that reaches a TCP port the sandbox listens on.
+    Port(net::PortArgs),
+    /// Manage secrets (values used by sandboxes without ever being visible inside).
+    #[command(subcommand)]
+    Secret(net::SecretCmd),
     /// Manage templates.
     #[command(subcommand)]
     Template(TemplateCmd),
@@ -135,6 +143,15 @@ struct CreateArgs {
     /// Let retention delete labelled snapshots too (they count towards --keep-last).
     #[arg(long)]
     no_keep_labelled: bool,
+    /// Egress: none, allowlist or open (default: the server's; with --allow: allowlist).
+    #[arg(long, value_name = "MODE")]
+    egress: Option<space_api::Egress>,
+    /// Allow rule (repeatable): CIDR, address, domain or *.domain.
+    #[arg(long = "allow", value_name = "RULE")]
+    allow: Vec<String>,
+    /// Secret the sandbox may use (repeatable): env NAME holds a placeholder.
+    #[arg(long = "secret", value_name = "NAME")]
+    secrets: Vec<String>,
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -246,6 +263,8 @@ async fn run(cli: Cli) -> Result<i32> {
                         keep_labelled: !a.no_keep_labelled,
                     })
                     .filter(|p| !p.is_empty()),
+                    network: net::policy_from_flags(a.egress, &a.allow),
+                    secrets: a.secrets,
                 })
                 .await?;
             if a.json {
@@ -388,6 +407,9 @@ async fn run(cli: Cli) -> Result<i32> {
         Command::Snap(c) => snapshot::run(client()?, c).await,
         Command::Diff(a) => diff::run(client()?, a).await,
         Command::Events(a) => events::run(client()?, a).await,
+        Command::Net(a) => net::run_net(client()?, a).await,
+        Command::Port(a) => net::run_port(client()?, a).await,
+        Command::Secret(c) => net::run_secret(client()?, c).await,
     }
 }
 
@@ -450,6 +472,77 @@ mod tests {
         };
         assert_eq!(b.n, 5);
         assert!(b.peers);
+    }
+
+    #[test]
+    fn parses_network_commands() {
+        let cli = Cli::try_parse_from([
+            "space",
+            "create",
+            "--egress",
+            "allowlist",
+            "--allow",
+            "api.x.com",
+            "--allow",
+            "10.0.0.0/8",
+            "--secret",
+            "K1",
+            "--secret",
+            "K2",
+        ])
+        .unwrap();
+        let Command::Create(a) = cli.cmd else {
+            panic!()
+        };
+        assert_eq!(a.egress, Some(space_api::Egress::Allowlist));
+        assert_eq!(a.allow, vec!["api.x.com", "10.0.0.0/8"]);
+        assert_eq!(a.secrets, vec!["K1", "K2"]);
+        assert!(Cli::try_parse_from(["space", "create", "--egress", "closed"]).is_err());
+
+        assert!(Cli::try_parse_from(["space", "net", "x"]).is_ok());
+        assert!(Cli::try_parse_from(["space", "net", "x", "--egress", "none"]).is_ok());
+        assert!(
+            Cli::try_parse_from(["space", "net", "x", "--allow", "a.com", "--allow", "b.com"])
+                .is_ok()
+        );
+
+        assert!(Cli::try_parse_from(["space", "port", "x", "8080"]).is_ok());
+        for bad in ["0", "65536", "-1", "http"] {
+            assert!(
+                Cli::try_parse_from(["space", "port", "x", bad]).is_err(),
+                "{bad}"
+            );
+        }
+
+        let cli = Cli::try_parse_from([
+            "space",
+            "secret",
+            "set",
+            "K",
+            "--host",
+            "api.x.com",
+            "--host",
+            "*.y.com",
+            "--header",
+            "Authorization: Bearer {}",
+        ])
+        .unwrap();
+        let Command::Secret(net::SecretCmd::Set {
+            name,
+            hosts,
+            header,
+        }) = cli.cmd
+        else {
+            panic!()
+        };
+        assert_eq!(name, "K");
+        assert_eq!(hosts, vec!["api.x.com", "*.y.com"]);
+        assert_eq!(header, "Authorization: Bearer {}");
+        // --host and --header are required.
+        assert!(Cli::try_parse_from(["space", "secret", "set", "K", "--header", "X: {}"]).is_err());
+        assert!(Cli::try_parse_from(["space", "secret", "set", "K", "--host", "a.com"]).is_err());
+        assert!(Cli::try_parse_from(["space", "secret", "ls", "--json"]).is_ok());
+        assert!(Cli::try_parse_from(["space", "secret", "rm", "K"]).is_ok());
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct ControlConfig {
     pub create_grace: Duration,
     /// How long graceful shutdown waits for open requests (exec streams) before it gives up.
     pub shutdown_timeout: Duration,
+    /// Egress of sandboxes created without a `network` (spaced's `--default-egress`).
+    pub default_egress: space_api::Egress,
 }
 
 impl ControlConfig {
@@ -57,6 +59,7 @@ impl ControlConfig {
             reconcile_interval: Duration::from_secs(2),
             create_grace: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(5),
+            default_egress: space_api::Egress::Open,
         }
     }
 }
@@ -170,6 +173,10 @@ pub struct Engine {
     pub(crate) boot_ms: i64,
     /// Automatic restarts after init deaths, for the crash-loop limit (see `recovery`).
     pub(crate) restarts: crate::recovery::Restarts,
+    /// Secrets, sealed at rest (see `secrets`); also the node's secret source.
+    pub(crate) vault: Arc<crate::secrets::SecretVault>,
+    /// Signs port URLs (see `net`).
+    pub(crate) ports: crate::net::PortSigner,
 }
 
 fn new_sandbox_id() -> String {
@@ -236,8 +243,20 @@ fn check_hostname(h: &str) -> AppResult<()> {
     }
 }
 
-/// Applies defaults and checks every field of a create request.
+/// Applies defaults and checks every field of a create request (secrets are bound by the
+/// engine, which looks them up).
 pub fn validate_create(req: CreateSandbox, id: &str) -> AppResult<SandboxSpecRecord> {
+    validate_create_with(req, id, space_api::Egress::Open)
+}
+
+/// [`validate_create`] with the node's default egress.
+pub fn validate_create_with(
+    req: CreateSandbox,
+    id: &str,
+    default_egress: space_api::Egress,
+) -> AppResult<SandboxSpecRecord> {
+    let network =
+        crate::net::resolve_policy(&req.network.clone().unwrap_or_default(), default_egress)?;
     let template = req.template.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());
     if !is_valid_template_name(&template) {
         return Err(AppError::invalid(format!(
@@ -272,6 +291,8 @@ pub fn validate_create(req: CreateSandbox, id: &str) -> AppResult<SandboxSpecRec
         pids,
         env: req.env,
         hostname,
+        network,
+        secrets: Vec::new(),
     })
 }
 
@@ -288,8 +309,15 @@ pub(crate) fn node_spec(id: &str, spec: &SandboxSpecRecord) -> SandboxSpec {
             .env
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
+            .chain(
+                spec.secrets
+                    .iter()
+                    .map(|b| (b.name.clone(), b.placeholder.clone())),
+            )
             .collect(),
         hostname: spec.hostname.clone(),
+        network: crate::net::node_network(&spec.network),
+        secrets: crate::net::node_bindings(&spec.secrets),
     }
 }
 
@@ -329,6 +357,11 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
         paused_at: None,
         // Filled by `snapshot_policy::decorate`.
         snapshot_policy: None,
+        network: Some(crate::net::network_dto(
+            &row.spec.network,
+            live.and_then(|s| s.network.as_ref()),
+        )),
+        secrets: row.spec.secrets.iter().map(|b| b.name.clone()).collect(),
     }
 }
 
@@ -417,9 +450,21 @@ fn event_stream(
 }
 
 impl Engine {
-    pub fn new(store: Store, node: Arc<dyn NodeApi>, cfg: ControlConfig) -> Self {
+    /// Builds the engine; opens (or creates) the key files `secrets.key` and `ports.key` in
+    /// the data dir.
+    pub fn new(
+        store: Store,
+        node: Arc<dyn NodeApi>,
+        cfg: ControlConfig,
+    ) -> Result<Self, crate::secrets::KeyFileError> {
+        let vault = Arc::new(crate::secrets::SecretVault::open(
+            store.clone(),
+            &cfg.data_dir.join("secrets.key"),
+        )?);
+        let ports_key = crate::secrets::load_or_create_key(&cfg.data_dir.join("ports.key"))?;
+        crate::secrets::warn_if_loose(&cfg.data_dir.join("ports.key"));
         let events = crate::events::EventLog::spawn(store.clone());
-        Self {
+        Ok(Self {
             store,
             node,
             cfg,
@@ -430,7 +475,9 @@ impl Engine {
             events,
             boot_ms: now_ms(),
             restarts: Default::default(),
-        }
+            vault,
+            ports: crate::net::PortSigner::new(&ports_key),
+        })
     }
 
     pub fn config(&self) -> &ControlConfig {
@@ -518,7 +565,11 @@ impl Engine {
         let now = now_ms();
         let lifecycle = crate::lifecycle::lifecycle_from_create(&req, &id, now)?;
         let snapshot_policy = crate::snapshot_policy::policy_from_create(&req, &id, now)?;
-        let spec = validate_create(req, &id)?;
+        let secret_names = req.secrets.clone();
+        let mut spec = validate_create_with(req, &id, self.cfg.default_egress)?;
+        spec.secrets = self.vault.bind(&secret_names, &spec.env).await?;
+        self.node
+            .validate_network(&crate::net::node_network(&spec.network))?;
         let row = SandboxRow {
             id: id.clone(),
             spec,
@@ -535,7 +586,11 @@ impl Engine {
             &id,
             "create",
             "ok",
-            &format!("template={}", row.spec.template),
+            &format!(
+                "template={} {}",
+                row.spec.template,
+                crate::net::policy_detail(&row.spec.network)
+            ),
         );
         if let Some(l) = &lifecycle {
             self.store.put_lifecycle(l).await?;

@@ -8,7 +8,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header, request::Parts};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, delete, get, post, put};
+use axum::routing::{MethodRouter, any, delete, get, post, put};
 use axum::{Json, Router};
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -59,6 +59,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sandboxes/{id}/fork"),
     ("GET", "/v1/sandboxes/{id}/diff"),
     ("GET", "/v1/sandboxes/{id}/events"),
+    ("PUT", "/v1/sandboxes/{id}/network"),
+    ("POST", "/v1/sandboxes/{id}/ports"),
+    ("GET", "/v1/secrets"),
+    ("GET", "/v1/secrets/{name}"),
+    ("PUT", "/v1/secrets/{name}"),
+    ("DELETE", "/v1/secrets/{name}"),
     ("GET", "/v1/templates"),
     ("PUT", "/v1/templates/{name}"),
 ];
@@ -101,6 +107,12 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("POST", "/v1/sandboxes/{id}/fork") => post(crate::snapshots::fork),
         ("GET", "/v1/sandboxes/{id}/diff") => get(crate::diff::diff),
         ("GET", "/v1/sandboxes/{id}/events") => get(crate::events::http_list_events),
+        ("PUT", "/v1/sandboxes/{id}/network") => put(crate::net::http_set_network),
+        ("POST", "/v1/sandboxes/{id}/ports") => post(crate::net::http_open_port),
+        ("GET", "/v1/secrets") => get(crate::secrets::http_list),
+        ("GET", "/v1/secrets/{name}") => get(crate::secrets::http_get),
+        ("PUT", "/v1/secrets/{name}") => put(crate::secrets::http_put),
+        ("DELETE", "/v1/secrets/{name}") => delete(crate::secrets::http_delete),
         ("GET", "/v1/templates") => get(list_templates),
         ("PUT", "/v1/templates/{name}") => put(import_template),
         _ => unreachable!("route {method} {path} has no handler"),
@@ -113,6 +125,9 @@ pub fn app(state: AppState) -> Router {
     let mut router: Router<AppState> = Router::new();
     for (method, path) in ROUTES {
         router = router.route(path, handler(method, path));
+    }
+    for path in crate::port_proxy::PROXY_ROUTER_PATHS {
+        router = router.route(path, any(crate::port_proxy::proxy));
     }
     let json_limit = state.engine.config().max_json_bytes;
     router
@@ -162,9 +177,10 @@ async fn method_not_allowed(req: Request) -> AppError {
     )
 }
 
-/// Bearer-key check on everything but `/healthz`.
+/// Bearer-key check on everything but `/healthz` and the port proxy (`/p/...`, whose token
+/// is its credential).
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if req.uri().path() == "/healthz" {
+    if req.uri().path() == "/healthz" || req.uri().path().starts_with("/p/") {
         return next.run(req).await;
     }
     let header = req
@@ -277,9 +293,10 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
     }
 }
 
-#[derive(Deserialize)]
-struct IdPath {
-    id: String,
+/// `{id}` of a route (one definition for every module's handlers).
+#[derive(Debug, Deserialize)]
+pub(crate) struct IdPath {
+    pub(crate) id: String,
 }
 
 #[derive(Deserialize)]

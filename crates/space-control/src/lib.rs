@@ -14,8 +14,11 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod lifecycle;
+pub mod net;
+pub mod port_proxy;
 pub mod reconcile;
 pub mod recovery;
+pub mod secrets;
 pub mod snapshot_policy;
 pub mod snapshots;
 pub mod store;
@@ -61,6 +64,8 @@ pub enum ControlError {
     Store(#[from] store::StoreError),
     #[error(transparent)]
     Auth(#[from] auth::AuthError),
+    #[error(transparent)]
+    KeyFile(#[from] secrets::KeyFileError),
     #[error("server failed")]
     Serve(#[source] std::io::Error),
 }
@@ -72,6 +77,12 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
+    /// Where the node's egress proxy gets secret values (decrypted from the store when a
+    /// request needs one). spaced hands it to `Node::set_secret_source` after `open`.
+    pub fn secret_source(&self) -> Arc<dyn space_node::net::SecretSource> {
+        self.state.engine.secret_source()
+    }
+
     /// Opens the store (`database_url`, or SQLite at `data_dir/space.db`), makes sure an admin
     /// key exists, and builds the engine over `node`.
     pub async fn open(
@@ -89,7 +100,7 @@ impl ControlPlane {
         };
         let admin_key_path = auth::ensure_admin_key(&store, &cfg.data_dir).await?;
         let auth = Arc::new(Auth::load(&store).await?);
-        let engine = Arc::new(Engine::new(store, node, cfg));
+        let engine = Arc::new(Engine::new(store, node, cfg)?);
         Ok(Self {
             state: AppState::new(engine, auth),
             admin_key_path,

@@ -22,7 +22,6 @@ use axum::Json;
 use axum::extract::State;
 use futures::Stream;
 use futures::stream::BoxStream;
-use serde::Deserialize;
 use space_api::{OnTimeout, Sandbox, SandboxState, SetTimeout, rfc3339_from_unix_ms};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -534,10 +533,7 @@ impl Engine {
 
 // ---------------------------------------------------------------- http
 
-#[derive(Debug, Deserialize)]
-pub(crate) struct IdPath {
-    id: String,
-}
+use crate::http::IdPath;
 
 pub(crate) async fn http_pause(
     State(s): State<AppState>,

@@ -44,6 +44,9 @@ pub enum Step {
     /// The snapshot policy's period passed: snapshot if the files changed (see
     /// `snapshot_policy`).
     AutoSnapshot { id: String },
+    /// The node applies another egress policy than the row wants: apply the row's (see
+    /// `net`).
+    SyncNetwork { id: String },
 }
 
 impl Step {
@@ -58,7 +61,8 @@ impl Step {
             | Step::ExpireTimeout { id }
             | Step::AutoPause { id }
             | Step::SyncFreeze { id }
-            | Step::AutoSnapshot { id } => id,
+            | Step::AutoSnapshot { id }
+            | Step::SyncNetwork { id } => id,
         }
     }
 }
@@ -163,6 +167,7 @@ impl Engine {
             self.cfg.create_grace.as_millis() as i64,
         );
         steps.extend(self.lifecycle_pass(&desired).await?);
+        steps.extend(crate::net::network_steps(&desired, &observed));
         match self.snapshot_policy_pass(&desired).await {
             Ok(s) => steps.extend(s),
             Err(e) => tracing::warn!(error = %e, "snapshot policy pass"),
@@ -206,6 +211,7 @@ impl Engine {
             Step::AutoPause { .. } => self.ensure_idle_paused(row).await,
             Step::SyncFreeze { .. } => self.ensure_freeze_synced(row).await,
             Step::AutoSnapshot { .. } => self.ensure_auto_snapshot(row).await,
+            Step::SyncNetwork { .. } => self.ensure_network_synced(row).await,
         }
     }
 
@@ -340,6 +346,7 @@ mod tests {
             uid_count: 65_536,
             channel: PathBuf::from("/run/space/x.sock"),
             memory_bytes: None,
+            network: None,
         }
     }
 

@@ -18,7 +18,6 @@ use axum::Json;
 use axum::extract::State;
 use futures::Stream;
 use futures::stream::BoxStream;
-use serde::Deserialize;
 use space_api::{MAX_EVERY_SECS, MAX_KEEP_LAST, Sandbox, SandboxState, Snapshot, SnapshotPolicy};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -489,10 +488,7 @@ impl<T> Drop for AfterExec<T> {
 
 // ---------------------------------------------------------------- http
 
-#[derive(Debug, Deserialize)]
-pub(crate) struct IdPath {
-    id: String,
-}
+use crate::http::IdPath;
 
 pub(crate) async fn http_set_policy(
     State(s): State<AppState>,

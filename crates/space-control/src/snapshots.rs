@@ -489,10 +489,7 @@ impl Engine {
 
 // ---- HTTP handlers ----
 
-#[derive(Deserialize)]
-pub(crate) struct IdPath {
-    id: String,
-}
+use crate::http::IdPath;
 
 #[derive(Deserialize)]
 pub(crate) struct SnapPath {

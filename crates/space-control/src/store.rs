@@ -44,6 +44,32 @@ pub struct SandboxSpecRecord {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub hostname: String,
+    /// Egress policy (rows from before decision 0012 have none: open).
+    #[serde(default)]
+    pub network: NetworkRecord,
+    /// Secrets the sandbox uses (never their values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretBindingRecord>,
+}
+
+/// A sandbox's egress policy as stored: the egress mode and the rules, as given (each was
+/// checked by the node's parser when set).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkRecord {
+    pub egress: space_api::Egress,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+}
+
+/// One secret a sandbox uses: its env var `name` holds `placeholder`, which the egress proxy
+/// replaces in `header` of HTTPS requests to `hosts` (both copied from the secret when the
+/// sandbox was created).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretBindingRecord {
+    pub name: String,
+    pub placeholder: String,
+    pub hosts: Vec<String>,
+    pub header: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -211,6 +237,22 @@ impl Store {
         Ok(res.rows_affected() > 0)
     }
 
+    /// Replaces a sandbox's spec (e.g. a new egress policy). Returns false if the row is gone.
+    pub async fn set_spec(&self, id: &str, spec: &SandboxSpecRecord) -> Result<bool> {
+        let text = serde_json::to_string(spec).map_err(|e| StoreError::Corrupt {
+            id: id.to_string(),
+            reason: e.to_string(),
+        })?;
+        let res = sqlx::query("UPDATE sandboxes SET spec = $1, updated_at = $2 WHERE id = $3")
+            .bind(text)
+            .bind(now_ms())
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .map_err(q("set sandbox spec"))?;
+        Ok(res.rows_affected() > 0)
+    }
+
     /// Forgets a sandbox (the end of the deletion finalizer). Idempotent.
     pub async fn delete_sandbox(&self, id: &str) -> Result<()> {
         sqlx::query("DELETE FROM sandboxes WHERE id = $1")
@@ -319,6 +361,8 @@ pub(crate) mod tests {
             pids: 512,
             env: BTreeMap::from([("A".to_string(), "1".to_string())]),
             hostname: "h".into(),
+            network: NetworkRecord::default(),
+            secrets: Vec::new(),
         }
     }
 
@@ -424,6 +468,44 @@ pub(crate) mod tests {
         );
         store.delete_api_keys_named("admin").await.unwrap();
         assert!(store.api_key_hashes().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn specs_keep_network_and_secrets_and_old_rows_default_to_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("space.db"))
+            .await
+            .unwrap();
+        let mut r = row("dddddddddddddddddddd", SandboxState::Running, 1);
+        store.insert_sandbox(&r).await.unwrap();
+        r.spec.network = NetworkRecord {
+            egress: space_api::Egress::Allowlist,
+            allow: vec!["*.x.com".into(), "10.0.0.0/8".into()],
+        };
+        r.spec.secrets = vec![SecretBindingRecord {
+            name: "K".into(),
+            placeholder: "spc_ph_00".into(),
+            hosts: vec!["api.x.com".into()],
+            header: "Authorization: Bearer {}".into(),
+        }];
+        assert!(store.set_spec(&r.id, &r.spec).await.unwrap());
+        assert_eq!(
+            store.get_sandbox(&r.id).await.unwrap().unwrap().spec,
+            r.spec
+        );
+        assert!(!store.set_spec("nope", &r.spec).await.unwrap());
+        // A spec written before networking existed reads as open, no secrets.
+        let old = r#"{"template":"base","cpu":1.0,"memory_mib":512,"pids":512,"hostname":"h"}"#;
+        sqlx::query("UPDATE sandboxes SET spec = $1 WHERE id = $2")
+            .bind(old)
+            .bind(&r.id)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        let got = store.get_sandbox(&r.id).await.unwrap().unwrap().spec;
+        assert_eq!(got.network, NetworkRecord::default());
+        assert_eq!(got.network.egress, space_api::Egress::Open);
+        assert!(got.secrets.is_empty());
     }
 
     #[test]

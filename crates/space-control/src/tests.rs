@@ -317,6 +317,10 @@ struct FakeNode {
     socket: PathBuf,
     channel: OnceCell<Channel>,
     imported: Mutex<Vec<(String, Vec<u8>)>>,
+    /// The last spec each sandbox was (re)started with.
+    specs: Mutex<HashMap<String, SandboxSpec>>,
+    /// What `connect_port` reaches, by sandbox port (listeners on 127.0.0.1).
+    ports: Mutex<HashMap<u16, std::net::SocketAddr>>,
 }
 
 impl FakeNode {
@@ -331,7 +335,32 @@ impl FakeNode {
             uid_count: 65_536,
             channel: PathBuf::from("/nonexistent"),
             memory_bytes: Some(1_000_000),
+            network: None,
         }
+    }
+
+    /// The status of a sandbox started from `spec`, with its network.
+    fn started(&self, spec: &SandboxSpec) -> SandboxStatus {
+        self.specs
+            .lock()
+            .unwrap()
+            .insert(spec.id.clone(), spec.clone());
+        let mut st = Self::status(&spec.id, Phase::Running);
+        st.network = Some(space_node::net::NetworkStatus {
+            address: "10.213.0.2".parse().unwrap(),
+            gateway: "10.213.0.1".parse().unwrap(),
+            egress: spec.network.egress,
+            allow: spec.network.allow.clone(),
+        });
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .insert(spec.id.clone(), st.clone());
+        st
+    }
+
+    fn spec(&self, id: &str) -> SandboxSpec {
+        self.specs.lock().unwrap().get(id).cloned().unwrap()
     }
 
     fn calls(&self) -> Vec<String> {
@@ -370,12 +399,66 @@ impl NodeApi for FakeNode {
             }
             CreateFailure::None => {}
         }
-        let st = Self::status(&spec.id, Phase::Running);
-        self.sandboxes
+        Ok(self.started(spec))
+    }
+
+    fn validate_network(&self, network: &space_node::net::NetworkSpec) -> Result<(), NodeError> {
+        space_node::net::policy::Policy::new(network, &[])
+            .map(drop)
+            .map_err(|e| NodeError::InvalidArgument(e.to_string()))
+    }
+
+    async fn set_network(
+        &self,
+        id: &str,
+        network: &space_node::net::NetworkSpec,
+    ) -> Result<SandboxStatus, NodeError> {
+        self.validate_network(network)?;
+        self.calls
             .lock()
             .unwrap()
-            .insert(spec.id.clone(), st.clone());
-        Ok(st)
+            .push(format!("network {id} {}", network.egress.as_str()));
+        let mut map = self.sandboxes.lock().unwrap();
+        let st = map.get_mut(id).ok_or_else(|| NodeError::NotFound {
+            kind: "sandbox",
+            id: id.into(),
+        })?;
+        if let Some(n) = &mut st.network {
+            n.egress = network.egress;
+            n.allow = network.allow.clone();
+        }
+        Ok(st.clone())
+    }
+
+    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, NodeError> {
+        if !self.sandboxes.lock().unwrap().contains_key(id) {
+            return Err(NodeError::NotFound {
+                kind: "sandbox",
+                id: id.into(),
+            });
+        }
+        let addr = self.ports.lock().unwrap().get(&port).copied();
+        let unavailable = || NodeError::Unavailable {
+            id: id.into(),
+            reason: format!("nothing listens on port {port}"),
+        };
+        let addr = addr.ok_or_else(unavailable)?;
+        tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|_| unavailable())
+    }
+
+    async fn fork_sandbox(
+        &self,
+        source: &str,
+        snap: &str,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxStatus, NodeError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("fork {source} {snap} {}", spec.id));
+        Ok(self.started(spec))
     }
 
     async fn remove_sandbox(&self, id: &str) -> Result<(), NodeError> {
@@ -462,12 +545,7 @@ impl NodeApi for FakeNode {
             .lock()
             .unwrap()
             .push(format!("rollback {} {snap}", spec.id));
-        let st = Self::status(&spec.id, Phase::Running);
-        self.sandboxes
-            .lock()
-            .unwrap()
-            .insert(spec.id.clone(), st.clone());
-        Ok(st)
+        Ok(self.started(spec))
     }
 
     async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
@@ -528,6 +606,8 @@ async fn harness_with(cfg: impl FnOnce(&mut ControlConfig)) -> Harness {
         socket,
         channel: OnceCell::new(),
         imported: Mutex::default(),
+        specs: Mutex::default(),
+        ports: Mutex::default(),
     });
     let mut c = ControlConfig::new(dir.path().join("data"));
     cfg(&mut c);
@@ -641,6 +721,7 @@ async fn healthz_needs_no_auth_and_everything_else_does() {
     assert_eq!(v["status"], "ok");
     assert_eq!(v["version"], "0.1.0");
 
+    // Everything but /healthz and the port proxy (whose token is the credential).
     for (method, path) in crate::ROUTES.iter().filter(|(_, p)| *p != "/healthz") {
         let uri = path
             .replace("{id}", "abcdefghij0123456789")
@@ -1316,13 +1397,28 @@ fn openapi_matches_routes() {
         "OpenAPI 3.0 expected"
     );
     let mut documented = std::collections::BTreeSet::new();
+    let mut proxied = std::collections::BTreeSet::new();
     for (path, item) in doc["paths"].as_mapping().unwrap() {
+        let path = path.as_str().unwrap();
         for (method, _) in item.as_mapping().unwrap() {
             let method = method.as_str().unwrap();
             if method == "parameters" {
                 continue;
             }
-            documented.insert((method.to_uppercase(), path.as_str().unwrap().to_string()));
+            // The port proxy takes any method: its paths are checked against PROXY_ROUTES.
+            if crate::port_proxy::PROXY_ROUTES.contains(&path) {
+                proxied.insert((path.to_string(), method.to_uppercase()));
+                continue;
+            }
+            documented.insert((method.to_uppercase(), path.to_string()));
+        }
+    }
+    for path in crate::port_proxy::PROXY_ROUTES {
+        for m in ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"] {
+            assert!(
+                proxied.contains(&(path.to_string(), m.to_string())),
+                "openapi.yaml lacks {m} {path}"
+            );
         }
     }
     let routed: std::collections::BTreeSet<(String, String)> = crate::ROUTES
@@ -1755,3 +1851,6 @@ async fn recovery_from_a_checkpoint_restarts_its_processes() {
         "{calls:?}"
     );
 }
+
+#[path = "tests_net.rs"]
+mod net;

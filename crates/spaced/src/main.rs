@@ -67,6 +67,60 @@ struct Args {
     /// from now on.
     #[arg(long, default_value_t = NodeConfig::default().exited_retention_secs)]
     exited_retention: u64,
+    /// Networking of sandboxes: `on` gives each a network slot with an egress policy, DNS and
+    /// the egress proxy; `off` leaves them with loopback only.
+    #[arg(long, value_enum, default_value = "on")]
+    network: OnOff,
+    /// Node subnet cut into one /30 per sandbox (IPv4, /8 to /28).
+    #[arg(long, default_value = "10.213.0.0/16", value_parser = parse_subnet)]
+    slot_subnet: ipnet::Ipv4Net,
+    /// Network slots kept ready for creates.
+    #[arg(long, default_value_t = 8)]
+    slot_pool: usize,
+    /// Upstream DNS server (IP or IP:PORT; repeat for more). Default: the nameservers of
+    /// /etc/resolv.conf.
+    #[arg(long = "dns-upstream", value_parser = parse_dns)]
+    dns_upstream: Vec<SocketAddr>,
+    /// Extra CA certificates (PEM) the egress proxy trusts for upstream TLS, on top of the
+    /// system and webpki roots.
+    #[arg(long)]
+    upstream_ca: Option<PathBuf>,
+    /// Egress policy of sandboxes created without one: none, allowlist or open.
+    #[arg(long, default_value = "open")]
+    default_egress: space_node::net::Egress,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OnOff {
+    On,
+    Off,
+}
+
+fn parse_subnet(s: &str) -> Result<ipnet::Ipv4Net, String> {
+    let n: ipnet::Ipv4Net = s
+        .parse()
+        .map_err(|e| format!("invalid subnet {s:?}: {e}"))?;
+    if !(8..=28).contains(&n.prefix_len()) {
+        return Err(format!(
+            "subnet {s:?} must be /8 to /28 (one /30 per sandbox)"
+        ));
+    }
+    if n.trunc() != n {
+        return Err(format!(
+            "subnet {s:?} has host bits set; did you mean {}?",
+            n.trunc()
+        ));
+    }
+    Ok(n)
+}
+
+fn parse_dns(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    s.parse::<std::net::IpAddr>()
+        .map(|ip| SocketAddr::new(ip, 53))
+        .map_err(|_| format!("invalid DNS server {s:?}: expected IP or IP:PORT"))
 }
 
 /// Parses "1048576", "512K", "16M", "16G", "1T" (powers of 1024; optional trailing "B"/"iB").
@@ -182,8 +236,23 @@ async fn main() -> Result<()> {
         cgroup_parent: args.cgroup_parent.clone(),
         output_buffer_bytes: args.output_buffer,
         exited_retention_secs: args.exited_retention,
+        net: space_node::net::NetConfig {
+            enabled: args.network == OnOff::On,
+            subnet: args.slot_subnet,
+            pool_size: args.slot_pool,
+            dns_upstream: args.dns_upstream.clone(),
+            upstream_ca: args.upstream_ca.clone(),
+            default_egress: args.default_egress,
+        },
         ..NodeConfig::default()
     };
+    if let Some(ca) = &args.upstream_ca {
+        anyhow::ensure!(
+            ca.is_file(),
+            "--upstream-ca {} does not exist",
+            ca.display()
+        );
+    }
     let node = Node::open(node_cfg)
         .await
         .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))
@@ -192,11 +261,14 @@ async fn main() -> Result<()> {
     let mut cfg = ControlConfig::new(&args.data_dir);
     cfg.max_upload_bytes = args.max_upload;
     cfg.shutdown_timeout = Duration::from_secs(5);
+    cfg.default_egress = space_control::net::egress_from_node(args.default_egress);
+    let node_agent = node.clone();
     let node: Arc<dyn space_node::NodeApi> = node;
     let cp = ControlPlane::open(cfg, args.database_url.as_deref(), node)
         .await
         .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))
         .context("failed to open the control plane")?;
+    node_agent.set_secret_source(cp.secret_source());
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -209,6 +281,7 @@ async fn main() -> Result<()> {
     space_control::serve(listener, cp.state, shutdown_signal())
         .await
         .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))?;
+    node_agent.shutdown().await;
     tracing::info!("spaced stopped (sandboxes keep running)");
     Ok(())
 }
@@ -242,5 +315,27 @@ mod tests {
         assert_eq!(a.image_size, 1 << 30);
         assert_eq!(a.listen.to_string(), "127.0.0.1:7070");
         assert!(Args::try_parse_from(["spaced", "--image-size", "lots"]).is_err());
+        let a = Args::try_parse_from([
+            "spaced",
+            "--dns-upstream",
+            "203.0.113.53",
+            "--dns-upstream",
+            "203.0.113.54:5353",
+            "--default-egress",
+            "allowlist",
+        ])
+        .unwrap();
+        assert_eq!(a.dns_upstream.len(), 2);
+        assert_eq!(a.dns_upstream[0].port(), 53);
+        assert_eq!(a.default_egress, space_node::net::Egress::Allowlist);
+        assert_eq!(a.network, OnOff::On);
+        for bad in [
+            ["spaced", "--slot-subnet", "10.0.0.0/30"],
+            ["spaced", "--slot-subnet", "10.0.0.1/16"],
+            ["spaced", "--dns-upstream", "resolver"],
+            ["spaced", "--default-egress", "most"],
+        ] {
+            assert!(Args::try_parse_from(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -1,0 +1,768 @@
+//! Secrets (decision 0012): values kept by the control plane, sealed at rest, handed to the
+//! node's egress proxy only in memory at request time ([`SecretVault`] implements
+//! [`SecretSource`]). A sandbox created with a secret gets an environment variable holding a
+//! random placeholder; the API never returns a value, events and logs never carry one.
+//!
+//! - Sealing: CHACHA20-POLY1305 (ring) under `<data_dir>/secrets.key` (32 random bytes, 0600,
+//!   made at first start). Each value has its own random 96-bit nonce; the secret's name is
+//!   the associated data, so a sealed value cannot be moved to another name.
+//! - Validation of names, hosts, headers and values is pure ([`validate_put`]).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use ring::aead::{self, Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::Deserialize;
+use space_api::{
+    MAX_SECRET_BYTES, PutSecret, SecretInfo, SecretList, is_valid_secret_name, rfc3339_from_unix_ms,
+};
+use space_node::net::SecretSource;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::AppState;
+use crate::engine::Engine;
+use crate::error::{AppError, AppResult};
+use crate::http::{ApiJson, ApiPath};
+use crate::store::{SecretBindingRecord, Store, StoreError, now_ms};
+
+/// Length of the key files (`secrets.key`, `ports.key`).
+pub const KEY_LEN: usize = 32;
+/// Prefix of placeholders; the rest is 32 lowercase hex digits.
+pub const PLACEHOLDER_PREFIX: &str = "spc_ph_";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileError {
+    #[error("failed to read key file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to create key file {path}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "key file {path} holds {len} bytes, expected {KEY_LEN}; refusing to start (restore the \
+         original file: a new key cannot open what the old one sealed)"
+    )]
+    Size { path: PathBuf, len: usize },
+    #[error("the system random generator failed")]
+    Random,
+}
+
+/// Reads a [`KEY_LEN`]-byte key file, creating it (random bytes, mode 0600) when missing.
+/// A file of any other size is an error, never replaced.
+pub fn load_or_create_key(path: &Path) -> Result<[u8; KEY_LEN], KeyFileError> {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            return <[u8; KEY_LEN]>::try_from(bytes.as_slice()).map_err(|_| KeyFileError::Size {
+                path: path.to_owned(),
+                len: bytes.len(),
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(KeyFileError::Read {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    }
+    let mut key = [0u8; KEY_LEN];
+    SystemRandom::new()
+        .fill(&mut key)
+        .map_err(|_| KeyFileError::Random)?;
+    let create = |source| KeyFileError::Create {
+        path: path.to_owned(),
+        source,
+    };
+    // Written whole under a temporary name, then linked in place: a crash never leaves a
+    // short key file, and a concurrent creator's key wins (link fails if it exists).
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(create)?;
+    f.write_all(&key).and_then(|()| f.sync_all()).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        create(e)
+    })?;
+    drop(f);
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(key),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => load_or_create_key(path),
+        Err(e) => Err(create(e)),
+    }
+}
+
+/// Warns when a key file is readable by others than its owner.
+pub fn warn_if_loose(path: &Path) {
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(path = %path.display(), mode = format!("{:o}", meta.permissions().mode() & 0o777), "key file is readable by group or others; chmod 600 it");
+    }
+}
+
+/// Seals and opens secret values.
+pub struct SecretCipher {
+    key: LessSafeKey,
+    rng: SystemRandom,
+}
+
+impl SecretCipher {
+    pub fn new(key: &[u8; KEY_LEN]) -> Self {
+        let unbound = UnboundKey::new(&CHACHA20_POLY1305, key).expect("32-byte chacha20 key");
+        Self {
+            key: LessSafeKey::new(unbound),
+            rng: SystemRandom::new(),
+        }
+    }
+
+    /// (nonce, ciphertext + tag) of `value`, bound to `name`.
+    pub fn seal(&self, name: &str, value: &[u8]) -> AppResult<([u8; 12], Vec<u8>)> {
+        let mut nonce = [0u8; aead::NONCE_LEN];
+        self.rng
+            .fill(&mut nonce)
+            .map_err(|_| AppError::internal("the system random generator failed"))?;
+        let mut buf = value.to_vec();
+        self.key
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(name.as_bytes()),
+                &mut buf,
+            )
+            .map_err(|_| AppError::internal("sealing a secret failed"))?;
+        Ok((nonce, buf))
+    }
+
+    /// The value, or None when the ciphertext, nonce or name do not match the key.
+    pub fn open(&self, name: &str, nonce: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut buf = sealed.to_vec();
+        let plain = self
+            .key
+            .open_in_place(nonce, Aad::from(name.as_bytes()), &mut buf)
+            .ok()?;
+        Some(plain.to_vec())
+    }
+}
+
+// ---------------------------------------------------------------- validation (pure)
+
+pub fn check_name(name: &str) -> AppResult<()> {
+    if is_valid_secret_name(name) {
+        Ok(())
+    } else {
+        Err(AppError::invalid(format!(
+            "invalid secret name {name:?}: expected [A-Za-z_][A-Za-z0-9_]{{0,63}}"
+        )))
+    }
+}
+
+/// `Name: template`: a token header name, a template holding `{}` exactly once, no control
+/// characters (CR, LF, NUL...).
+pub fn check_header(header: &str) -> AppResult<()> {
+    let bad = |why: &str| {
+        Err(AppError::invalid(format!(
+            "invalid header {header:?}: {why}"
+        )))
+    };
+    if header.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+        return bad("control characters (CR, LF, NUL) are not allowed");
+    }
+    let Some((name, template)) = header.split_once(':') else {
+        return bad("expected \"Name: template\", e.g. \"Authorization: Bearer {}\"");
+    };
+    const TCHAR: &[u8] = b"!#$%&'*+-.^_`|~";
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || TCHAR.contains(&b))
+    {
+        return bad("the header name must be a token like Authorization or X-Api-Key");
+    }
+    if template.matches("{}").count() != 1 {
+        return bad("the template must contain {} exactly once (where the value goes)");
+    }
+    if header.len() > 1024 {
+        return bad("longer than 1024 bytes");
+    }
+    Ok(())
+}
+
+pub fn check_value(value: &str) -> AppResult<()> {
+    if value.is_empty() || value.len() > MAX_SECRET_BYTES {
+        return Err(AppError::invalid(format!(
+            "the secret value must have 1 to {MAX_SECRET_BYTES} bytes, got {}",
+            value.len()
+        )));
+    }
+    if value.contains(['\r', '\n', '\0']) {
+        return Err(AppError::invalid(
+            "the secret value must not contain CR, LF or NUL",
+        ));
+    }
+    Ok(())
+}
+
+pub fn check_hosts(hosts: &[String]) -> AppResult<()> {
+    if hosts.is_empty() {
+        return Err(AppError::invalid(
+            "a secret needs at least one host it may be sent to",
+        ));
+    }
+    if hosts.len() > 64 {
+        return Err(AppError::invalid("at most 64 hosts per secret"));
+    }
+    for h in hosts {
+        space_node::net::policy::parse_host_pattern(h)
+            .map_err(|e| AppError::invalid(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// Checks a whole `PUT /v1/secrets/{name}`.
+pub fn validate_put(name: &str, req: &PutSecret) -> AppResult<()> {
+    check_name(name)?;
+    check_hosts(&req.hosts)?;
+    check_header(&req.header)?;
+    check_value(&req.value)
+}
+
+/// A fresh placeholder: `spc_ph_` + 32 lowercase hex digits.
+pub fn new_placeholder() -> String {
+    use rand::Rng;
+    let bytes: [u8; 16] = rand::rng().random();
+    let mut s = String::with_capacity(PLACEHOLDER_PREFIX.len() + 32);
+    s.push_str(PLACEHOLDER_PREFIX);
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+// ---------------------------------------------------------------- store
+
+/// A row of table `secrets` (the value sealed).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretRow {
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub header: String,
+    pub nonce: Vec<u8>,
+    pub ciphertext: Vec<u8>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl std::fmt::Debug for SecretRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretRow")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<&SecretRow> for SecretInfo {
+    fn from(r: &SecretRow) -> Self {
+        SecretInfo {
+            name: r.name.clone(),
+            hosts: r.hosts.clone(),
+            header: r.header.clone(),
+            created_at: rfc3339_from_unix_ms(r.created_at),
+            updated_at: rfc3339_from_unix_ms(r.updated_at),
+        }
+    }
+}
+
+fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |source| StoreError::Query { what, source }
+}
+
+fn decode(r: &AnyRow) -> Result<SecretRow, StoreError> {
+    let name: String = r.try_get("name").map_err(q("decode secret"))?;
+    let corrupt = |reason: &str| StoreError::Corrupt {
+        id: format!("secret {name}"),
+        reason: reason.to_string(),
+    };
+    let hosts: String = r.try_get("hosts").map_err(q("decode secret"))?;
+    let nonce: String = r.try_get("nonce").map_err(q("decode secret"))?;
+    let ct: String = r.try_get("ciphertext").map_err(q("decode secret"))?;
+    Ok(SecretRow {
+        hosts: serde_json::from_str(&hosts).map_err(|_| corrupt("bad hosts"))?,
+        header: r.try_get("header").map_err(q("decode secret"))?,
+        nonce: B64.decode(nonce).map_err(|_| corrupt("bad nonce"))?,
+        ciphertext: B64.decode(ct).map_err(|_| corrupt("bad ciphertext"))?,
+        created_at: r.try_get("created_at").map_err(q("decode secret"))?,
+        updated_at: r.try_get("updated_at").map_err(q("decode secret"))?,
+        name,
+    })
+}
+
+const COLUMNS: &str = "name, hosts, header, nonce, ciphertext, created_at, updated_at";
+
+impl Store {
+    /// Creates or replaces a secret (keeping its `created_at`). Returns the stored row.
+    pub async fn put_secret(&self, row: &SecretRow) -> Result<(), StoreError> {
+        let hosts = serde_json::to_string(&row.hosts).map_err(|e| StoreError::Corrupt {
+            id: format!("secret {}", row.name),
+            reason: e.to_string(),
+        })?;
+        sqlx::query(
+            "INSERT INTO secrets (name, hosts, header, nonce, ciphertext, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (name) DO UPDATE SET hosts = excluded.hosts, header = excluded.header, \
+             nonce = excluded.nonce, ciphertext = excluded.ciphertext, \
+             updated_at = excluded.updated_at",
+        )
+        .bind(&row.name)
+        .bind(hosts)
+        .bind(&row.header)
+        .bind(B64.encode(&row.nonce))
+        .bind(B64.encode(&row.ciphertext))
+        .bind(row.created_at)
+        .bind(row.updated_at)
+        .execute(self.pool())
+        .await
+        .map_err(q("put secret"))?;
+        Ok(())
+    }
+
+    pub async fn get_secret(&self, name: &str) -> Result<Option<SecretRow>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM secrets WHERE name = $1"))
+            .bind(name)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("get secret"))?;
+        row.map(|r| decode(&r)).transpose()
+    }
+
+    /// All secrets, by name.
+    pub async fn list_secrets(&self) -> Result<Vec<SecretRow>, StoreError> {
+        let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM secrets ORDER BY name"))
+            .fetch_all(self.pool())
+            .await
+            .map_err(q("list secrets"))?;
+        rows.iter().map(decode).collect()
+    }
+
+    /// Returns false when there was no such secret.
+    pub async fn delete_secret(&self, name: &str) -> Result<bool, StoreError> {
+        let res = sqlx::query("DELETE FROM secrets WHERE name = $1")
+            .bind(name)
+            .execute(self.pool())
+            .await
+            .map_err(q("delete secret"))?;
+        Ok(res.rows_affected() > 0)
+    }
+}
+
+// ---------------------------------------------------------------- the vault
+
+/// Secrets: the store, the cipher and a small cache of opened values (cleared on every
+/// change). The node's egress proxy asks it through [`SecretSource`].
+pub struct SecretVault {
+    store: Store,
+    cipher: SecretCipher,
+    cache: Mutex<HashMap<String, Arc<str>>>,
+}
+
+/// Values kept in the cache at most (it is cleared wholesale past that).
+const CACHE_MAX: usize = 1024;
+
+impl SecretVault {
+    /// Opens the vault with the key at `key_path` (created on first use; see
+    /// [`load_or_create_key`]).
+    pub fn open(store: Store, key_path: &Path) -> Result<Self, KeyFileError> {
+        let key = load_or_create_key(key_path)?;
+        warn_if_loose(key_path);
+        Ok(Self {
+            store,
+            cipher: SecretCipher::new(&key),
+            cache: Mutex::default(),
+        })
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<str>>> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The value of secret `name`, if it exists and opens.
+    pub async fn value(&self, name: &str) -> Option<Arc<str>> {
+        if let Some(v) = self.cache().get(name) {
+            return Some(v.clone());
+        }
+        let row = match self.store.get_secret(name).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(secret = name, error = %crate::error_chain(&e), "secret lookup failed");
+                return None;
+            }
+        };
+        let Some(plain) = self.cipher.open(name, &row.nonce, &row.ciphertext) else {
+            tracing::error!(
+                secret = name,
+                "secret does not open with secrets.key (wrong key file?)"
+            );
+            return None;
+        };
+        let value: Arc<str> = String::from_utf8(plain).ok()?.into();
+        let mut cache = self.cache();
+        if cache.len() >= CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(name.to_string(), value.clone());
+        Some(value)
+    }
+
+    pub async fn put(&self, name: &str, req: &PutSecret) -> AppResult<SecretInfo> {
+        validate_put(name, req)?;
+        let (nonce, ciphertext) = self.cipher.seal(name, req.value.as_bytes())?;
+        let now = now_ms();
+        let created_at = match self.store.get_secret(name).await? {
+            Some(old) => old.created_at,
+            None => now,
+        };
+        let row = SecretRow {
+            name: name.to_string(),
+            hosts: req.hosts.clone(),
+            header: req.header.clone(),
+            nonce: nonce.to_vec(),
+            ciphertext,
+            created_at,
+            updated_at: now,
+        };
+        self.store.put_secret(&row).await?;
+        self.cache().remove(name);
+        tracing::info!(secret = name, hosts = ?row.hosts, "secret set");
+        Ok(SecretInfo::from(&row))
+    }
+
+    pub async fn get(&self, name: &str) -> AppResult<SecretInfo> {
+        check_name(name)?;
+        self.store
+            .get_secret(name)
+            .await?
+            .map(|r| SecretInfo::from(&r))
+            .ok_or_else(|| AppError::not_found(format!("secret {name} not found")))
+    }
+
+    pub async fn list(&self) -> AppResult<Vec<SecretInfo>> {
+        Ok(self
+            .store
+            .list_secrets()
+            .await?
+            .iter()
+            .map(SecretInfo::from)
+            .collect())
+    }
+
+    pub async fn delete(&self, name: &str) -> AppResult<()> {
+        check_name(name)?;
+        let existed = self.store.delete_secret(name).await?;
+        self.cache().remove(name);
+        if !existed {
+            return Err(AppError::not_found(format!("secret {name} not found")));
+        }
+        tracing::info!(secret = name, "secret deleted");
+        Ok(())
+    }
+
+    /// The bindings of a new sandbox using `names`: each must exist, appear once, and not
+    /// collide with an environment variable the request sets.
+    pub async fn bind(
+        &self,
+        names: &[String],
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> AppResult<Vec<SecretBindingRecord>> {
+        if names.len() > 64 {
+            return Err(AppError::invalid("at most 64 secrets per sandbox"));
+        }
+        let mut out: Vec<SecretBindingRecord> = Vec::with_capacity(names.len());
+        for name in names {
+            check_name(name)?;
+            if out.iter().any(|b| &b.name == name) {
+                return Err(AppError::invalid(format!("secret {name} is listed twice")));
+            }
+            if env.contains_key(name) {
+                return Err(AppError::invalid(format!(
+                    "env var {name} is already set; secret {name} would replace it"
+                )));
+            }
+            let row = self
+                .store
+                .get_secret(name)
+                .await?
+                .ok_or_else(|| AppError::invalid(format!("secret {name} not found")))?;
+            out.push(SecretBindingRecord {
+                name: name.clone(),
+                placeholder: new_placeholder(),
+                hosts: row.hosts,
+                header: row.header,
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl SecretSource for SecretVault {
+    async fn secret_value(&self, name: &str) -> Option<String> {
+        self.value(name).await.map(|v| v.to_string())
+    }
+}
+
+// ---------------------------------------------------------------- engine + http
+
+impl Engine {
+    /// The secret source the node's egress proxy asks (same vault as the API).
+    pub fn secret_source(&self) -> Arc<dyn SecretSource> {
+        self.vault.clone()
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct SecretPath {
+    name: String,
+}
+
+pub(crate) async fn http_put(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<SecretPath>,
+    ApiJson(req): ApiJson<PutSecret>,
+) -> Result<Json<SecretInfo>, AppError> {
+    Ok(Json(s.engine.vault.put(&p.name, &req).await?))
+}
+
+pub(crate) async fn http_list(State(s): State<AppState>) -> Result<Json<SecretList>, AppError> {
+    Ok(Json(SecretList {
+        secrets: s.engine.vault.list().await?,
+    }))
+}
+
+pub(crate) async fn http_get(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<SecretPath>,
+) -> Result<Json<SecretInfo>, AppError> {
+    Ok(Json(s.engine.vault.get(&p.name).await?))
+}
+
+pub(crate) async fn http_delete(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<SecretPath>,
+) -> Result<Response, AppError> {
+    s.engine.vault.delete(&p.name).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_files_are_made_once_0600_and_wrong_sizes_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secrets.key");
+        let k1 = load_or_create_key(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(load_or_create_key(&path).unwrap(), k1);
+        assert_ne!(k1, [0u8; KEY_LEN]);
+        std::fs::write(&path, b"short").unwrap();
+        let e = load_or_create_key(&path).unwrap_err();
+        assert!(matches!(e, KeyFileError::Size { len: 5, .. }), "{e}");
+        assert!(e.to_string().contains("secrets.key"), "{e}");
+        // Nothing was replaced.
+        assert_eq!(std::fs::read(&path).unwrap(), b"short");
+        // No temporary files left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn sealing_binds_value_to_key_nonce_and_name() {
+        let c = SecretCipher::new(&[7u8; KEY_LEN]);
+        let (nonce, sealed) = c.seal("A", b"sk-live-123").unwrap();
+        assert!(!sealed.windows(11).any(|w| w == b"sk-live-123"));
+        assert_eq!(c.open("A", &nonce, &sealed).unwrap(), b"sk-live-123");
+        assert!(c.open("B", &nonce, &sealed).is_none());
+        let mut tampered = sealed.clone();
+        tampered[0] ^= 1;
+        assert!(c.open("A", &nonce, &tampered).is_none());
+        assert!(c.open("A", &[0u8; 12], &sealed).is_none());
+        assert!(c.open("A", &[0u8; 3], &sealed).is_none());
+        let other = SecretCipher::new(&[8u8; KEY_LEN]);
+        assert!(other.open("A", &nonce, &sealed).is_none());
+        // Fresh nonces: the same value seals differently.
+        let (nonce2, sealed2) = c.seal("A", b"sk-live-123").unwrap();
+        assert_ne!((nonce, &sealed), (nonce2, &sealed2));
+    }
+
+    #[test]
+    fn headers() {
+        for ok in [
+            "Authorization: Bearer {}",
+            "X-Api-Key:{}",
+            "x-goog-api-key: {}",
+            "Authorization: token {} ",
+        ] {
+            check_header(ok).unwrap();
+        }
+        for bad in [
+            "Authorization Bearer {}",
+            "Authorization: Bearer",
+            "Authorization: {} {}",
+            "Authorization: Bearer {}\r\nX-Evil: 1",
+            "Authorization: Bearer {}\n",
+            "Author ization: {}",
+            ": {}",
+            "Authorization: \0{}",
+        ] {
+            let e = check_header(bad).unwrap_err();
+            assert_eq!(e.code, "invalid_argument", "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn values_names_hosts() {
+        check_value("x").unwrap();
+        check_value(&"v".repeat(MAX_SECRET_BYTES)).unwrap();
+        for bad in ["", "a\nb", "a\rb", "a\0b"] {
+            assert!(check_value(bad).is_err(), "{bad:?}");
+        }
+        let e = check_value(&"v".repeat(MAX_SECRET_BYTES + 1)).unwrap_err();
+        assert!(e.message.contains("8192"), "{}", e.message);
+        check_name("OPENAI_API_KEY").unwrap();
+        assert!(check_name("1A").is_err());
+        assert!(check_name("A-B").is_err());
+        check_hosts(&["api.openai.com".into(), "*.example.com".into()]).unwrap();
+        for bad in [
+            vec![],
+            vec!["*".to_string()],
+            vec!["*.com".to_string()],
+            vec!["1.2.3.4".to_string()],
+            vec!["api.x.com".to_string(), "com".to_string()],
+        ] {
+            let e = check_hosts(&bad).unwrap_err();
+            assert_eq!(e.code, "invalid_argument", "{bad:?}");
+        }
+        let e = check_hosts(&["*.com".to_string()]).unwrap_err();
+        assert!(e.message.contains("*.com"), "{}", e.message);
+    }
+
+    #[test]
+    fn placeholders() {
+        let p = new_placeholder();
+        assert_eq!(p.len(), PLACEHOLDER_PREFIX.len() + 32);
+        assert!(p.starts_with("spc_ph_"));
+        assert!(
+            p[7..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        );
+        assert_ne!(p, new_placeholder());
+    }
+
+    #[tokio::test]
+    async fn vault_roundtrip_cache_invalidation_and_sealed_at_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("t.db")).await.unwrap();
+        let vault = SecretVault::open(store.clone(), &dir.path().join("secrets.key")).unwrap();
+        let put = |v: &str| PutSecret {
+            value: v.into(),
+            hosts: vec!["api.x.com".into()],
+            header: "Authorization: Bearer {}".into(),
+        };
+        assert!(vault.secret_value("K").await.is_none());
+        let info = vault.put("K", &put("first-value")).await.unwrap();
+        assert_eq!(info.name, "K");
+        assert_eq!(
+            vault.secret_value("K").await.as_deref(),
+            Some("first-value")
+        );
+        // Replacing keeps created_at and is seen at once (cache cleared).
+        let info2 = vault.put("K", &put("second-value")).await.unwrap();
+        assert_eq!(info2.created_at, info.created_at);
+        assert_eq!(
+            vault.secret_value("K").await.as_deref(),
+            Some("second-value")
+        );
+        // At rest: no plaintext in the row.
+        let raw: String = sqlx::query("SELECT ciphertext FROM secrets WHERE name = 'K'")
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+            .try_get(0)
+            .unwrap();
+        assert!(!raw.contains("second-value"));
+        assert_eq!(vault.list().await.unwrap().len(), 1);
+        vault.delete("K").await.unwrap();
+        assert!(vault.secret_value("K").await.is_none());
+        assert_eq!(vault.delete("K").await.unwrap_err().code, "not_found");
+        assert_eq!(vault.get("K").await.unwrap_err().code, "not_found");
+
+        // A vault with another key cannot open what this one sealed.
+        vault.put("K", &put("v")).await.unwrap();
+        std::fs::write(dir.path().join("other.key"), [1u8; KEY_LEN]).unwrap();
+        let other = SecretVault::open(store, &dir.path().join("other.key")).unwrap();
+        assert!(other.secret_value("K").await.is_none());
+    }
+
+    #[tokio::test]
+    async fn binding_checks_names_existence_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("t.db")).await.unwrap();
+        let vault = SecretVault::open(store, &dir.path().join("secrets.key")).unwrap();
+        vault
+            .put(
+                "K",
+                &PutSecret {
+                    value: "v".into(),
+                    hosts: vec!["api.x.com".into()],
+                    header: "X-Key: {}".into(),
+                },
+            )
+            .await
+            .unwrap();
+        let env = std::collections::BTreeMap::new();
+        let b = vault.bind(&["K".into()], &env).await.unwrap();
+        assert_eq!(b.len(), 1);
+        assert_eq!(b[0].hosts, vec!["api.x.com"]);
+        assert_eq!(b[0].header, "X-Key: {}");
+        assert!(b[0].placeholder.starts_with(PLACEHOLDER_PREFIX));
+        let e = vault.bind(&["NOPE".into()], &env).await.unwrap_err();
+        assert_eq!(e.message, "secret NOPE not found");
+        assert_eq!(e.status.as_u16(), 400);
+        let e = vault
+            .bind(&["K".into(), "K".into()], &env)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, "invalid_argument");
+        let env = std::collections::BTreeMap::from([("K".to_string(), "x".to_string())]);
+        let e = vault.bind(&["K".into()], &env).await.unwrap_err();
+        assert!(e.message.contains("env var K"), "{}", e.message);
+    }
+}
