@@ -2,8 +2,16 @@
 //! data dir (which is not btrfs, so spaced makes and loop-mounts its own image), with its own
 //! run dir, cgroup parent, uid range and port, and drives it through the CLI and the REST API.
 //!
+//! Every spaced runs in its own network namespace (`spt-<pid>-<n>`, made here with `ip netns`),
+//! reached over a veth pair that carries a private /30 out of 10.251.0.0/16: the node's slots,
+//! nftables tables and sysctls never touch the host's, and tests may run in parallel.
+//! `Spaced::start_host_netns` is the opt-out (spaced in the host netns, `--network off`).
+//! [`netlab::NetLab`] adds a fake internet behind the node for the network tests.
+//!
 //! Needs root. The binaries come from `SPACE_BIN_DIR` (spaced, space), `SPACE_DAEMON_BINARY`
 //! and `SPACE_PROBE_BINARY`; `scripts/test` sets all four.
+
+pub mod netlab;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -56,6 +64,161 @@ pub fn require_root() {
     );
 }
 
+/// Run a command to completion; fail with its stderr unless it succeeds.
+pub fn run_cmd(prog: &str, args: &[&str]) -> Result<()> {
+    let out = Command::new(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {prog}"))?;
+    if !out.status.success() {
+        bail!(
+            "{prog} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The node's own network namespace and the veth pair that reaches it from the host.
+pub struct NodeNet {
+    /// `ip netns` name; the namespace is pinned at `/run/netns/<name>`.
+    pub name: String,
+    /// Host-side address of the veth (10.251.x.y+1).
+    pub host_ip: std::net::Ipv4Addr,
+    /// Node-side address of the veth (10.251.x.y+2): spaced listens here.
+    pub node_ip: std::net::Ipv4Addr,
+    /// Host-side veth name.
+    pub host_if: String,
+}
+
+/// Port spaced listens on inside its own namespace (which is fresh, so nothing else holds it).
+const NODE_PORT: u16 = 7070;
+/// /30s of 10.251.0.0/16.
+const HARNESS_SLOTS: u32 = 16_384;
+
+impl NodeNet {
+    /// `ip netns add` a namespace with lo up and a veth pair to the host carrying a /30 out of
+    /// 10.251.0.0/16. The veth's host-side name encodes the /30, so creating it is the lock:
+    /// on a collision (another test process holds that /30) the next one is tried.
+    pub fn create(pid: u32, n: u32) -> Result<NodeNet> {
+        sweep_stale_namespaces();
+        let name = format!("spt-{pid}-{n}");
+        run_cmd("ip", &["netns", "add", &name])?;
+        let made = (|| -> Result<NodeNet> {
+            run_cmd("ip", &["-n", &name, "link", "set", "lo", "up"])?;
+            let start = (pid.wrapping_mul(2_654_435_761) ^ n.wrapping_mul(40_503)) % HARNESS_SLOTS;
+            for k in 0..64 {
+                let slot = (start + k * 97) % HARNESS_SLOTS;
+                let host_if = format!("spth{slot}");
+                let node_if = format!("sptn{slot}");
+                let r = run_cmd(
+                    "ip",
+                    &[
+                        "link", "add", &host_if, "type", "veth", "peer", "name", &node_if, "netns",
+                        &name,
+                    ],
+                );
+                if let Err(e) = r {
+                    if e.to_string().contains("exists") {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                let base = u32::from(std::net::Ipv4Addr::new(10, 251, 0, 0)) + slot * 4;
+                let host_ip = std::net::Ipv4Addr::from(base + 1);
+                let node_ip = std::net::Ipv4Addr::from(base + 2);
+                let net = NodeNet {
+                    name: name.clone(),
+                    host_ip,
+                    node_ip,
+                    host_if: host_if.clone(),
+                };
+                run_cmd(
+                    "ip",
+                    &["addr", "add", &format!("{host_ip}/30"), "dev", &host_if],
+                )?;
+                run_cmd("ip", &["link", "set", &host_if, "up"])?;
+                run_cmd(
+                    "ip",
+                    &[
+                        "-n",
+                        &name,
+                        "addr",
+                        "add",
+                        &format!("{node_ip}/30"),
+                        "dev",
+                        &node_if,
+                    ],
+                )?;
+                run_cmd("ip", &["-n", &name, "link", "set", &node_if, "up"])?;
+                return Ok(net);
+            }
+            bail!("no free /30 in 10.251.0.0/16 after 64 tries")
+        })();
+        if made.is_err() {
+            let _ = run_cmd("ip", &["netns", "del", &name]);
+        }
+        made
+    }
+
+    /// A node namespace without a spaced (e.g. to check the lab from the node's side).
+    pub fn create_fresh() -> Result<NodeNet> {
+        require_root();
+        Self::create(std::process::id(), INSTANCE.fetch_add(1, Ordering::SeqCst))
+    }
+
+    /// Path of the pinned namespace.
+    pub fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// A command that runs inside the node's network namespace.
+    pub fn command(&self, prog: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net={}", self.path().display()))
+            .arg("--")
+            .arg(prog);
+        c
+    }
+}
+
+impl Drop for NodeNet {
+    fn drop(&mut self) {
+        // Deleting the namespace destroys the veth pair with it (once nothing else holds it).
+        let _ = run_cmd("ip", &["netns", "del", &self.name]);
+        let _ = run_cmd("ip", &["link", "del", &self.host_if]);
+    }
+}
+
+/// Namespaces left by test processes that died without cleaning up (`spt-<pid>-*`,
+/// `splab-<pid>-*` whose pid is gone): delete them so their veths and /30s come back.
+fn sweep_stale_namespaces() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Ok(rd) = std::fs::read_dir("/run/netns") else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name
+                .strip_prefix("spt-")
+                .or_else(|| name.strip_prefix("splab-"))
+            else {
+                continue;
+            };
+            let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            if !Path::new("/proc").join(pid.to_string()).exists() {
+                let _ = run_cmd("ip", &["netns", "del", &name]);
+            }
+        }
+    });
+}
+
 /// One running spaced with everything it owns.
 pub struct Spaced {
     pub dir: tempfile::TempDir,
@@ -64,6 +227,8 @@ pub struct Spaced {
     pub listen: String,
     pub uid_base: u32,
     pub cgroup_parent: String,
+    /// The node's network namespace; `None` when spaced runs in the host's.
+    pub net: Option<NodeNet>,
     /// Extra spaced flags, kept for restarts.
     extra_args: Vec<String>,
     child: Option<Child>,
@@ -78,6 +243,24 @@ impl Spaced {
 
     /// Start a fresh spaced with extra flags (e.g. `--database-url`).
     pub fn start_with(extra_args: &[&str]) -> Result<Spaced> {
+        let mut s = Self::prepare(extra_args, true)?;
+        s.spawn()?;
+        Ok(s)
+    }
+
+    /// Start spaced in the host's network namespace with `--network off`: only for a test that
+    /// truly needs the host's network (nothing here does today).
+    pub fn start_host_netns(extra_args: &[&str]) -> Result<Spaced> {
+        let mut all = vec!["--network", "off"];
+        all.extend_from_slice(extra_args);
+        let mut s = Self::prepare(&all, false)?;
+        s.spawn()?;
+        Ok(s)
+    }
+
+    /// Everything but the process: data dir, uid range, cgroup parent and (with `own_netns`)
+    /// the node's network namespace. `spawn` starts spaced.
+    pub fn prepare(extra_args: &[&str], own_netns: bool) -> Result<Spaced> {
         require_root();
         let dir = tempfile::Builder::new()
             .prefix("space-it-")
@@ -88,19 +271,31 @@ impl Spaced {
         // Distinct uid ranges per test instance: 2^16 sandboxes' worth apart per process slot.
         let uid_base = 1_100_000_000u32 + ((pid % 32) * 16 + n % 16) * 4_194_304;
         let cgroup_parent = format!("space-it-{pid}-{n}");
-        let mut s = Spaced {
+        let (net, listen) = if own_netns {
+            let net = NodeNet::create(pid, n)?;
+            let listen = format!("{}:{NODE_PORT}", net.node_ip);
+            (Some(net), listen)
+        } else {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            (None, l.local_addr()?.to_string())
+        };
+        Ok(Spaced {
             dir,
             url: String::new(),
             key: String::new(),
-            listen: String::new(),
+            listen,
             uid_base,
             cgroup_parent,
+            net,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             child: None,
             http: reqwest::Client::new(),
-        };
-        s.spawn()?;
-        Ok(s)
+        })
+    }
+
+    /// Add spaced flags for the next `spawn` (and every restart).
+    pub fn add_args(&mut self, args: &[&str]) {
+        self.extra_args.extend(args.iter().map(|a| a.to_string()));
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -117,16 +312,17 @@ impl Spaced {
 
     /// (Re)start the spaced process on the same data dir.
     pub fn spawn(&mut self) -> Result<()> {
-        if self.listen.is_empty() {
-            let l = TcpListener::bind("127.0.0.1:0")?;
-            self.listen = l.local_addr()?.to_string();
-        }
         self.url = format!("http://{}", self.listen);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log_path())?;
-        let child = Command::new(bin_dir().join("spaced"))
+        // nsenter execs spaced, so the child's pid is spaced's: kill9 and stop keep working.
+        let mut cmd = match &self.net {
+            Some(net) => net.command(bin_dir().join("spaced")),
+            None => Command::new(bin_dir().join("spaced")),
+        };
+        let child = cmd
             .arg("--listen")
             .arg(&self.listen)
             .arg("--data-dir")
@@ -331,6 +527,36 @@ impl Spaced {
         })
     }
 
+    /// Lazily unmount everything mounted under the run dir (slot network namespaces are bind
+    /// mounts under `<run_dir>/netns/`), deepest first.
+    pub fn unmount_run_dir(&self) {
+        let run_dir = self.run_dir();
+        let mut under_run: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(PathBuf::from))
+            .filter(|m| m.starts_with(&run_dir))
+            .collect();
+        under_run.sort();
+        for m in under_run.iter().rev() {
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(m)
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
+    /// What a host reboot does to the node's network (spaced must be dead): the slot
+    /// namespaces go (their veths with them) and the node's nftables rules are flushed. The
+    /// links the harness and the lab made stay, as a host's configured interfaces would.
+    pub fn reset_network_as_after_reboot(&self) {
+        self.unmount_run_dir();
+        if let Some(net) = &self.net {
+            let _ = net.command("nft").args(["flush", "ruleset"]).status();
+        }
+    }
+
     /// Remove every sandbox this instance holds, stop spaced, and unmount its volume.
     fn teardown(&mut self) {
         if self.child.is_some() {
@@ -374,6 +600,7 @@ impl Spaced {
                 let _ = std::fs::remove_dir(&parent);
             }
         }
+        self.unmount_run_dir();
         let volume = self.data_dir().join("volume");
         let _ = Command::new("umount").arg("-l").arg(&volume).status();
         let img = self.data_dir().join("space-btrfs.img");
@@ -407,7 +634,11 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 pub struct Postgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
+    /// TCP URL (host loopback).
     pub url: String,
+    /// The same server through its unix socket: reachable from spaced in its own network
+    /// namespace (a path socket does not belong to a network namespace).
+    pub socket_url: String,
 }
 
 impl Postgres {
@@ -437,6 +668,10 @@ impl Postgres {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let pg = Postgres {
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            socket_url: format!(
+                "postgres://postgres@localhost:{port}/postgres?host={}",
+                dir.path().display()
+            ),
             dir,
             bin,
         };

@@ -139,11 +139,20 @@ fn sandboxes_cannot_reach_each_other() {
     let (_, map_a, _) = s.sh(&a, "cat /proc/self/uid_map");
     let (_, map_b, _) = s.sh(&b, "cat /proc/self/uid_map");
     assert_ne!(map_a, map_b, "two sandboxes share a uid range");
-    let (_, ifs, _) = s.sh(&b, "ls /sys/class/net 2>/dev/null || cat /proc/net/dev");
-    assert!(
-        !ifs.contains("eth0") && !ifs.contains("veth"),
-        "B has host interfaces: {ifs}"
-    );
+    // B's network namespace is its own slot: loopback and its own eth0, none of the host's or
+    // the node's interfaces, and an address that is not A's.
+    let (_, ifs, _) = s.sh(&b, "cat /proc/net/dev");
+    let mut names: Vec<&str> = ifs
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["eth0", "lo"], "B's interfaces: {ifs}");
+    let addr = |id: &str| s.inspect(id)["network"]["address"].clone();
+    assert!(addr(&a).is_string(), "{}", s.inspect(&a));
+    assert_ne!(addr(&a), addr(&b), "two sandboxes share an address");
     // The guest channel sockets live on the host, out of every sandbox's sight.
     let (_, out, _) = s.sh(&b, "ls / ; ls /run 2>&1");
     assert!(!out.contains("guest.sock"));

@@ -7,7 +7,8 @@ use space_tests::{Postgres, Spaced};
 #[test]
 fn lifecycle_on_postgresql() {
     let pg = Postgres::start().unwrap();
-    let mut s = Spaced::start_with(&["--database-url", &pg.url]).unwrap();
+    // Through PostgreSQL's unix socket: spaced stays in its own network namespace.
+    let mut s = Spaced::start_with(&["--database-url", &pg.socket_url]).unwrap();
     assert!(
         !s.data_dir().join("space.db").exists(),
         "spaced made a SQLite store although PostgreSQL was given"

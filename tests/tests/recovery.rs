@@ -199,6 +199,7 @@ fn simulate_reboot(s: &mut Spaced) {
                 .status();
         }
     }
+    s.reset_network_as_after_reboot();
     std::fs::remove_dir_all(s.run_dir()).unwrap();
 }
 

@@ -3,6 +3,7 @@
 //! isolation HELD. Exit status 0 if every check held, 1 otherwise, 2 on bad usage.
 //!
 //! usage: space-probe [--host-marker PATH]... [--host-hostname NAME] [--expect-hostname NAME]
+//!        space-probe net SUBCOMMAND ...   (network checks, see net.rs)
 //!
 //! Every attempt is harmless if it unexpectedly succeeds (see space_sys::process probes).
 //! The checks that can change the probe's own state (setns, unshare) run last.
@@ -13,6 +14,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use serde::Serialize;
+
+mod net;
 
 #[derive(Serialize)]
 struct Check {
@@ -282,6 +285,10 @@ fn setns_denied() -> Check {
 }
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("net") {
+        return net::main(&argv[1..]);
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
