@@ -337,6 +337,9 @@ impl Spaced {
             .arg(self.uid_base.to_string())
             .arg("--cgroup-parent")
             .arg(&self.cgroup_parent)
+            // A small pool: dozens of test spaceds run one after another on two cores.
+            .arg("--slot-pool")
+            .arg("4")
             .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .env("RUST_BACKTRACE", "0")

@@ -75,7 +75,7 @@ struct Args {
     #[arg(long, default_value = "10.213.0.0/16", value_parser = parse_subnet)]
     slot_subnet: ipnet::Ipv4Net,
     /// Network slots kept ready for creates.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 32)]
     slot_pool: usize,
     /// Upstream DNS server (IP or IP:PORT; repeat for more). Default: the nameservers of
     /// /etc/resolv.conf.

@@ -31,7 +31,7 @@ pub struct NetConfig {
     pub enabled: bool,
     /// Cut into /30 slots. Default 10.213.0.0/16.
     pub subnet: Ipv4Net,
-    /// Slots kept ready. Default 8.
+    /// Slots kept ready. Default 32.
     pub pool_size: usize,
     /// Upstream DNS servers. Default: the nameservers of /etc/resolv.conf.
     pub dns_upstream: Vec<SocketAddr>,
@@ -46,7 +46,7 @@ impl Default for NetConfig {
         Self {
             enabled: true,
             subnet: "10.213.0.0/16".parse().expect("valid"),
-            pool_size: 8,
+            pool_size: 32,
             dns_upstream: Vec::new(),
             upstream_ca: None,
             default_egress: Egress::Open,
@@ -241,14 +241,27 @@ impl Network {
         let dir = run_dir.join("netns");
         let kernel =
             Arc::new(KernelSlots::new(subnet, &dir, nft.clone()).map_err(setup("open rtnetlink"))?);
-        let pool = Pool::new(kernel.clone(), subnet, cfg.pool_size, default_policy);
+        // Ready slots must leave room for sandboxes: at most half the subnet's slots.
+        let max_pool = (slots::slot_count(subnet) / 2) as usize;
+        let pool_size = if cfg.pool_size > max_pool {
+            warn!(
+                asked = cfg.pool_size,
+                used = max_pool,
+                %subnet,
+                "slot pool larger than half the subnet's slots; clamped"
+            );
+            max_pool
+        } else {
+            cfg.pool_size
+        };
+        let pool = Pool::new(kernel.clone(), subnet, pool_size, default_policy);
         let leftovers: BTreeSet<u32> = slots::pinned_indexes(&dir).into_iter().collect();
         for &i in &leftovers {
             pool.reserve(i);
         }
         info!(
             %subnet,
-            pool = cfg.pool_size,
+            pool = pool_size,
             default_egress = cfg.default_egress.as_str(),
             upstreams = ?upstream.servers(),
             "sandbox networking on"

@@ -166,6 +166,10 @@ pub struct SlotSets {
     pub dns4: Vec<(Ipv4Addr, Duration)>,
     /// The slot's own address iff egress is open.
     pub open4: Option<Ipv4Addr>,
+    /// The slot's own address iff egress is not open. It overrides `open4`, so that tightening
+    /// an open slot only adds elements (removing one costs the kernel an RCU grace period,
+    /// ~10 ms): a pooled slot pre-set to `open` takes `allowlist` or `none` cheaply.
+    pub closed4: Option<Ipv4Addr>,
 }
 
 impl SlotSets {
@@ -179,6 +183,7 @@ impl SlotSets {
             },
             dns4: Vec::new(),
             open4: (policy.egress() == Egress::Open).then_some(address),
+            closed4: (policy.egress() != Egress::Open).then_some(address),
         }
     }
 }
@@ -214,6 +219,7 @@ pub fn slot_table(deny: &[Ipv4Net]) -> String {
          \tset dns4 {{ type ipv4_addr; flags timeout; size {DNS4_MAX_ELEMENTS}; }}\n\
          \tset deny4 {{ type ipv4_addr; flags interval; auto-merge;{deny} }}\n\
          \tset open4 {{ type ipv4_addr; }}\n\
+         \tset closed4 {{ type ipv4_addr; }}\n\
          \tchain output {{\n\
          \t\ttype filter hook output priority filter; policy drop;\n\
          \t\toif \"lo\" accept\n\
@@ -222,6 +228,8 @@ pub fn slot_table(deny: &[Ipv4Net]) -> String {
          \t\tip daddr 169.254.0.0/16 reject with icmp type admin-prohibited\n\
          \t\tip daddr @allow4 accept\n\
          \t\tip daddr @dns4 accept\n\
+         \t\tip saddr @closed4 meta l4proto tcp reject with tcp reset\n\
+         \t\tip saddr @closed4 reject with icmp type admin-prohibited\n\
          \t\tip saddr @open4 ip daddr != @deny4 accept\n\
          \t\tmeta l4proto tcp reject with tcp reset\n\
          \t\treject with icmp type admin-prohibited\n\
@@ -243,7 +251,8 @@ pub fn slot_table(deny: &[Ipv4Net]) -> String {
 /// One transaction replacing the policy sets' contents.
 pub fn set_contents(sets: &SlotSets) -> String {
     let mut s = String::from(
-        "flush set inet space allow4\nflush set inet space dns4\nflush set inet space open4\n",
+        "flush set inet space allow4\nflush set inet space dns4\nflush set inet space open4\n\
+         flush set inet space closed4\n",
     );
     if !sets.allow4.is_empty() {
         let _ = writeln!(
@@ -261,6 +270,9 @@ pub fn set_contents(sets: &SlotSets) -> String {
     }
     if let Some(a) = sets.open4 {
         let _ = writeln!(s, "add element inet space open4 {{ {a} }}");
+    }
+    if let Some(a) = sets.closed4 {
+        let _ = writeln!(s, "add element inet space closed4 {{ {a} }}");
     }
     s
 }
@@ -293,12 +305,23 @@ pub fn set_changes(old: Option<&SlotSets>, new: &SlotSets, dns_removed: bool) ->
             let _ = writeln!(s, "add element inet space allow4 {{ {} }}", elements(added));
         }
     }
-    if old.open4 != new.open4 {
+    // Closing leaves `open4` as it is (`closed4` overrides it; a later `add` of the same
+    // element is a no-op), so tightening never removes an element.
+    let closing = new.open4.is_none() && new.closed4.is_some();
+    if old.open4 != new.open4 && !closing {
         if old.open4.is_some() {
             s.push_str("flush set inet space open4\n");
         }
         if let Some(a) = new.open4 {
             let _ = writeln!(s, "add element inet space open4 {{ {a} }}");
+        }
+    }
+    if old.closed4 != new.closed4 {
+        if old.closed4.is_some() {
+            s.push_str("flush set inet space closed4\n");
+        }
+        if let Some(a) = new.closed4 {
+            let _ = writeln!(s, "add element inet space closed4 {{ {a} }}");
         }
     }
     if dns_removed {
@@ -570,11 +593,18 @@ mod tests {
     #[test]
     fn sets_follow_the_egress_mode() {
         let none = SlotSets::for_policy(&Policy::deny_all(), ADDR);
-        assert_eq!(none, SlotSets::default());
+        assert_eq!(
+            none,
+            SlotSets {
+                closed4: Some(ADDR),
+                ..SlotSets::default()
+            }
+        );
         let s = set_contents(&none);
         assert_eq!(
             s,
-            "flush set inet space allow4\nflush set inet space dns4\nflush set inet space open4\n"
+            "flush set inet space allow4\nflush set inet space dns4\nflush set inet space open4\n\
+             flush set inet space closed4\nadd element inet space closed4 { 10.213.0.6 }\n"
         );
 
         let open = SlotSets::for_policy(&pol(Egress::Open, &["192.168.1.0/24"]), ADDR);
@@ -595,10 +625,10 @@ mod tests {
             ),
             ADDR,
         );
-        assert_eq!(allow.open4, None);
+        assert_eq!((allow.open4, allow.closed4), (None, Some(ADDR)));
         // Adjacent CIDRs are merged before they reach the kernel.
         assert_eq!(
-            set_contents(&allow).lines().nth(3).unwrap(),
+            set_contents(&allow).lines().nth(4).unwrap(),
             "add element inet space allow4 { 198.51.100.7/32, 203.0.113.0/24 }"
         );
     }
@@ -616,11 +646,17 @@ mod tests {
         assert_eq!(set_changes(Some(&open), &open, false), "");
         assert_eq!(
             set_changes(Some(&none), &open, false),
-            "add element inet space open4 { 10.213.0.6 }\n"
+            "add element inet space open4 { 10.213.0.6 }\nflush set inet space closed4\n"
         );
+        // Tightening an open slot (a pooled one, say) only adds elements.
         assert_eq!(
             set_changes(Some(&open), &a1, false),
-            "add element inet space allow4 { 198.51.100.0/24 }\nflush set inet space open4\n"
+            "add element inet space allow4 { 198.51.100.0/24 }\n\
+             add element inet space closed4 { 10.213.0.6 }\n"
+        );
+        assert_eq!(
+            set_changes(Some(&open), &none, false),
+            "add element inet space closed4 { 10.213.0.6 }\n"
         );
         // Growing: additions only.
         assert_eq!(

@@ -466,6 +466,8 @@ impl SlotBackend for KernelSlots {
 
 /// How long the pool waits after the last take before refilling (unless it runs low).
 const REFILL_QUIET: Duration = Duration::from_millis(100);
+/// Pause between two refilled slots while the pool is not low.
+const REFILL_PACE: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Default)]
 struct PoolState {
@@ -622,15 +624,20 @@ impl Pool {
                 };
                 match made {
                     Ok(slot) => {
-                        let rejected = {
+                        let (rejected, plenty) = {
                             let mut st = self.lock();
                             if st.closed {
-                                Some(slot)
+                                (Some(slot), false)
                             } else {
                                 st.ready.push_back(slot);
-                                None
+                                (None, st.ready.len() > self.size / 4)
                             }
                         };
+                        // Unless the pool runs low, leave the CPU to the sandboxes between
+                        // two slots (a burst's refill would otherwise slow their execs).
+                        if plenty && rejected.is_none() {
+                            tokio::time::sleep(REFILL_PACE).await;
+                        }
                         if let Some(slot) = rejected {
                             let index = slot.info.index;
                             drop(slot);
