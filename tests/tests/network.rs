@@ -731,6 +731,28 @@ fn secrets_reach_only_the_bound_host_and_never_the_sandbox() {
             );
         }
     }
+    // Not in a snapshot (its files are the sandbox's), not in the events.
+    let snap = s.space_ok(&["snapshot", &id]).trim().to_string();
+    let snap_dir = s
+        .data_dir()
+        .join("volume/sandboxes")
+        .join(&id)
+        .join("snapshots")
+        .join(&snap);
+    let grep = std::process::Command::new("grep")
+        .args(["-r", "-F", "-l", "-s", &secret])
+        .arg(&snap_dir)
+        .output()
+        .unwrap();
+    assert!(snap_dir.is_dir(), "{}", snap_dir.display());
+    assert_eq!(
+        grep.status.code(),
+        Some(1),
+        "grep found the secret in the snapshot: {}",
+        String::from_utf8_lossy(&grep.stdout)
+    );
+    let events = s.space_ok(&["events", &id]);
+    assert!(events.contains("create") && !events.contains(&secret), "{events}");
 }
 
 #[test]
