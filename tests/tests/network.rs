@@ -752,7 +752,10 @@ fn secrets_reach_only_the_bound_host_and_never_the_sandbox() {
         String::from_utf8_lossy(&grep.stdout)
     );
     let events = s.space_ok(&["events", &id]);
-    assert!(events.contains("create") && !events.contains(&secret), "{events}");
+    assert!(
+        events.contains("create") && !events.contains(&secret),
+        "{events}"
+    );
 }
 
 #[test]
