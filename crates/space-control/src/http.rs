@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use crate::AppState;
 use crate::engine::ExecReply;
-use crate::error::AppError;
+use crate::error::{AppError, ErrorCode};
 
 /// Every route of the API: (method, path). `app()` registers exactly these, and a test
 /// checks them against `api/openapi.yaml`.
@@ -204,8 +204,11 @@ async fn trace(State(state): State<AppState>, req: Request, next: Next) -> Respo
         m.http_requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if resp.status().is_server_error() || resp.status().is_client_error() {
-            m.http_errors
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let code = resp
+                .extensions()
+                .get::<ErrorCode>()
+                .map_or("other", |c| c.0);
+            m.http_error(code);
         }
         tracing::debug!(
             status = resp.status().as_u16(),

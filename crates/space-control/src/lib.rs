@@ -14,6 +14,7 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod lifecycle;
+pub mod metrics;
 pub mod net;
 pub mod port_proxy;
 pub mod reconcile;

@@ -290,6 +290,7 @@ impl Engine {
         label: Option<String>,
         checkpoint: Option<&Checkpoint>,
     ) -> AppResult<SnapshotRow> {
+        let start = std::time::Instant::now();
         let id = &row.id;
         let snap = new_id();
         let parent = self.store.snapshot_head(id).await?;
@@ -322,6 +323,7 @@ impl Engine {
             }
             return Err(e.into());
         }
+        self.metrics.snapshot_seconds.since(start);
         Ok(srow)
     }
 

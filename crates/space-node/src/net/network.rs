@@ -8,6 +8,7 @@ use std::net::Ipv4Addr;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -101,6 +102,21 @@ impl From<SlotError> for NetError {
 
 fn invalid(e: super::policy::PolicyError) -> NetError {
     NetError::InvalidArgument(e.to_string())
+}
+
+/// A point-in-time view of the slot pool (see [`Network::pool_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    /// Slots made and waiting for a sandbox.
+    pub ready: usize,
+    /// Slots attached to a sandbox.
+    pub attached: usize,
+    /// Creates served by a ready slot.
+    pub hits: u64,
+    /// Creates that had to make their slot.
+    pub misses: u64,
+    pub created: u64,
+    pub destroyed: u64,
 }
 
 /// A sandbox's slot while attached: its policy state and the tasks serving it.
@@ -562,6 +578,20 @@ impl Network {
             gateway: a.info.gateway,
             egress: policy.egress(),
             allow: policy.spec().allow.clone(),
+        })
+    }
+
+    /// The slot pool's gauges and counters, for `/metrics`; `None` with networking off.
+    pub fn pool_stats(&self) -> Option<PoolSnapshot> {
+        let inner = self.inner.as_ref()?;
+        let stats = &inner.pool.stats;
+        Some(PoolSnapshot {
+            ready: inner.pool.ready(),
+            attached: lock(&inner.attached).len(),
+            hits: stats.hits.load(Ordering::Relaxed),
+            misses: stats.misses.load(Ordering::Relaxed),
+            created: stats.created.load(Ordering::Relaxed),
+            destroyed: stats.destroyed.load(Ordering::Relaxed),
         })
     }
 
