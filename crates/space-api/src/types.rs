@@ -229,6 +229,10 @@ pub struct Sandbox {
     /// Bytes of memory the sandbox uses now (its memory cgroup).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    /// CPU time the sandbox has used so far, in microseconds (its cgroup), while it runs.
+    /// Two samples over an interval give its CPU share (`space top`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_usage_usec: Option<u64>,
     /// When the timeout expires (RFC 3339), if one is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_at: Option<String>,

@@ -11,6 +11,7 @@ mod events;
 mod exec;
 mod net;
 mod snapshot;
+mod top;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,6 +42,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the sandboxes with their CPU and memory, refreshed every interval.
+    Top(top::TopArgs),
     /// Print a sandbox as JSON.
     Inspect { id: String },
     /// Freeze a sandbox (no CPU, memory kept).
@@ -299,6 +302,7 @@ async fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Top(a) => top::run(client()?, a).await,
         Command::Inspect { id } => {
             print_json(&client()?.get_sandbox(&id).await?)?;
             Ok(0)

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -27,6 +26,7 @@ use tonic::transport::Channel;
 
 use crate::convert;
 use crate::error::{AppError, AppResult};
+use crate::metrics::{Metrics, inc};
 use crate::store::{SandboxRow, SandboxSpecRecord, Store, now_ms};
 
 pub const RUNTIME_NAME: &str = "namespace";
@@ -133,23 +133,6 @@ impl KeyedLocks {
     pub(crate) fn forget(&self, id: &str) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
     }
-}
-
-/// Plain counters for `/metrics`.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    pub http_requests: AtomicU64,
-    pub http_errors: AtomicU64,
-    pub sandboxes_created: AtomicU64,
-    pub sandbox_create_errors: AtomicU64,
-    pub sandboxes_deleted: AtomicU64,
-    pub execs: AtomicU64,
-    pub reconcile_runs: AtomicU64,
-    pub reconcile_errors: AtomicU64,
-}
-
-fn inc(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A foreground exec's events, or a background exec's pid.
@@ -350,6 +333,7 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
             .and_then(|s| s.init_pid),
         uid_base: live.map(|s| s.uid_base),
         memory_bytes: live.and_then(|s| s.memory_bytes),
+        cpu_usage_usec: live.and_then(|s| s.cpu_usage_usec),
         // Filled by `lifecycle::decorate`.
         timeout_at: None,
         on_timeout: None,
@@ -561,6 +545,7 @@ impl Engine {
     // ---- sandboxes ----
 
     pub async fn create_sandbox(&self, req: CreateSandbox) -> AppResult<Sandbox> {
+        let start = std::time::Instant::now();
         let id = new_sandbox_id();
         let now = now_ms();
         let lifecycle = crate::lifecycle::lifecycle_from_create(&req, &id, now)?;
@@ -609,6 +594,7 @@ impl Engine {
                 };
                 let mut sb = sandbox_dto(&row, Some(&status));
                 crate::lifecycle::decorate(&mut sb, lifecycle.as_ref());
+                self.metrics.create_seconds.since(start);
                 Ok(sb)
             }
             Err(e) => {
@@ -696,6 +682,7 @@ impl Engine {
     // ---- exec and processes ----
 
     pub async fn exec(&self, id: &str, req: ExecRequest) -> AppResult<ExecReply> {
+        let start = std::time::Instant::now();
         if req.cmd.is_empty() || req.cmd[0].is_empty() {
             return Err(AppError::invalid("cmd must be a non-empty list"));
         }
@@ -719,7 +706,10 @@ impl Engine {
         let preq = convert::exec_request(req);
         if background {
             return match guest.start(preq).await {
-                Ok(reply) => Ok(ExecReply::Background(reply.into_inner().pid)),
+                Ok(reply) => {
+                    self.metrics.exec_seconds.since(start);
+                    Ok(ExecReply::Background(reply.into_inner().pid))
+                }
                 Err(s) => Err(self.explain_guest_error(id, s).await),
             };
         }
@@ -742,6 +732,7 @@ impl Engine {
                 "the guest ended the exec stream before the process started",
             ));
         }
+        self.metrics.exec_seconds.since(start);
         Ok(ExecReply::Events(
             self.activity.track(id, event_stream(first, stream, true)),
         ))
@@ -1048,36 +1039,11 @@ impl Engine {
 
     // ---- service ----
 
-    /// Prometheus text exposition of the counters and sandbox counts.
+    /// Prometheus text exposition: the control plane's [`Metrics`], sandboxes by state and
+    /// the node's series (see `metrics`).
     pub async fn metrics_text(&self) -> AppResult<String> {
-        use std::fmt::Write;
-        let m = &self.metrics;
-        let mut out = String::new();
-        let counters = [
-            ("space_http_requests_total", &m.http_requests),
-            ("space_http_errors_total", &m.http_errors),
-            ("space_sandboxes_created_total", &m.sandboxes_created),
-            (
-                "space_sandbox_create_errors_total",
-                &m.sandbox_create_errors,
-            ),
-            ("space_sandboxes_deleted_total", &m.sandboxes_deleted),
-            ("space_execs_total", &m.execs),
-            ("space_reconcile_runs_total", &m.reconcile_runs),
-            ("space_reconcile_errors_total", &m.reconcile_errors),
-        ];
-        for (name, c) in counters {
-            let _ = writeln!(
-                out,
-                "# TYPE {name} counter\n{name} {}",
-                c.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(out, "# TYPE space_sandboxes gauge");
-        for (state, n) in self.store.count_by_state().await? {
-            let _ = writeln!(out, "space_sandboxes{{state=\"{state}\"}} {n}");
-        }
-        Ok(out)
+        let sandboxes = self.store.count_by_state().await?;
+        Ok(self.metrics.render(&sandboxes, &self.node.metrics()))
     }
 }
 

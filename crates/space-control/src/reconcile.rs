@@ -346,6 +346,7 @@ mod tests {
             uid_count: 65_536,
             channel: PathBuf::from("/run/space/x.sock"),
             memory_bytes: None,
+            cpu_usage_usec: None,
             network: None,
         }
     }

@@ -335,6 +335,7 @@ impl FakeNode {
             uid_count: 65_536,
             channel: PathBuf::from("/nonexistent"),
             memory_bytes: Some(1_000_000),
+            cpu_usage_usec: Some(2_000_000),
             network: None,
         }
     }
@@ -781,6 +782,7 @@ async fn create_get_list_delete() {
         .json();
     assert_eq!(got.id, sb.id);
     assert_eq!(got.memory_bytes, Some(1_000_000));
+    assert_eq!(got.cpu_usage_usec, Some(2_000_000));
 
     let sb2 = h.create().await;
     let list: space_api::SandboxList = h
@@ -1306,10 +1308,26 @@ async fn templates_list_and_import() {
 async fn metrics_count_things() {
     let h = harness().await;
     h.create().await;
+    let r = h
+        .call(
+            Method::GET,
+            "/v1/sandboxes/aaaaaaaaaaaaaaaaaaaa",
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
     let r = h.call(Method::GET, "/metrics", Body::empty()).await;
     assert_eq!(r.status, StatusCode::OK);
     let text = String::from_utf8(r.body).unwrap();
     assert!(text.contains("space_sandboxes_created_total 1"), "{text}");
+    assert!(
+        text.contains("space_http_errors_total{code=\"not_found\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("space_sandbox_create_seconds_count 1"),
+        "{text}"
+    );
     assert!(
         text.contains("space_sandboxes{state=\"running\"} 1"),
         "{text}"

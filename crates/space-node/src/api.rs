@@ -78,6 +78,9 @@ pub struct SandboxStatus {
     pub channel: PathBuf,
     /// Bytes of the sandbox's memory cgroup in use, when known.
     pub memory_bytes: Option<u64>,
+    /// CPU time used by the sandbox so far, in microseconds, when known (running only).
+    #[serde(default)]
+    pub cpu_usage_usec: Option<u64>,
     /// Its network slot and policy (None: networking off on this node).
     #[serde(default)]
     pub network: Option<crate::net::NetworkStatus>,
@@ -291,5 +294,10 @@ pub trait NodeApi: Send + Sync {
         Err(NodeError::Internal(
             "fork is not supported by this node".into(),
         ))
+    }
+    /// Node-level series for `/metrics`: each a name with its labels already rendered
+    /// (`space_net_slots_ready`, `name{label="v"}`) and a value. Cheap; no I/O.
+    fn metrics(&self) -> Vec<(String, f64)> {
+        Vec::new()
     }
 }

@@ -2,7 +2,8 @@
 //! hybrid v1 layout (v1 controllers under `<root>/<controller>`). The kernel interface sits
 //! behind [`CgroupManager`]; [`RecordingCgroups`] is the fake for unit tests.
 //!
-//! Layout: v1 `<root>/{memory,cpu,pids,freezer}/<parent>/<id>`, v2 `<root>/<parent>/<id>`.
+//! Layout: v1 `<root>/{memory,cpu,pids,freezer}/<parent>/<id>` (plus `cpuacct` when the host
+//! mounts it apart from `cpu`, for CPU usage), v2 `<root>/<parent>/<id>`.
 //! A zero limit means "no limit".
 
 use std::fs;
@@ -61,6 +62,11 @@ pub trait CgroupManager: Send + Sync + std::fmt::Debug {
     }
     /// Memory charged to the sandbox, in bytes.
     fn memory_bytes(&self, id: &str) -> Option<u64>;
+    /// CPU time used by the sandbox's processes so far, in microseconds (monotonic while the
+    /// cgroup lives). `None` when unknown.
+    fn cpu_usage_usec(&self, _id: &str) -> Option<u64> {
+        None
+    }
     /// On cgroup v2, the sandbox's cgroup directory opened for `CLONE_INTO_CGROUP`; the
     /// child then starts inside it and `add_process` is skipped. `None` elsewhere.
     fn clone_target(&self, _id: &str) -> Option<OwnedFd> {
@@ -77,6 +83,8 @@ pub enum CgroupVersion {
 
 /// v1 controllers a sandbox is placed into.
 const V1_CONTROLLERS: [&str; 4] = ["memory", "cpu", "pids", "freezer"];
+/// Optional v1 controller for CPU usage; when co-mounted with `cpu` its files are in `cpu`.
+const V1_CPUACCT: &str = "cpuacct";
 /// v2 controllers enabled for sandboxes.
 const V2_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 const CFS_PERIOD_US: u64 = 100_000;
@@ -88,7 +96,7 @@ pub struct LinuxCgroups {
     parent: String,
     version: CgroupVersion,
     /// v2: the controllers of [`V2_CONTROLLERS`] the host offers (limits of the others are
-    /// skipped).
+    /// skipped). v1: [`V1_CONTROLLERS`], plus `cpuacct` when it is mounted on its own.
     enabled: Vec<&'static str>,
 }
 
@@ -155,7 +163,14 @@ impl LinuxCgroups {
     fn init_parent(&mut self) -> Result<(), CgroupError> {
         match self.version {
             CgroupVersion::V1 => {
-                for c in V1_CONTROLLERS {
+                self.enabled = V1_CONTROLLERS.to_vec();
+                // A separate cpuacct hierarchy (not `cpu,cpuacct`, whose files show in `cpu`).
+                if !self.root.join("cpu").join("cpuacct.usage").exists()
+                    && self.root.join(V1_CPUACCT).join("cpuacct.usage").exists()
+                {
+                    self.enabled.push(V1_CPUACCT);
+                }
+                for c in &self.enabled {
                     mkdir(&self.root.join(c).join(&self.parent))?;
                 }
             }
@@ -197,7 +212,8 @@ impl LinuxCgroups {
     /// Every directory of the sandbox (one per v1 controller, or the one v2 directory).
     pub fn dirs(&self, id: &str) -> Vec<PathBuf> {
         match self.version {
-            CgroupVersion::V1 => V1_CONTROLLERS
+            CgroupVersion::V1 => self
+                .enabled
                 .iter()
                 .map(|c| self.root.join(c).join(&self.parent).join(id))
                 .collect(),
@@ -252,7 +268,7 @@ impl CgroupManager for LinuxCgroups {
         let (mem, cpu, pids) = limit_values(limits);
         match self.version {
             CgroupVersion::V1 => {
-                for c in V1_CONTROLLERS {
+                for c in &self.enabled {
                     mkdir(&self.v1(c, id))?;
                 }
                 let m = self.v1("memory", id);
@@ -439,12 +455,42 @@ impl CgroupManager for LinuxCgroups {
         fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 
+    fn cpu_usage_usec(&self, id: &str) -> Option<u64> {
+        valid_name(id).ok()?;
+        match self.version {
+            CgroupVersion::V1 => {
+                let dir = if self.enabled.contains(&V1_CPUACCT) {
+                    self.v1(V1_CPUACCT, id)
+                } else {
+                    self.v1("cpu", id)
+                };
+                parse_cpuacct_usage(&fs::read_to_string(dir.join("cpuacct.usage")).ok()?)
+            }
+            CgroupVersion::V2 => {
+                parse_cpu_stat_usage(&fs::read_to_string(self.v2(id).join("cpu.stat")).ok()?)
+            }
+        }
+    }
+
     fn clone_target(&self, id: &str) -> Option<OwnedFd> {
         if self.version != CgroupVersion::V2 || valid_name(id).is_err() {
             return None;
         }
         fs::File::open(self.v2(id)).ok().map(OwnedFd::from)
     }
+}
+
+/// v1 `cpuacct.usage` (nanoseconds) as microseconds.
+fn parse_cpuacct_usage(s: &str) -> Option<u64> {
+    s.trim().parse::<u64>().ok().map(|ns| ns / 1000)
+}
+
+/// The `usage_usec` line of a v2 `cpu.stat`.
+fn parse_cpu_stat_usage(s: &str) -> Option<u64> {
+    s.lines().find_map(|l| {
+        let (key, value) = l.split_once(' ')?;
+        (key == "usage_usec").then(|| value.trim().parse().ok())?
+    })
 }
 
 /// One call seen by [`RecordingCgroups`].
@@ -463,6 +509,7 @@ pub struct RecordingCgroups {
     calls: Mutex<Vec<CgroupCall>>,
     fail: Mutex<Option<&'static str>>,
     memory: Mutex<Option<u64>>,
+    cpu: Mutex<Option<u64>>,
 }
 
 impl RecordingCgroups {
@@ -477,6 +524,10 @@ impl RecordingCgroups {
 
     pub fn set_memory(&self, bytes: Option<u64>) {
         *self.memory.lock().unwrap() = bytes;
+    }
+
+    pub fn set_cpu_usage(&self, usec: Option<u64>) {
+        *self.cpu.lock().unwrap() = usec;
     }
 
     pub fn calls(&self) -> Vec<CgroupCall> {
@@ -522,6 +573,9 @@ impl CgroupManager for RecordingCgroups {
     }
     fn memory_bytes(&self, _id: &str) -> Option<u64> {
         *self.memory.lock().unwrap()
+    }
+    fn cpu_usage_usec(&self, _id: &str) -> Option<u64> {
+        *self.cpu.lock().unwrap()
     }
 }
 
@@ -632,6 +686,60 @@ mod tests {
         assert_eq!(cg.dirs("sb3"), vec![d.clone()]);
         fs::write(d.join("memory.current"), "12345\n").unwrap();
         assert_eq!(cg.memory_bytes("sb3"), Some(12345));
+        assert_eq!(cg.cpu_usage_usec("sb3"), None);
+        fs::write(
+            d.join("cpu.stat"),
+            "usage_usec 987654\nuser_usec 900000\nsystem_usec 87654\n",
+        )
+        .unwrap();
+        assert_eq!(cg.cpu_usage_usec("sb3"), Some(987654));
+    }
+
+    #[test]
+    fn parses_cpu_usage_files() {
+        assert_eq!(
+            parse_cpuacct_usage("18900066905239\n"),
+            Some(18_900_066_905)
+        );
+        assert_eq!(parse_cpuacct_usage("999"), Some(0));
+        assert_eq!(parse_cpuacct_usage("garbage"), None);
+        assert_eq!(
+            parse_cpu_stat_usage("usage_usec 5\nuser_usec 3\nsystem_usec 2\n"),
+            Some(5)
+        );
+        // A key that merely starts with usage_usec does not count.
+        assert_eq!(parse_cpu_stat_usage("usage_usec_x 9\nuser_usec 3\n"), None);
+        assert_eq!(parse_cpu_stat_usage(""), None);
+    }
+
+    #[test]
+    fn v1_uses_a_separate_cpuacct_hierarchy_for_cpu_usage() {
+        let t = fake_v1_root();
+        fs::create_dir_all(t.path().join("cpuacct")).unwrap();
+        fs::write(t.path().join("cpuacct/cpuacct.usage"), "0").unwrap();
+        let cg = LinuxCgroups::detect(t.path(), "space").unwrap();
+        cg.create("sb5", &Limits::default()).unwrap();
+        let acct = t.path().join("cpuacct/space/sb5");
+        assert!(acct.is_dir());
+        assert!(cg.dirs("sb5").contains(&acct));
+        cg.add_process("sb5", 77).unwrap();
+        assert_eq!(read(&acct.join("cgroup.procs")), "77");
+        fs::write(acct.join("cpuacct.usage"), "2500000\n").unwrap();
+        assert_eq!(cg.cpu_usage_usec("sb5"), Some(2500));
+    }
+
+    #[test]
+    fn v1_reads_cpu_usage_from_a_co_mounted_cpu_cpuacct() {
+        let t = fake_v1_root();
+        fs::write(t.path().join("cpu/cpuacct.usage"), "0").unwrap();
+        // The `cpuacct` name is a link to the same hierarchy; it must not be used twice.
+        fs::create_dir_all(t.path().join("cpuacct")).unwrap();
+        fs::write(t.path().join("cpuacct/cpuacct.usage"), "0").unwrap();
+        let cg = LinuxCgroups::detect(t.path(), "space").unwrap();
+        cg.create("sb6", &Limits::default()).unwrap();
+        assert_eq!(cg.dirs("sb6").len(), V1_CONTROLLERS.len());
+        fs::write(t.path().join("cpu/space/sb6/cpuacct.usage"), "7000").unwrap();
+        assert_eq!(cg.cpu_usage_usec("sb6"), Some(7));
     }
 
     #[test]

@@ -431,6 +431,11 @@ impl Node {
             } else {
                 None
             },
+            cpu_usage_usec: if running {
+                self.runtime.cpu_usage_usec(&rec.spec.id)
+            } else {
+                None
+            },
             network: self.network.as_ref().and_then(|n| n.status(&rec.spec.id)),
         }
     }
@@ -1151,6 +1156,18 @@ impl NodeApi for Node {
         }
         let (store, name) = (self.templates.clone(), name.to_string());
         blocking(move || Ok(store.import(&name, &source)?)).await
+    }
+
+    fn metrics(&self) -> Vec<(String, f64)> {
+        let Some(p) = self.network.as_ref().and_then(|n| n.pool_stats()) else {
+            return Vec::new();
+        };
+        vec![
+            ("space_net_slots_ready".into(), p.ready as f64),
+            ("space_net_slots_attached".into(), p.attached as f64),
+            ("space_net_pool_hits_total".into(), p.hits as f64),
+            ("space_net_pool_misses_total".into(), p.misses as f64),
+        ]
     }
 }
 

@@ -83,6 +83,9 @@ impl Runtime for FakeRuntime {
     fn memory_bytes(&self, _id: &str) -> Option<u64> {
         Some(4096)
     }
+    fn cpu_usage_usec(&self, _id: &str) -> Option<u64> {
+        Some(250_000)
+    }
     async fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), RuntimeError> {
         self.calls
             .lock()
@@ -200,6 +203,7 @@ async fn create_snapshots_records_launches_and_connects() {
     assert_eq!(st.runtime, "fake");
     assert_eq!(st.init_pid, Some(1000));
     assert_eq!(st.memory_bytes, Some(4096));
+    assert_eq!(st.cpu_usage_usec, Some(250_000));
     let vol = f.dir.path().join("vol");
     assert_eq!(
         st.channel,
@@ -388,6 +392,7 @@ async fn stop_keeps_rootfs_and_create_restarts_it() {
     let st = f.node.sandbox_status("st").await.unwrap().unwrap();
     assert_eq!(st.phase, Phase::Stopped);
     assert_eq!(st.init_pid, None);
+    assert_eq!(st.cpu_usage_usec, None);
     assert!(matches!(
         f.node.guest("st").await,
         Err(NodeError::Unavailable { .. })

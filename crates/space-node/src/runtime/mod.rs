@@ -92,6 +92,10 @@ pub trait Runtime: Send + Sync {
     fn alive(&self, launched: &Launched) -> bool;
     /// Memory in use by the sandbox (from its cgroup), when known.
     fn memory_bytes(&self, id: &str) -> Option<u64>;
+    /// CPU time the sandbox has used so far, in microseconds (from its cgroup), when known.
+    fn cpu_usage_usec(&self, _id: &str) -> Option<u64> {
+        None
+    }
     /// Freeze (pause) or thaw every process of the sandbox; returns once the kernel reports
     /// the state reached.
     async fn set_frozen(&self, id: &str, _frozen: bool) -> Result<(), RuntimeError> {

@@ -510,4 +510,8 @@ impl Runtime for NamespaceRuntime {
     fn memory_bytes(&self, id: &str) -> Option<u64> {
         self.inner.cgroups.memory_bytes(id)
     }
+
+    fn cpu_usage_usec(&self, id: &str) -> Option<u64> {
+        self.inner.cgroups.cpu_usage_usec(id)
+    }
 }

@@ -121,6 +121,9 @@ async fn destroy_of_unknown_sandbox_is_idempotent() {
     );
     fake.set_memory(Some(7));
     assert_eq!(rt.memory_bytes("nope"), Some(7));
+    assert_eq!(rt.cpu_usage_usec("nope"), None);
+    fake.set_cpu_usage(Some(1234));
+    assert_eq!(rt.cpu_usage_usec("nope"), Some(1234));
 }
 
 // ---- real kernel ------------------------------------------------------------------------
@@ -373,6 +376,8 @@ async fn real_sandbox_is_isolated() {
         );
     }
     assert!(rt.memory_bytes("sbreal1").unwrap() > 0);
+    // The daemon has run, so its cgroup has charged some CPU time.
+    assert!(rt.cpu_usage_usec("sbreal1").unwrap() > 0);
 
     // Freeze and thaw.
     rt.set_frozen("sbreal1", true).await.unwrap();
