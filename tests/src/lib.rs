@@ -581,7 +581,7 @@ impl Spaced {
         }
         self.kill9();
         // Anything left (a test that killed spaced mid-way): kill by cgroup, then unmount.
-        for ctrl in ["memory", "pids", "cpu", "freezer", ""] {
+        for ctrl in ["memory", "pids", "cpu", "cpuacct", "freezer", ""] {
             let base = if ctrl.is_empty() {
                 PathBuf::from("/sys/fs/cgroup")
             } else {

@@ -502,8 +502,14 @@ pub struct Pool {
     /// path from racing the refill).
     create_lock: tokio::sync::Mutex<()>,
     wake: tokio::sync::Notify,
+    /// Background destroys in flight (see `release`), which `close` waits for.
+    releasing: std::sync::atomic::AtomicUsize,
+    released: tokio::sync::Notify,
     pub stats: PoolStats,
 }
+
+/// How long `close` waits for background destroys before leaving the rest to the next start.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 impl Pool {
     pub fn new(
@@ -520,6 +526,8 @@ impl Pool {
             state: Mutex::new(PoolState::default()),
             create_lock: tokio::sync::Mutex::new(()),
             wake: tokio::sync::Notify::new(),
+            releasing: Default::default(),
+            released: tokio::sync::Notify::new(),
             stats: PoolStats::default(),
         })
     }
@@ -693,7 +701,13 @@ impl Pool {
     /// Destroys slot `index` in the background; frees the index when done.
     pub fn release(self: &Arc<Self>, index: u32) {
         let pool = self.clone();
-        tokio::spawn(async move { pool.destroy_now(index).await });
+        self.releasing.fetch_add(1, Ordering::SeqCst);
+        tokio::spawn(async move {
+            pool.destroy_now(index).await;
+            if pool.releasing.fetch_sub(1, Ordering::SeqCst) == 1 {
+                pool.released.notify_waiters();
+            }
+        });
     }
 
     /// Destroys slot `index` and waits for it.
@@ -719,6 +733,23 @@ impl Pool {
             let index = s.info.index;
             drop(s);
             self.destroy_now(index).await;
+        }
+        // Slots of removed sandboxes still being destroyed in the background: a shutdown
+        // right after removals should not leave them pinned (the next start would reclaim
+        // them, but a clean stop leaves nothing behind).
+        let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+        loop {
+            let done = self.released.notified();
+            if self.releasing.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                tracing::warn!(
+                    left = self.releasing.load(Ordering::SeqCst),
+                    "slots still being destroyed at shutdown; the next start reclaims them"
+                );
+                break;
+            }
         }
     }
 }
@@ -869,6 +900,30 @@ pub(crate) mod tests {
         // The pre-applied default policy means no nft at take time.
         assert!(!s2.firewall.apply_policy(&open_policy()).await.unwrap());
         drop((s, s3));
+    }
+
+    #[tokio::test]
+    async fn close_waits_for_background_releases() {
+        let fake = Arc::new(FakeSlots::default());
+        let pool = Pool::new(
+            fake.clone(),
+            "10.213.0.0/16".parse().unwrap(),
+            1,
+            open_policy(),
+        );
+        let (a, _) = pool.take().await.unwrap();
+        let (b, _) = pool.take().await.unwrap();
+        let (ia, ib) = (a.info.index, b.info.index);
+        drop((a, b));
+        pool.release(ia);
+        pool.release(ib);
+        // No await between the releases and close: their tasks have not run yet.
+        pool.close().await;
+        let log = fake.log.lock().unwrap().clone();
+        for i in [ia, ib] {
+            assert!(log.contains(&format!("destroy {i}")), "{log:?}");
+        }
+        assert_eq!(pool.in_use(), 0);
     }
 
     #[tokio::test]
