@@ -259,6 +259,15 @@ fn egress_none_blocks_everything() {
     let id = s.create(&["--egress", "none"]);
     install_probe(&s, &id);
     assert_eq!(sandbox_network(&s, &id)["egress"], "none");
+    // The CLI shows the sandbox's address (and accepts --json: its output is JSON anyway).
+    let shown: serde_json::Value =
+        serde_json::from_str(&s.space_ok(&["inspect", &id, "--json"])).unwrap();
+    let address: Ipv4Addr = shown["network"]["address"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(address, sandbox_ip(&s, &id));
 
     let r = net(&s, &id, &["dns", "api.example.test"]);
     assert_eq!(dns_rcode(&r), Some(5), "DNS must be REFUSED: {r}");

@@ -44,8 +44,13 @@ enum Command {
     },
     /// Show the sandboxes with their CPU and memory, refreshed every interval.
     Top(top::TopArgs),
-    /// Print a sandbox as JSON.
-    Inspect { id: String },
+    /// Print a sandbox as JSON (its network address under `network`).
+    Inspect {
+        id: String,
+        /// Accepted for symmetry with other commands: the output is always JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Freeze a sandbox (no CPU, memory kept).
     Pause { id: String },
     /// Thaw a paused sandbox.
@@ -303,7 +308,7 @@ async fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Top(a) => top::run(client()?, a).await,
-        Command::Inspect { id } => {
+        Command::Inspect { id, json: _ } => {
             print_json(&client()?.get_sandbox(&id).await?)?;
             Ok(0)
         }
