@@ -255,13 +255,7 @@ impl KernelSlots {
                 format!("open {}", info.netns.display()),
             ))?;
         let ns = Arc::new(ns);
-        let ns2 = ns.clone();
-        let listeners =
-            blocking(move || netns::run_in(ns2.as_fd(), || Listeners::bind(DNS_PORT, PROXY_PORT)))
-                .await
-                .and_then(|r| r)
-                .and_then(|r| r)
-                .map_err(SlotError::io(index, "bind the DNS and proxy listeners"))?;
+        let listeners = bind_listeners(&ns, index).await?;
         let firewall = Arc::new(SlotFirewall::new(
             Some(ns.clone()),
             self.nft.clone(),
@@ -393,13 +387,7 @@ impl KernelSlots {
         inside_result?;
 
         // 4. The node's listeners on the slot's loopback.
-        let ns2 = ns.clone();
-        let listeners =
-            blocking(move || netns::run_in(ns2.as_fd(), || Listeners::bind(DNS_PORT, PROXY_PORT)))
-                .await
-                .and_then(|r| r)
-                .and_then(|r| r)
-                .map_err(SlotError::io(index, "bind the DNS and proxy listeners"))?;
+        let listeners = bind_listeners(&ns, index).await?;
 
         let firewall = Arc::new(SlotFirewall::new(
             Some(ns.clone()),
@@ -478,6 +466,16 @@ struct PoolState {
     refill: Option<tokio::task::JoinHandle<()>>,
     /// When a ready slot was last taken: refills wait for a quiet moment (see `refill`).
     last_take: Option<std::time::Instant>,
+}
+
+/// Binds the node's DNS and proxy listeners on the loopback of slot `index` (namespace `ns`).
+async fn bind_listeners(ns: &Arc<File>, index: u32) -> Result<Listeners, SlotError> {
+    let ns = ns.clone();
+    blocking(move || netns::run_in(ns.as_fd(), || Listeners::bind(DNS_PORT, PROXY_PORT)))
+        .await
+        .and_then(|r| r)
+        .and_then(|r| r)
+        .map_err(SlotError::io(index, "bind the DNS and proxy listeners"))
 }
 
 /// Counters of the pool (also used by tests).
