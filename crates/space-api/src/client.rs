@@ -23,6 +23,8 @@ mod snapshots;
 mod events;
 #[path = "client_net.rs"]
 mod net;
+#[path = "client_pool.rs"]
+mod pool;
 
 /// Errors of [`Client`].
 #[derive(Debug, thiserror::Error)]

@@ -7,6 +7,7 @@ pub mod client;
 pub mod diff;
 pub mod event;
 pub mod net;
+pub mod pool;
 pub mod snapshot;
 pub mod snapshot_policy;
 pub mod types;
@@ -15,6 +16,7 @@ pub use client::{ByteStream, Client, ClientError, EventStream, ExecOutput};
 pub use diff::*;
 pub use event::*;
 pub use net::*;
+pub use pool::*;
 /// Request bodies for uploads (`Body::wrap_stream` streams any byte stream).
 pub use reqwest::Body;
 pub use snapshot::*;

@@ -254,6 +254,10 @@ pub struct Sandbox {
     /// Names of the secrets it uses (never their values).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// Whether it was made from its template's warm pool (a personalized ready sandbox)
+    /// rather than built on create.
+    #[serde(default)]
+    pub pooled: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// Default bytes of output kept per process.
@@ -15,8 +16,9 @@ pub struct Config {
     pub output_buffer_bytes: usize,
     /// How long exited processes are kept (`SPACE_EXITED_RETENTION_SECS`).
     pub exited_retention: Duration,
-    /// The base environment of every process started (the daemon's own, minus the channel fd).
-    pub base_env: Vec<(OsString, OsString)>,
+    /// The base environment of every process started (the daemon's own, minus the
+    /// daemon-only variables); replaced by `Personalize`.
+    pub base_env: BaseEnv,
     /// Where `etc/passwd` and `etc/group` are read from ("/" inside a sandbox).
     pub root: PathBuf,
 }
@@ -26,7 +28,7 @@ impl Default for Config {
         Self {
             output_buffer_bytes: DEFAULT_OUTPUT_BUFFER_BYTES,
             exited_retention: DEFAULT_EXITED_RETENTION,
-            base_env: Vec::new(),
+            base_env: BaseEnv::default(),
             root: PathBuf::from("/"),
         }
     }
@@ -45,11 +47,39 @@ impl Config {
                 .map_or(DEFAULT_OUTPUT_BUFFER_BYTES, |n| n as usize),
             exited_retention: num("SPACE_EXITED_RETENTION_SECS")
                 .map_or(DEFAULT_EXITED_RETENTION, Duration::from_secs),
-            base_env: std::env::vars_os()
-                .filter(|(k, _)| !DAEMON_ONLY_ENV.iter().any(|d| k == d))
-                .collect(),
+            base_env: BaseEnv::new(std::env::vars_os().collect()),
             root: PathBuf::from("/"),
         }
+    }
+}
+
+/// The base environment, shared by every exec and replaceable as a whole.
+#[derive(Debug, Clone, Default)]
+pub struct BaseEnv(Arc<RwLock<Arc<EnvVars>>>);
+
+/// Environment variables in order.
+pub type EnvVars = Vec<(OsString, OsString)>;
+
+impl BaseEnv {
+    /// `vars` minus the daemon-only variables.
+    pub fn new(vars: EnvVars) -> Self {
+        let env = BaseEnv::default();
+        env.set(vars);
+        env
+    }
+
+    /// The environment now (cheap: one reference count).
+    pub fn get(&self) -> Arc<EnvVars> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces it (daemon-only variables are dropped).
+    pub fn set(&self, vars: EnvVars) {
+        let vars = vars
+            .into_iter()
+            .filter(|(k, _)| !DAEMON_ONLY_ENV.iter().any(|d| k == d))
+            .collect();
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(vars);
     }
 }
 
@@ -62,3 +92,24 @@ const DAEMON_ONLY_ENV: &[&str] = &[
     "SPACE_DNS",
     "SPACE_CA_PEM",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_env_is_replaced_whole_and_shared_by_clones() {
+        let env = BaseEnv::new(vec![
+            ("A".into(), "1".into()),
+            ("SPACE_CHANNEL_FD".into(), "3".into()),
+        ]);
+        assert_eq!(*env.get(), vec![("A".into(), "1".into())]);
+        let clone = env.clone();
+        env.set(vec![
+            ("B".into(), "2".into()),
+            ("SPACE_CA_PEM".into(), "pem".into()),
+        ]);
+        // The old value is gone (replaced, not merged) and clones see the new one.
+        assert_eq!(*clone.get(), vec![("B".into(), "2".into())]);
+    }
+}

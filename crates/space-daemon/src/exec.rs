@@ -76,7 +76,7 @@ pub fn prepare(cfg: &Config, req: &ExecRequest) -> Result<Prepared, ExecError> {
     };
 
     // Environment: base, then the user's identity, then the request.
-    let mut env: BTreeMap<OsString, OsString> = cfg.base_env.iter().cloned().collect();
+    let mut env: BTreeMap<OsString, OsString> = cfg.base_env.get().iter().cloned().collect();
     if let Some(u) = &user {
         env.insert("HOME".into(), u.home.clone().into());
         env.insert("USER".into(), u.name.clone().into());
@@ -289,7 +289,10 @@ mod tests {
     #[test]
     fn request_env_overrides_base_and_bad_input_is_rejected() {
         let cfg = Config {
-            base_env: vec![("A".into(), "base".into()), ("B".into(), "base".into())],
+            base_env: crate::config::BaseEnv::new(vec![
+                ("A".into(), "base".into()),
+                ("B".into(), "base".into()),
+            ]),
             ..Config::default()
         };
         let req = ExecRequest {

@@ -291,4 +291,24 @@ impl Guest for GuestService {
         files::sync().await?;
         Ok(Response::new(Empty {}))
     }
+
+    async fn personalize(
+        &self,
+        req: Request<PersonalizeRequest>,
+    ) -> Result<Response<Empty>, Status> {
+        let env = req.into_inner().env;
+        if let Some(k) = env
+            .iter()
+            .find(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'))
+            .map(|(k, _)| k)
+        {
+            return Err(Status::invalid_argument(format!(
+                "invalid environment variable {k:?}"
+            )));
+        }
+        self.cfg
+            .base_env
+            .set(env.into_iter().map(|(k, v)| (k.into(), v.into())).collect());
+        Ok(Response::new(Empty {}))
+    }
 }

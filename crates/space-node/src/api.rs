@@ -84,6 +84,9 @@ pub struct SandboxStatus {
     /// Its network slot and policy (None: networking off on this node).
     #[serde(default)]
     pub network: Option<crate::net::NetworkStatus>,
+    /// Made from its template's warm pool (decision 0013).
+    #[serde(default)]
+    pub pooled: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -300,4 +303,49 @@ pub trait NodeApi: Send + Sync {
     fn metrics(&self) -> Vec<(String, f64)> {
         Vec::new()
     }
+
+    // ---- warm pools (additive; default: none) ----
+
+    /// Sets the warm pool of `template` (decision 0013). Sizes beyond the node's capacity are
+    /// clamped and the answer's `warning` says so; `min > max` is InvalidArgument; an unknown
+    /// template is NotFound. `min = max = 0` turns the pool off (its ready sandboxes are
+    /// destroyed).
+    async fn set_pool(&self, template: &str, cfg: PoolConfig) -> Result<PoolStatus, NodeError> {
+        let _ = cfg;
+        Err(NodeError::Conflict(format!(
+            "this node keeps no warm pool (template {template})"
+        )))
+    }
+    /// Every configured pool, by template name.
+    fn pools(&self) -> Vec<PoolStatus> {
+        Vec::new()
+    }
+}
+
+/// Requested sizes of a template's warm pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolConfig {
+    /// Ready sandboxes kept at all times.
+    pub min: u32,
+    /// How far the pool may grow while creates outrun it.
+    pub max: u32,
+}
+
+/// A template's warm pool as the node holds it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    pub template: String,
+    pub runtime: String,
+    /// Sizes in force (after clamping).
+    pub min: u32,
+    pub max: u32,
+    /// What the pool refills to now: `min`, raised toward `max` after misses.
+    pub target: u32,
+    pub ready: u32,
+    /// Being built now.
+    pub starting: u32,
+    pub hits: u64,
+    pub misses: u64,
+    /// Why the requested sizes were clamped, when they were.
+    pub warning: Option<String>,
 }

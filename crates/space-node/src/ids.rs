@@ -135,6 +135,11 @@ impl UidAllocator {
         Ok(self.base_of(slot))
     }
 
+    /// Ranges not in use.
+    pub fn available(&self) -> u64 {
+        u64::from(self.max_slots).saturating_sub(self.used.len() as u64)
+    }
+
     pub fn free(&mut self, base: u32) {
         if let Some(s) = self.slot_of(base) {
             self.used.remove(&s);

@@ -11,8 +11,10 @@ pub mod runtime;
 pub mod state;
 pub mod storage;
 pub mod template;
+pub mod warm;
 
 pub use api::{
-    Limits, NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource,
+    Limits, NodeApi, NodeError, Phase, PoolConfig, PoolStatus, SandboxSpec, SandboxStatus,
+    TemplateInfo, TemplateSource,
 };
 pub use node::{Node, NodeConfig, NodeParts};

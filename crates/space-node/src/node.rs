@@ -15,8 +15,8 @@ use space_proto::guest_client::GuestClient;
 use tonic::transport::Channel;
 
 use crate::api::{
-    NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, SnapshotInfo, TemplateInfo,
-    TemplateSource,
+    NodeApi, NodeError, Phase, PoolConfig, PoolStatus, SandboxSpec, SandboxStatus, SnapshotInfo,
+    TemplateInfo, TemplateSource,
 };
 use crate::channel::{GuestConnector, UnixConnector};
 use crate::ids::{self, UidAllocator};
@@ -106,6 +106,10 @@ pub struct Node {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     uids: Mutex<UidAllocator>,
     network: Option<Arc<Network>>,
+    /// Warm pools of ready sandboxes, per template (decision 0013; `node_pool.rs`).
+    pools: crate::warm::Pools<Entry>,
+    pool_wake: Arc<tokio::sync::Notify>,
+    pool_closing: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Node {
@@ -145,6 +149,7 @@ impl Node {
     /// Opens the node: prepares the btrfs volume (loop image if needed), builds the `base`
     /// template if missing, starts the namespace runtime, and adopts running sandboxes.
     pub async fn open(cfg: NodeConfig) -> Result<Arc<Node>, NodeError> {
+        raise_open_file_limit();
         let (data_dir, size) = (cfg.data_dir.clone(), cfg.image_size_bytes);
         let volume = blocking(move || Ok(storage::prepare_volume(&data_dir, size)?)).await?;
         let runtime = crate::runtime::namespace::NamespaceRuntime::new(
@@ -209,8 +214,12 @@ impl Node {
             table: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             network: parts.network,
+            pools: Default::default(),
+            pool_wake: Arc::new(tokio::sync::Notify::new()),
+            pool_closing: Default::default(),
         });
         node.recover().await?;
+        node.start_pool_refill();
         Ok(node)
     }
 
@@ -219,7 +228,22 @@ impl Node {
     async fn recover(self: &Arc<Self>) -> Result<(), NodeError> {
         let layout = self.layout.clone();
         let subvols = self.subvols.clone();
-        let records = blocking(move || load_records(&layout, subvols.as_ref())).await?;
+        let (records, members) = blocking(move || load_records(&layout, subvols.as_ref())).await?;
+        // Ready sandboxes of a warm pool (or one caught mid-hand-out) from the last run: kill
+        // and delete them; the pools refill from scratch.
+        for (dir, rec) in members {
+            let name = rec.runtime_name().to_owned();
+            if let Err(e) = self.runtime.destroy(&name, rec.launched.as_ref()).await {
+                tracing::warn!(member = %name, error = %e, "destroying a stale pool sandbox failed");
+            }
+            let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
+            blocking(move || {
+                remove_sandbox_storage(&layout, subvols.as_ref(), &dir)?;
+                Ok(storage::remove_tree(&layout.run_sandbox_dir(&name))?)
+            })
+            .await?;
+            tracing::info!(member = %rec.runtime_name(), "stale pool sandbox destroyed");
+        }
         let mut adopt = Vec::new();
         let mut dead = Vec::new();
         {
@@ -232,13 +256,17 @@ impl Node {
                 if !uids.claim(rec.uid_base) {
                     conflicting.push(id.clone());
                 }
-                if alive && self.runtime.is_frozen(&id) {
+                if alive && self.runtime.is_frozen(rec.runtime_name()) {
                     // Paused: its daemon cannot answer; connect after resume, on first use.
                     tracing::info!(id, "sandbox is paused; adopted without a channel");
                 } else if alive {
-                    adopt.push(id.clone());
+                    adopt.push((id.clone(), rec.runtime_name().to_owned()));
                 } else if rec.launched.is_some() {
-                    dead.push((id.clone(), rec.launched.take()));
+                    dead.push((
+                        id.clone(),
+                        rec.runtime_name().to_owned(),
+                        rec.launched.take(),
+                    ));
                 }
                 table.insert(
                     id,
@@ -254,7 +282,7 @@ impl Node {
                 let Some(e) = table.get_mut(&id) else {
                     continue;
                 };
-                if adopt.contains(&id) {
+                if adopt.iter().any(|(a, _)| a == &id) {
                     tracing::error!(
                         id,
                         uid_base = e.record.uid_base,
@@ -274,8 +302,8 @@ impl Node {
             }
         }
         // Clean up what the runtime may have left of sandboxes that died while we were away.
-        for (id, launched) in dead {
-            if let Err(e) = self.runtime.destroy(&id, launched.as_ref()).await {
+        for (id, name, launched) in dead {
+            if let Err(e) = self.runtime.destroy(&name, launched.as_ref()).await {
                 tracing::warn!(id, error = %e, "cleaning up a dead sandbox failed");
             }
             tracing::info!(id, "sandbox init is gone; marked stopped");
@@ -315,10 +343,10 @@ impl Node {
         }
         // Adopt running sandboxes: reconnect their channels (bounded parallelism).
         let results: Vec<_> = futures::stream::iter(adopt)
-            .map(|id| {
+            .map(|(id, name)| {
                 let node = self.clone();
                 async move {
-                    let sock = node.layout.channel_socket(&id);
+                    let sock = node.layout.channel_socket(&name);
                     (id, node.connector.connect(&sock).await)
                 }
             })
@@ -344,12 +372,13 @@ impl Node {
         }
         // Run dirs of sandboxes we know nothing about.
         if let Ok(rd) = std::fs::read_dir(self.layout.run_sandboxes()) {
+            // Run dirs are named by the runtime's name of a sandbox (decision 0013).
             let known: Vec<String> = self
                 .table
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .keys()
-                .cloned()
+                .values()
+                .map(|e| e.record.runtime_name().to_owned())
                 .collect();
             for ent in rd.flatten() {
                 let name = ent.file_name().to_string_lossy().into_owned();
@@ -411,7 +440,7 @@ impl Node {
             id: rec.spec.id.clone(),
             phase: if !running {
                 Phase::Stopped
-            } else if self.runtime.is_frozen(&rec.spec.id) {
+            } else if self.runtime.is_frozen(rec.runtime_name()) {
                 Phase::Paused
             } else {
                 Phase::Running
@@ -425,24 +454,27 @@ impl Node {
             },
             uid_base: rec.uid_base,
             uid_count: rec.uid_count,
-            channel: self.layout.channel_socket(&rec.spec.id),
+            channel: self.layout.channel_socket(rec.runtime_name()),
             memory_bytes: if running {
-                self.runtime.memory_bytes(&rec.spec.id)
+                self.runtime.memory_bytes(rec.runtime_name())
             } else {
                 None
             },
             cpu_usage_usec: if running {
-                self.runtime.cpu_usage_usec(&rec.spec.id)
+                self.runtime.cpu_usage_usec(rec.runtime_name())
             } else {
                 None
             },
             network: self.network.as_ref().and_then(|n| n.status(&rec.spec.id)),
+            pooled: rec.pooled,
         }
     }
 
-    /// Graceful shutdown: frees the ready (unused) network slots. Sandboxes, their slots and
-    /// their processes stay, to be adopted by the next start.
+    /// Graceful shutdown: destroys the warm pools' ready sandboxes and frees the ready
+    /// (unused) network slots. Sandboxes, their slots and their processes stay, to be adopted
+    /// by the next start.
     pub async fn shutdown(&self) {
+        self.close_pools().await;
         if let Some(n) = &self.network {
             n.close().await;
         }
@@ -492,6 +524,7 @@ impl Node {
         ];
         env.retain(|(k, _)| !spec.env.iter().any(|(k2, _)| k2 == k));
         env.extend(spec.env.iter().cloned());
+        env.push(("SPACE_SANDBOX_ID".into(), spec.id.clone()));
         // For the daemon only (it strips these from the processes it starts).
         env.push((
             "SPACE_OUTPUT_BUFFER_BYTES".into(),
@@ -521,8 +554,9 @@ impl Node {
                 home: n.home_netns(),
             })
         });
+        let name = rec.runtime_name();
         LaunchPlan {
-            id: spec.id.clone(),
+            id: name.to_owned(),
             rootfs: self.layout.sandbox_rootfs(&spec.id),
             uid_base: rec.uid_base,
             id_count: rec.uid_count,
@@ -530,8 +564,8 @@ impl Node {
             limits: spec.limits,
             env,
             daemon_binary: self.cfg.daemon_binary.clone(),
-            channel_socket: self.layout.channel_socket(&spec.id),
-            run_dir: self.layout.run_sandbox_dir(&spec.id),
+            channel_socket: self.layout.channel_socket(name),
+            run_dir: self.layout.run_sandbox_dir(name),
             netns,
         }
     }
@@ -572,10 +606,9 @@ impl Node {
         let dir = self.layout.sandbox_dir(&id);
         std::os::unix::fs::chown(&dir, Some(rec.uid_base), Some(rec.uid_base))
             .map_err(|e| StorageError::io("chown", &dir, e))?;
-        let run = self.layout.run_sandbox_dir(&id);
-        storage::remove_tree(&run)?;
-        storage::mkdir_private(&run)?;
         let plan = self.launch_plan(rec);
+        storage::remove_tree(&plan.run_dir)?;
+        storage::mkdir_private(&plan.run_dir)?;
         let launched = self
             .runtime
             .launch(&plan)
@@ -584,7 +617,7 @@ impl Node {
         match self.connector.connect(&plan.channel_socket).await {
             Ok(client) => Ok((launched, client)),
             Err(e) => {
-                if let Err(d) = self.runtime.destroy(&id, Some(&launched)).await {
+                if let Err(d) = self.runtime.destroy(&plan.id, Some(&launched)).await {
                     tracing::warn!(id, error = %d, "destroy after failed connect failed");
                 }
                 Err(NodeError::Unavailable {
@@ -604,12 +637,34 @@ impl Node {
                 kind: "template",
                 id: spec.template.clone(),
             })?;
+        if let Some(status) = self.create_from_pool(spec, &tmpl).await {
+            return Ok(status);
+        }
+        let (rec, launched, client) = self.build_new(spec, &tmpl, false).await?;
+        let uid_base = rec.uid_base;
+        let status = self.register_launched(rec, launched, client).await;
+        tracing::info!(id, template = %spec.template, version = tmpl.version, uid_base, "sandbox created");
+        self.sync_record_in_background(&id);
+        Ok(status)
+    }
+
+    /// Builds sandbox `spec` from scratch on template version `tmpl`: uid range, rootfs
+    /// snapshot, record, launch. On error everything is undone. Not entered in the table.
+    pub(crate) async fn build_new(
+        &self,
+        spec: &SandboxSpec,
+        tmpl: &TemplateInfo,
+        pool_member: bool,
+    ) -> Result<(SandboxRecord, Launched, GuestClient<Channel>), NodeError> {
+        let id = spec.id.clone();
         let uid_base = self
             .uids
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .allocate()?;
         let mut rec = self.new_record(spec, tmpl.version, uid_base);
+        rec.pool_member = pool_member;
+        let tmpl_path = tmpl.path.clone();
         let result = async {
             let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
             blocking(move || {
@@ -620,7 +675,7 @@ impl Node {
                     remove_sandbox_storage(&layout, subvols.as_ref(), &rec2.spec.id)?;
                 }
                 storage::mkdir_private(&dir)?;
-                subvols.snapshot(&tmpl.path, &dir, "rootfs", false)?;
+                subvols.snapshot(&tmpl_path, &dir, "rootfs", false)?;
                 // Atomic but not fsynced here: an fsync costs ~7 ms on the loop image (a flush
                 // is an fsync of the image file). `sync_record_in_background` makes it durable
                 // right after the create answers (decision 0005).
@@ -632,12 +687,7 @@ impl Node {
         }
         .await;
         match result {
-            Ok((launched, client)) => {
-                let status = self.register_launched(rec, launched, client).await;
-                tracing::info!(id, template = %spec.template, version = tmpl.version, uid_base, "sandbox created");
-                self.sync_record_in_background(&id);
-                Ok(status)
-            }
+            Ok((launched, client)) => Ok((rec, launched, client)),
             Err(err) => {
                 tracing::warn!(id, error = %err, "create failed; rolling back");
                 self.undo_new_sandbox(&id, uid_base).await;
@@ -663,6 +713,9 @@ impl Node {
             created_unix_ms: now_unix_ms(),
             launched: None,
             slot: None,
+            runtime_name: None,
+            pool_member: false,
+            pooled: false,
         }
     }
 
@@ -756,7 +809,8 @@ impl Node {
         if !self.is_running(&entry.record) {
             return Err(NodeError::Conflict(format!("sandbox {id} is stopped")));
         }
-        let frozen = self.runtime.is_frozen(id);
+        let name = entry.record.runtime_name();
+        let frozen = self.runtime.is_frozen(name);
         if frozen == pause {
             return Err(NodeError::Conflict(if pause {
                 format!("sandbox {id} is already paused")
@@ -764,7 +818,7 @@ impl Node {
                 format!("sandbox {id} is not paused")
             }));
         }
-        self.runtime.set_frozen(id, pause).await.map_err(|e| {
+        self.runtime.set_frozen(name, pause).await.map_err(|e| {
             NodeError::Internal(format!(
                 "failed to {} sandbox {id}: {e}",
                 if pause { "pause" } else { "resume" }
@@ -772,6 +826,34 @@ impl Node {
         })?;
         tracing::info!(id, paused = pause, "sandbox freezer state changed");
         Ok(self.status_of(&entry.record))
+    }
+}
+
+/// A node holds several descriptors per sandbox (channel, pidfd, slot listeners), and warm
+/// pools keep thousands of sandboxes: lift the soft limit on open files to the hard one, and
+/// as root the hard one to the kernel's `nr_open` (at most 1 Mi).
+fn raise_open_file_limit() {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let cur = getrlimit(Resource::Nofile);
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20)
+        .min(1 << 20);
+    let want = Rlimit {
+        current: Some(nr_open),
+        maximum: Some(nr_open),
+    };
+    let fallback = Rlimit {
+        current: cur.maximum,
+        maximum: cur.maximum,
+    };
+    match setrlimit(Resource::Nofile, want).or_else(|_| setrlimit(Resource::Nofile, fallback)) {
+        Ok(()) => {
+            let now = getrlimit(Resource::Nofile);
+            tracing::debug!(limit = ?now.current, "open file limit raised");
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
     }
 }
 
@@ -800,14 +882,16 @@ fn remove_sandbox_storage(
     Ok(())
 }
 
-/// Reads every sandbox record; removes sandbox dirs without one (half-created).
-fn load_records(
-    layout: &Layout,
-    subvols: &dyn Subvolumes,
-) -> Result<Vec<SandboxRecord>, NodeError> {
+/// The records of a node's sandboxes, and the warm pool members (with their dir names).
+type LoadedRecords = (Vec<SandboxRecord>, Vec<(String, SandboxRecord)>);
+
+/// Reads every sandbox record; removes sandbox dirs without one (half-created). Records still
+/// marked as pool members come back apart, whatever dir they are in.
+fn load_records(layout: &Layout, subvols: &dyn Subvolumes) -> Result<LoadedRecords, NodeError> {
     let dir = layout.sandboxes();
     let rd = std::fs::read_dir(&dir).map_err(|e| StorageError::io("read directory", &dir, e))?;
     let mut out = Vec::new();
+    let mut members = Vec::new();
     for ent in rd {
         let ent = ent.map_err(|e| StorageError::io("read directory", &dir, e))?;
         let name = ent.file_name().to_string_lossy().into_owned();
@@ -826,13 +910,14 @@ fn load_records(
             continue;
         }
         match storage::read_json::<SandboxRecord>(&rec_path) {
+            Ok(rec) if rec.pool_member => members.push((name, rec)),
             Ok(rec) if rec.spec.id == name => out.push(rec),
             Ok(rec) => tracing::error!(path = %rec_path.display(), id = %rec.spec.id,
                 "record names another sandbox; leaving it alone"),
             Err(e) => tracing::error!(error = %e, "unreadable sandbox record; leaving it alone"),
         }
     }
-    Ok(out)
+    Ok((out, members))
 }
 
 fn check_spec(spec: &SandboxSpec) -> Result<(), NodeError> {
@@ -867,7 +952,7 @@ impl NodeApi for Node {
                     return self.restart(spec, entry).await;
                 }
                 if entry.client.is_none() {
-                    let sock = self.layout.channel_socket(&spec.id);
+                    let sock = self.layout.channel_socket(entry.record.runtime_name());
                     if let Ok(c) = self.connector.connect(&sock).await
                         && let Some(e) = self
                             .table
@@ -896,8 +981,12 @@ impl NodeApi for Node {
             return Ok(());
         }
         let launched = entry.as_ref().and_then(|e| e.record.launched.clone());
+        let name = entry
+            .as_ref()
+            .map_or(id, |e| e.record.runtime_name())
+            .to_owned();
         self.runtime
-            .destroy(id, launched.as_ref())
+            .destroy(&name, launched.as_ref())
             .await
             .map_err(|e| NodeError::Internal(format!("failed to stop sandbox {id}: {e}")))?;
         if let Some(e) = self
@@ -913,7 +1002,11 @@ impl NodeApi for Node {
             net.detach(id).await;
         }
         let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_string());
-        blocking(move || Ok(remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?)).await?;
+        blocking(move || {
+            remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?;
+            Ok(storage::remove_tree(&layout.run_sandbox_dir(&name))?)
+        })
+        .await?;
         if let Some(e) = self
             .table
             .lock()
@@ -942,7 +1035,7 @@ impl NodeApi for Node {
             });
         };
         self.runtime
-            .destroy(id, entry.record.launched.as_ref())
+            .destroy(entry.record.runtime_name(), entry.record.launched.as_ref())
             .await
             .map_err(|e| NodeError::Internal(format!("failed to stop sandbox {id}: {e}")))?;
         let was_launched = {
@@ -981,7 +1074,7 @@ impl NodeApi for Node {
 
     async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError> {
         let entry = self.running_entry(id)?;
-        if self.runtime.is_frozen(id) {
+        if self.runtime.is_frozen(entry.record.runtime_name()) {
             // Its daemon is frozen too: a call would hang until resume.
             return Err(NodeError::Conflict(format!("sandbox {id} is paused")));
         }
@@ -991,7 +1084,7 @@ impl NodeApi for Node {
             return Ok(c);
         }
         // No client (adopt or an earlier connect failed): connect once now.
-        let sock = self.layout.channel_socket(id);
+        let sock = self.layout.channel_socket(entry.record.runtime_name());
         let client = self
             .connector
             .connect(&sock)
@@ -1155,19 +1248,32 @@ impl NodeApi for Node {
             )));
         }
         let (store, name) = (self.templates.clone(), name.to_string());
-        blocking(move || Ok(store.import(&name, &source)?)).await
+        let info = blocking(move || Ok(store.import(&name, &source)?)).await?;
+        // Ready sandboxes of the old version are never handed out again.
+        self.template_changed(&info.name, info.version).await;
+        Ok(info)
     }
 
     fn metrics(&self) -> Vec<(String, f64)> {
-        let Some(p) = self.network.as_ref().and_then(|n| n.pool_stats()) else {
-            return Vec::new();
-        };
-        vec![
-            ("space_net_slots_ready".into(), p.ready as f64),
-            ("space_net_slots_attached".into(), p.attached as f64),
-            ("space_net_pool_hits_total".into(), p.hits as f64),
-            ("space_net_pool_misses_total".into(), p.misses as f64),
-        ]
+        let mut out = Vec::new();
+        if let Some(p) = self.network.as_ref().and_then(|n| n.pool_stats()) {
+            out.extend([
+                ("space_net_slots_ready".into(), p.ready as f64),
+                ("space_net_slots_attached".into(), p.attached as f64),
+                ("space_net_pool_hits_total".into(), p.hits as f64),
+                ("space_net_pool_misses_total".into(), p.misses as f64),
+            ]);
+        }
+        self.pool_metrics(&mut out);
+        out
+    }
+
+    async fn set_pool(&self, template: &str, cfg: PoolConfig) -> Result<PoolStatus, NodeError> {
+        self.set_pool_impl(template, cfg).await
+    }
+
+    fn pools(&self) -> Vec<PoolStatus> {
+        self.pools_impl()
     }
 }
 
@@ -1176,6 +1282,9 @@ mod snapshots;
 
 #[path = "diff_node.rs"]
 mod diff_node;
+
+#[path = "node_pool.rs"]
+mod node_pool;
 
 #[cfg(test)]
 #[path = "node_tests.rs"]

@@ -719,3 +719,105 @@ async fn pause_and_resume_follow_the_freezer_and_survive_reopen() {
         Err(NodeError::Conflict(_))
     ));
 }
+
+/// Waits (bounded) until `template`'s pool holds `n` ready sandboxes.
+async fn wait_pool_ready(node: &Node, template: &str, n: u32) -> PoolStatus {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let p = node
+            .pools()
+            .into_iter()
+            .find(|p| p.template == template)
+            .expect("pool configured");
+        if p.ready >= n && p.starting == 0 {
+            return p;
+        }
+        assert!(std::time::Instant::now() < deadline, "pool stuck: {p:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn pool_sizes_are_checked_and_clamped_to_capacity() {
+    let f = fixture().await;
+    assert!(matches!(
+        f.node.set_pool("nope", PoolConfig { min: 1, max: 1 }).await,
+        Err(NodeError::NotFound { .. })
+    ));
+    assert!(matches!(
+        f.node.set_pool("base", PoolConfig { min: 3, max: 2 }).await,
+        Err(NodeError::InvalidArgument(m)) if m.contains('3') && m.contains('2')
+    ));
+    let p = f
+        .node
+        .set_pool(
+            "base",
+            PoolConfig {
+                min: 2_000_000_000,
+                max: 2_000_000_000,
+            },
+        )
+        .await
+        .unwrap();
+    assert!(p.max < 2_000_000_000, "{p:?}");
+    assert!(
+        p.warning.as_deref().is_some_and(|w| w.contains("capacity")),
+        "{p:?}"
+    );
+    f.node
+        .set_pool("base", PoolConfig { min: 0, max: 0 })
+        .await
+        .unwrap();
+    assert!(f.node.pools().is_empty());
+}
+
+#[tokio::test]
+async fn pool_members_are_hidden_and_a_failed_hand_out_falls_back_cold() {
+    let f = fixture().await;
+    let p = f
+        .node
+        .set_pool("base", PoolConfig { min: 2, max: 2 })
+        .await
+        .unwrap();
+    assert_eq!((p.min, p.max, p.warning), (2, 2, None));
+    wait_pool_ready(&f.node, "base", 2).await;
+    assert_eq!(f.rt.count("launch"), 2);
+    // Ready sandboxes are not the node's sandboxes.
+    assert!(f.node.list_sandboxes().await.unwrap().is_empty());
+    // The fake runtime cannot personalize: the member is destroyed, the create goes cold.
+    let st = f
+        .node
+        .create_sandbox(&spec("aaaaaaaaaaaaaaaaaaaa"))
+        .await
+        .unwrap();
+    assert!(!st.pooled);
+    assert_eq!(st.phase, Phase::Running);
+    let p = f.node.pools().pop().unwrap();
+    assert_eq!((p.hits, p.misses), (1, 0));
+    assert_eq!(f.rt.count("destroy"), 1, "{:?}", f.rt.calls());
+    // A sandbox dir for the create, and the other ready member's (and its replacement's).
+    wait_pool_ready(&f.node, "base", 2).await;
+    let dirs = std::fs::read_dir(f.dir.path().join("vol/sandboxes"))
+        .unwrap()
+        .count();
+    assert_eq!(dirs, 3);
+    // A restart destroys the ready members of the last run; the sandbox stays.
+    let node = open(
+        f.dir.path(),
+        f.rt.clone(),
+        f.conn.clone(),
+        f.subvols.clone(),
+    )
+    .await;
+    assert_eq!(f.rt.count("destroy"), 3, "{:?}", f.rt.calls());
+    let dirs: Vec<_> = std::fs::read_dir(f.dir.path().join("vol/sandboxes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(dirs, vec![std::ffi::OsString::from("aaaaaaaaaaaaaaaaaaaa")]);
+    assert_eq!(node.list_sandboxes().await.unwrap().len(), 1);
+    // Closing the pools destroys what the first node still holds.
+    f.node.shutdown().await;
+    assert!(f.node.pools().iter().all(|p| p.ready == 0));
+}

@@ -237,10 +237,11 @@ impl Node {
         };
         // Freeze so that every process's writes so far are in and none is half done
         // across files; a sandbox that is paused already stays as it is.
-        let freeze = self.is_running(&entry.record) && !self.runtime.is_frozen(id);
+        let name = entry.record.runtime_name().to_owned();
+        let freeze = self.is_running(&entry.record) && !self.runtime.is_frozen(&name);
         if freeze {
             self.runtime
-                .set_frozen(id, true)
+                .set_frozen(&name, true)
                 .await
                 .map_err(internal("freeze the sandbox for a snapshot"))?;
         }
@@ -262,7 +263,7 @@ impl Node {
             Ok(r?)
         })
         .await;
-        if freeze && let Err(e) = self.runtime.set_frozen(id, false).await {
+        if freeze && let Err(e) = self.runtime.set_frozen(&name, false).await {
             tracing::error!(id, error = %e, "failed to thaw the sandbox after a snapshot");
             res?;
             return Err(internal("thaw the sandbox after a snapshot")(e));
@@ -373,7 +374,7 @@ impl Node {
         let mut entry = self.require_entry(&id)?;
         let source = self.require_snapshot(&id, snap)?;
         self.runtime
-            .destroy(&id, entry.record.launched.as_ref())
+            .destroy(entry.record.runtime_name(), entry.record.launched.as_ref())
             .await
             .map_err(internal("stop the sandbox for a rollback"))?;
         entry.record.launched = None;

@@ -25,6 +25,25 @@ pub struct SandboxRecord {
     /// Its network slot while it has one (decision 0012); re-adopted after a node restart.
     #[serde(default)]
     pub slot: Option<crate::net::SlotInfo>,
+    /// The name the runtime knows the sandbox by (its cgroups, its init), when it differs
+    /// from the id: a sandbox taken from a warm pool keeps the name it was built under
+    /// (decision 0013).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_name: Option<String>,
+    /// A ready member of a warm pool, not yet handed out. Such records are destroyed when a
+    /// node starts (nothing of a user is in them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pool_member: bool,
+    /// Made from a warm pool member.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pooled: bool,
+}
+
+impl SandboxRecord {
+    /// The name of the sandbox in the runtime (cgroups, tracked init).
+    pub fn runtime_name(&self) -> &str {
+        self.runtime_name.as_deref().unwrap_or(&self.spec.id)
+    }
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -62,6 +81,9 @@ mod tests {
                 start_time: 7,
             }),
             slot: None,
+            runtime_name: Some("p1".into()),
+            pool_member: false,
+            pooled: true,
         };
         let json = serde_json::to_string(&r).unwrap();
         let back: SandboxRecord = serde_json::from_str(&json).unwrap();

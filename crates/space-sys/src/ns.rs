@@ -1137,3 +1137,33 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     };
     Err((Exec, errno()))
 }
+
+/// Sets the hostname of the UTS namespace of process `pid` (a sandbox's init) from the host:
+/// a fresh thread enters that namespace and calls sethostname, so the caller's thread keeps
+/// its own. Needs CAP_SYS_ADMIN over the namespace's user namespace (the host's root has it
+/// over every sandbox's); the sandbox itself does not need any capability for it.
+pub fn set_hostname_of(pid: u32, hostname: &str) -> io::Result<()> {
+    if hostname.is_empty() || hostname.len() > 64 || hostname.contains('\0') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "hostname must be 1-64 bytes without NUL",
+        ));
+    }
+    let uts = std::fs::File::open(format!("/proc/{pid}/ns/uts"))?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> io::Result<()> {
+            // SAFETY: plain integer arguments; `uts` is a live fd for the duration of the call.
+            // Only this short-lived thread changes namespace.
+            if unsafe { libc::setns(uts.as_raw_fd(), libc::CLONE_NEWUTS) } == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: the pointer and length describe `hostname`'s live bytes.
+            if unsafe { libc::sethostname(hostname.as_ptr().cast(), hostname.len()) } == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("hostname thread panicked")))
+    })
+}

@@ -270,7 +270,7 @@ impl SlotDns {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         let policy = self.net.policy();
         if !policy.allows_name(&name) {
-            debug!(sandbox = %self.net.id, name, "DNS query refused by policy");
+            debug!(sandbox = %self.net.id(), name, "DNS query refused by policy");
             return reply(&req, ResponseCode::Refused);
         }
         if q.query_type == RecordType::AAAA {
@@ -288,7 +288,7 @@ impl SlotDns {
         let raw_resp = match upstream {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
-                debug!(sandbox = %self.net.id, name, error = %e, "upstream DNS failed");
+                debug!(sandbox = %self.net.id(), name, error = %e, "upstream DNS failed");
                 return reply(&req, ResponseCode::ServFail);
             }
             Err(_) => return reply(&req, ResponseCode::ServFail),
@@ -319,7 +319,7 @@ impl SlotDns {
                 self.firewall.allow_resolved(&policy, &name, &addrs).await
             };
             if let Err(e) = admitted {
-                debug!(sandbox = %self.net.id, name, error = %e, "could not admit resolved addresses");
+                debug!(sandbox = %self.net.id(), name, error = %e, "could not admit resolved addresses");
                 return reply(&req, ResponseCode::ServFail);
             }
         }

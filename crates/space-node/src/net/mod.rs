@@ -143,7 +143,8 @@ pub struct NetworkStatus {
 /// (so that a tightened policy cuts the ones it no longer allows).
 #[derive(Debug)]
 pub struct SandboxNet {
-    pub id: String,
+    /// The sandbox's id (changes once when a warm pool's sandbox is handed out).
+    id: RwLock<Arc<str>>,
     /// The sandbox's own address in its slot.
     pub address: Ipv4Addr,
     policy: RwLock<Arc<policy::Policy>>,
@@ -190,13 +191,21 @@ impl SandboxNet {
         secrets: Vec<SecretBinding>,
     ) -> Arc<SandboxNet> {
         Arc::new(SandboxNet {
-            id: id.to_owned(),
+            id: RwLock::new(Arc::from(id)),
             address,
             policy: RwLock::new(Arc::new(policy)),
             secrets: RwLock::new(Arc::new(secrets)),
             conns: Default::default(),
             next_conn: Default::default(),
         })
+    }
+
+    pub fn id(&self) -> Arc<str> {
+        self.id.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_id(&self, id: &str) {
+        *self.id.write().unwrap_or_else(|e| e.into_inner()) = Arc::from(id);
     }
 
     pub fn policy(&self) -> Arc<policy::Policy> {

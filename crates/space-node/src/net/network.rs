@@ -514,6 +514,39 @@ impl Network {
         Ok(())
     }
 
+    /// Gives sandbox `from`'s slot to sandbox `to` (a warm pool's ready sandbox handed to its
+    /// user, decision 0013) with `to`'s policy and secrets. DNS and proxy keep serving; they
+    /// answer for `to` from now on.
+    pub async fn rename(
+        &self,
+        from: &str,
+        to: &str,
+        spec: &NetworkSpec,
+        secrets: &[SecretBinding],
+    ) -> Result<SlotInfo, NetError> {
+        let inner = self.inner()?;
+        // Checked before anything moves, so a bad policy leaves the slot where it was.
+        self.policy(spec)?;
+        let info = {
+            let mut map = lock(&inner.attached);
+            if map.contains_key(to) {
+                return Err(NetError::InvalidArgument(format!(
+                    "sandbox {to} already has a network slot"
+                )));
+            }
+            let a = map
+                .remove(from)
+                .ok_or_else(|| NetError::NotFound(from.to_owned()))?;
+            a.net.set_id(to);
+            a.net.set_secrets(secrets.to_vec());
+            let info = a.info.clone();
+            map.insert(to.to_owned(), a);
+            info
+        };
+        self.update(to, spec).await?;
+        Ok(info)
+    }
+
     /// Stops DNS and proxy of the sandbox and destroys its slot (in the background). Idempotent.
     pub async fn detach(&self, id: &str) {
         let Some(inner) = self.inner.as_ref() else {
@@ -579,6 +612,15 @@ impl Network {
             egress: policy.egress(),
             allow: policy.spec().allow.clone(),
         })
+    }
+
+    /// How many more sandboxes could get a slot (the subnet's slots not in use or ready);
+    /// `None` with networking off.
+    pub fn slot_capacity(&self) -> Option<u64> {
+        let inner = self.inner.as_ref()?;
+        let total = u64::from(slots::slot_count(inner.subnet));
+        let used = (inner.pool.ready() + lock(&inner.attached).len()) as u64;
+        Some(total.saturating_sub(used))
     }
 
     /// The slot pool's gauges and counters, for `/metrics`; `None` with networking off.

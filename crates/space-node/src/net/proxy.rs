@@ -346,7 +346,7 @@ impl EgressProxy {
                     Ok((sock, _)) => {
                         let Ok(permit) = limit.clone().try_acquire_owned() else {
                             if self.warn.allow() {
-                                tracing::warn!(sandbox = %sandbox.id,
+                                tracing::warn!(sandbox = %sandbox.id(),
                                     "too many proxied connections; closing a new one");
                             }
                             continue;
@@ -360,7 +360,7 @@ impl EgressProxy {
                     }
                     Err(e) => {
                         if self.warn.allow() {
-                            tracing::warn!(sandbox = %sandbox.id, error = %e, "proxy accept failed");
+                            tracing::warn!(sandbox = %sandbox.id(), error = %e, "proxy accept failed");
                         }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
@@ -458,7 +458,7 @@ impl EgressProxy {
             .map(|t| sandbox.register(t.name.as_deref(), t.ip))
             .filter(|g| !g.cancel.is_cancelled());
         let (Some(target), Some(guard)) = (target, guard) else {
-            tracing::debug!(sandbox = %sandbox.id, name = ?name, ip = ?dst_ip, port,
+            tracing::debug!(sandbox = %sandbox.id(), name = ?name, ip = ?dst_ip, port,
                 verdict = "refused", "egress");
             if proto == Proto::Http {
                 let host = name
@@ -474,14 +474,14 @@ impl EgressProxy {
             && name
                 .as_deref()
                 .is_some_and(|n| sandbox.secrets().iter().any(|b| matches_host(&b.hosts, n)));
-        tracing::debug!(sandbox = %sandbox.id, name = ?name, ip = %target.ip, port,
+        tracing::debug!(sandbox = %sandbox.id(), name = ?name, ip = %target.ip, port,
             by_name = target.name.is_some(),
             verdict = if intercept { "intercept" } else { "pass" }, "egress");
         let work = async {
             let upstream = match self.connect(SocketAddrV4::new(target.ip, port)).await {
                 Ok(u) => u,
                 Err(e) => {
-                    tracing::debug!(sandbox = %sandbox.id, ip = %target.ip, port, error = %e,
+                    tracing::debug!(sandbox = %sandbox.id(), ip = %target.ip, port, error = %e,
                         "upstream connect failed");
                     if proto == Proto::Http {
                         http_error(&mut client, "502 Bad Gateway", "upstream unreachable\n").await;
@@ -499,7 +499,7 @@ impl EgressProxy {
         };
         tokio::select! {
             _ = guard.cancel.cancelled() => {
-                tracing::debug!(sandbox = %sandbox.id, ip = %target.ip, "connection cut by policy");
+                tracing::debug!(sandbox = %sandbox.id(), ip = %target.ip, "connection cut by policy");
             }
             _ = work => {}
         }
@@ -533,7 +533,7 @@ impl EgressProxy {
         let client = match client {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
-                tracing::debug!(sandbox = %sandbox.id, host, error = %e, "client TLS handshake failed");
+                tracing::debug!(sandbox = %sandbox.id(), host, error = %e, "client TLS handshake failed");
                 return;
             }
             Err(_) => return,
@@ -542,7 +542,7 @@ impl EgressProxy {
             Ok(Ok(u)) => Ok(u),
             Ok(Err(e)) => {
                 if self.warn.allow() {
-                    tracing::warn!(sandbox = %sandbox.id, host, error = %e,
+                    tracing::warn!(sandbox = %sandbox.id(), host, error = %e,
                         "upstream TLS handshake failed");
                 }
                 Err(format!("TLS handshake with {host} failed: {e}"))

@@ -108,4 +108,22 @@ pub trait Runtime: Send + Sync {
     fn is_frozen(&self, _id: &str) -> bool {
         false
     }
+    /// Hands a running sandbox (a warm pool's ready one) to its user: applies `limits` when
+    /// given and sets its hostname, without restarting anything (decision 0013).
+    async fn personalize(
+        &self,
+        id: &str,
+        launched: &Launched,
+        limits: Option<&Limits>,
+        hostname: &str,
+    ) -> Result<(), RuntimeError> {
+        let _ = (launched, limits, hostname);
+        Err(RuntimeError::Setup {
+            step: "personalize a sandbox",
+            source: std::io::Error::other(format!(
+                "{} cannot personalize sandbox {id}",
+                self.kind()
+            )),
+        })
+    }
 }

@@ -103,7 +103,7 @@ async fn forward(
         &ctx.host,
         &bindings,
         &ctx.secrets,
-        &ctx.sandbox.id,
+        &ctx.sandbox.id(),
         &ctx.warn,
     )
     .await;
@@ -121,7 +121,7 @@ async fn forward(
     let mut resp = match result {
         Ok(resp) => resp,
         Err(e) => {
-            tracing::debug!(sandbox = %ctx.sandbox.id, host = %ctx.host, error = %e, "upstream request failed");
+            tracing::debug!(sandbox = %ctx.sandbox.id(), host = %ctx.host, error = %e, "upstream request failed");
             return Ok(bad_gateway(&format!("request to {} failed", ctx.host)));
         }
     };

@@ -33,6 +33,7 @@ use space_sys::ns::{self, InitSpec, NsError, SockFilter, caps};
 
 pub use self::seccomp::{DENIED as SECCOMP_DENIED, SeccompError};
 use super::{LaunchPlan, Launched, Runtime, RuntimeError};
+use crate::api::Limits;
 use crate::cgroup::{CgroupError, CgroupManager, LinuxCgroups};
 
 /// Capabilities the sandbox keeps (Docker's default set). Everything else, CAP_SYS_ADMIN,
@@ -328,11 +329,15 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
     let mut env: Vec<(String, String)> = plan
         .env
         .iter()
-        .filter(|(k, _)| k != "SPACE_CHANNEL_FD" && k != "SPACE_SANDBOX_ID")
+        .filter(|(k, _)| k != "SPACE_CHANNEL_FD")
         .cloned()
         .collect();
     env.push(("SPACE_CHANNEL_FD".into(), ns::CHANNEL_FD.to_string()));
-    env.push(("SPACE_SANDBOX_ID".into(), plan.id.clone()));
+    // The node names the sandbox (its API id, which a warm pool's sandbox gets only when
+    // handed out); the runtime's own name is the fallback.
+    if !env.iter().any(|(k, _)| k == "SPACE_SANDBOX_ID") {
+        env.push(("SPACE_SANDBOX_ID".into(), plan.id.clone()));
+    }
     let argv = ["space-daemon".to_owned()];
     let cgroup_fd = inner.cgroups.clone_target(&plan.id);
     let spec = InitSpec {
@@ -513,5 +518,33 @@ impl Runtime for NamespaceRuntime {
 
     fn cpu_usage_usec(&self, id: &str) -> Option<u64> {
         self.inner.cgroups.cpu_usage_usec(id)
+    }
+
+    async fn personalize(
+        &self,
+        id: &str,
+        launched: &Launched,
+        limits: Option<&Limits>,
+        hostname: &str,
+    ) -> Result<(), RuntimeError> {
+        let inner = self.inner.clone();
+        let (id, limits, hostname, pid) = (
+            id.to_owned(),
+            limits.copied(),
+            hostname.to_owned(),
+            launched.init_pid,
+        );
+        tokio::task::spawn_blocking(move || -> Result<(), RuntimeError> {
+            if let Some(l) = limits {
+                // Idempotent: applies the limits to the existing cgroups.
+                inner.cgroups.create(&id, &l)?;
+            }
+            ns::set_hostname_of(pid, &hostname).map_err(setup("set the sandbox's hostname"))
+        })
+        .await
+        .map_err(|e| RuntimeError::Setup {
+            step: "join the personalize task",
+            source: io::Error::other(e),
+        })?
     }
 }

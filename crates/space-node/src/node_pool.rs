@@ -1,0 +1,468 @@
+//! Warm pools on the node (decision 0013): building ready sandboxes ahead of time, handing
+//! one out on create (personalization), retiring them, and the background refill. The
+//! bookkeeping (sizes, targets, hits, misses) is [`crate::warm::Pools`].
+//!
+//! A member is a complete sandbox built like a cold create, under a fresh random name: its own
+//! rootfs snapshot, uid range, cgroups, network slot (with the node's default policy) and a
+//! running space-daemon. Nothing of a user ever runs in it before it is handed out, and it is
+//! handed out once, so nothing carries over from one user to the next. Handing it out:
+//! 1. the runtime applies the requested limits and sets the hostname (from the host, in the
+//!    sandbox's UTS namespace);
+//! 2. the network slot moves to the new id with the requested policy and secrets;
+//! 3. space-daemon gets the user's base environment (`Personalize`);
+//! 4. the sandbox dir is renamed to the new id and its record written.
+//!
+//! The runtime keeps knowing the sandbox by the member's name (`SandboxRecord::runtime_name`):
+//! cgroups cannot be renamed on cgroup v2, and the run dir holds the channel socket that the
+//! cached client reconnects through.
+//!
+//! A member that fails any step is destroyed and the create falls back to the cold path. A
+//! record still marked `pool_member` when the node starts is destroyed (a crash mid-hand-out
+//! included): the control plane then sees the create as failed, never a half-personalized
+//! sandbox.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use futures::StreamExt;
+use space_proto::PersonalizeRequest;
+
+use super::{Entry, Node, blocking, net_error, remove_sandbox_storage};
+use crate::api::{
+    Limits, NodeError, PoolConfig, PoolStatus, SandboxSpec, SandboxStatus, TemplateInfo,
+};
+use crate::state::{SandboxRecord, now_unix_ms};
+use crate::storage::{self, StorageError};
+use crate::warm::{self, Job};
+
+/// Refill tasks: two builds at a time keep both cores of a small node busy between bursts.
+const REFILL_TASKS: usize = 2;
+/// Members retired at once at shutdown.
+const RETIRE_PARALLEL: usize = 8;
+
+/// A random name for a new member, in the shape of a sandbox id.
+fn member_name() -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..20)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+fn mem_total_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+impl Node {
+    /// How many ready sandboxes all pools together may hold, and what limits it.
+    fn pool_capacity(&self) -> (u64, String) {
+        let mut limits: Vec<(u64, String)> = Vec::new();
+        if let Some(total) = mem_total_bytes() {
+            limits.push((
+                total / 2 / warm::BYTES_PER_MEMBER,
+                format!(
+                    "half of the node's {} MiB of memory at {} MiB per ready sandbox",
+                    total >> 20,
+                    warm::BYTES_PER_MEMBER >> 20
+                ),
+            ));
+        }
+        let uids = self
+            .uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .available();
+        limits.push((uids, "free uid ranges".to_owned()));
+        if let Some(slots) = self.network.as_ref().and_then(|n| n.slot_capacity()) {
+            limits.push((slots, "network slots left for sandboxes".to_owned()));
+        }
+        limits
+            .into_iter()
+            .min_by_key(|(n, _)| *n)
+            .unwrap_or((0, "no capacity".to_owned()))
+    }
+
+    fn pool_status(&self, v: warm::PoolView) -> PoolStatus {
+        PoolStatus {
+            template: v.template,
+            runtime: self.runtime.kind().to_owned(),
+            min: v.min,
+            max: v.max,
+            target: v.target,
+            ready: v.ready,
+            starting: v.starting,
+            hits: v.hits,
+            misses: v.misses,
+            warning: v.warning,
+        }
+    }
+
+    pub(super) async fn set_pool_impl(
+        &self,
+        template: &str,
+        cfg: PoolConfig,
+    ) -> Result<PoolStatus, NodeError> {
+        crate::ids::validate_template_name(template)?;
+        if self.templates.latest(template).is_none() {
+            return Err(NodeError::NotFound {
+                kind: "template",
+                id: template.to_owned(),
+            });
+        }
+        if cfg.min > cfg.max {
+            return Err(NodeError::InvalidArgument(format!(
+                "pool min ({}) is larger than max ({})",
+                cfg.min, cfg.max
+            )));
+        }
+        let (capacity, why) = self.pool_capacity();
+        let left = capacity.saturating_sub(self.pools.reserved_except(template));
+        let (min, max, warning) = warm::clamp(cfg.min, cfg.max, left, &why);
+        if let Some(w) = &warning {
+            tracing::warn!(template, "{w}");
+        }
+        let retired = self.pools.configure(template, min, max, warning.clone());
+        self.retire_all(retired).await;
+        self.pool_wake.notify_waiters();
+        tracing::info!(template, min, max, "warm pool configured");
+        let view = self.pools.view(template).unwrap_or_else(|| warm::PoolView {
+            template: template.to_owned(),
+            min,
+            max,
+            target: 0,
+            ready: 0,
+            starting: 0,
+            hits: 0,
+            misses: 0,
+            warning,
+        });
+        Ok(self.pool_status(view))
+    }
+
+    pub(super) fn pools_impl(&self) -> Vec<PoolStatus> {
+        self.pools
+            .views()
+            .into_iter()
+            .map(|v| self.pool_status(v))
+            .collect()
+    }
+
+    /// `/metrics` series of the pools.
+    pub(super) fn pool_metrics(&self, out: &mut Vec<(String, f64)>) {
+        for v in self.pools.views() {
+            let t = &v.template;
+            out.push((
+                format!("space_pool_ready{{template=\"{t}\"}}"),
+                v.ready.into(),
+            ));
+            out.push((
+                format!("space_pool_target{{template=\"{t}\"}}"),
+                v.target.into(),
+            ));
+            out.push((
+                format!("space_pool_starting{{template=\"{t}\"}}"),
+                v.starting.into(),
+            ));
+            out.push((
+                format!("space_pool_hits_total{{template=\"{t}\"}}"),
+                v.hits as f64,
+            ));
+            out.push((
+                format!("space_pool_misses_total{{template=\"{t}\"}}"),
+                v.misses as f64,
+            ));
+        }
+    }
+
+    /// Starts the background refill (after recovery).
+    pub(super) fn start_pool_refill(self: &Arc<Self>) {
+        for _ in 0..REFILL_TASKS {
+            tokio::spawn(refill_loop(Arc::downgrade(self)));
+        }
+    }
+
+    /// Stops the refill and destroys every ready member (clean shutdown).
+    pub(super) async fn close_pools(&self) {
+        self.pool_closing.store(true, Ordering::SeqCst);
+        self.pool_wake.notify_waiters();
+        let members = self.pools.drain();
+        if !members.is_empty() {
+            tracing::info!(members = members.len(), "destroying ready pool sandboxes");
+        }
+        self.retire_all(members).await;
+    }
+
+    /// Drops the members built from older versions of `template` (after an import).
+    pub(super) async fn template_changed(&self, template: &str, version: u32) {
+        let old = self.pools.retire_other_versions(template, version);
+        self.retire_all(old).await;
+        self.pool_wake.notify_waiters();
+    }
+
+    /// Builds one member of `template`'s pool: a sandbox like a cold create, under a fresh
+    /// name, with default limits and the node's default egress policy.
+    async fn build_member(&self, template: &str) -> Result<Entry, NodeError> {
+        let tmpl = self
+            .templates
+            .latest(template)
+            .ok_or_else(|| NodeError::NotFound {
+                kind: "template",
+                id: template.to_owned(),
+            })?;
+        let name = member_name();
+        let spec = SandboxSpec {
+            id: name.clone(),
+            template: template.to_owned(),
+            limits: Limits::default(),
+            env: Vec::new(),
+            hostname: name,
+            network: self
+                .network
+                .as_ref()
+                .map(|n| n.default_spec())
+                .unwrap_or_default(),
+            secrets: Vec::new(),
+        };
+        let (mut rec, launched, client) = self.build_new(&spec, &tmpl, true).await?;
+        rec.launched = Some(launched);
+        // Records the init, so a node restart can kill it (not durable: meaningless after a
+        // host reboot anyway).
+        let path = self.layout.sandbox_record(&rec.spec.id);
+        let rec2 = rec.clone();
+        if let Err(e) = blocking(move || Ok(storage::write_json_atomic(&path, &rec2, false)?)).await
+        {
+            let entry = Entry {
+                record: rec,
+                client: Some(client),
+            };
+            self.retire(entry).await;
+            return Err(e);
+        }
+        Ok(Entry {
+            record: rec,
+            client: Some(client),
+        })
+    }
+
+    /// Serves a create from `spec.template`'s pool when it has a ready member of `tmpl`'s
+    /// version. `None`: no pool, none ready, or handing out failed (the member was destroyed);
+    /// the caller builds the sandbox cold.
+    pub(super) async fn create_from_pool(
+        &self,
+        spec: &SandboxSpec,
+        tmpl: &TemplateInfo,
+    ) -> Option<SandboxStatus> {
+        let member = self
+            .pools
+            .take(&spec.template, tmpl.version, Instant::now());
+        self.pool_wake.notify_waiters();
+        let member = member?;
+        let t0 = Instant::now();
+        let name = member.record.spec.id.clone();
+        match self.hand_out(member, spec).await {
+            Ok(status) => {
+                tracing::info!(
+                    id = %spec.id,
+                    member = %name,
+                    template = %spec.template,
+                    elapsed_us = t0.elapsed().as_micros() as u64,
+                    "sandbox created from the warm pool"
+                );
+                Some(status)
+            }
+            Err(failed) => {
+                let (e, entry) = *failed;
+                tracing::warn!(id = %spec.id, member = %name, error = %e,
+                    "handing out a pool sandbox failed; building it cold");
+                self.retire_as(entry, &spec.id).await;
+                None
+            }
+        }
+    }
+
+    /// Personalizes `member` as sandbox `spec` (see the module doc). On error, returns the
+    /// member for destruction.
+    async fn hand_out(
+        &self,
+        member: Entry,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxStatus, Box<(NodeError, Entry)>> {
+        let Entry { record, client } = member;
+        let name = record.spec.id.clone();
+        let fail = |e: NodeError, record: SandboxRecord, client| {
+            Err(Box::new((e, Entry { record, client })))
+        };
+        let (Some(launched), Some(mut guest)) = (record.launched.clone(), client.clone()) else {
+            return fail(
+                NodeError::Internal(format!("pool sandbox {name} is not running")),
+                record,
+                client,
+            );
+        };
+        if !self.runtime.alive(&launched) {
+            return fail(
+                NodeError::Internal(format!("pool sandbox {name} died while ready")),
+                record,
+                client,
+            );
+        }
+        let mut rec = record.clone();
+        rec.spec = spec.clone();
+        rec.runtime_name = Some(name.clone());
+        rec.pool_member = false;
+        rec.pooled = true;
+        rec.created_unix_ms = now_unix_ms();
+        // 1. Limits and hostname.
+        let limits = (spec.limits != record.spec.limits).then_some(&spec.limits);
+        if let Err(e) = self
+            .runtime
+            .personalize(&name, &launched, limits, &spec.hostname)
+            .await
+        {
+            return fail(
+                NodeError::Internal(format!("personalize pool sandbox {name}: {e}")),
+                record,
+                client,
+            );
+        }
+        // 2. The network slot, with the requested policy and secrets.
+        if let Some(net) = &self.network
+            && record.slot.is_some()
+            && let Err(e) = net
+                .rename(&name, &spec.id, &spec.network, &spec.secrets)
+                .await
+        {
+            return fail(net_error(&spec.id, e), record, client);
+        }
+        // 3. The base environment of every process.
+        let env: HashMap<String, String> = self.launch_plan(&rec).env.into_iter().collect();
+        if let Err(s) = guest.personalize(PersonalizeRequest { env }).await {
+            return fail(
+                NodeError::Unavailable {
+                    id: spec.id.clone(),
+                    reason: format!("personalize: {s}"),
+                },
+                record,
+                client,
+            );
+        }
+        // 4. Storage: the sandbox dir takes the id, then the record says so. Until the record
+        // is written it still says `pool_member`, so a crash in between destroys the sandbox.
+        let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
+        let moved = blocking(move || {
+            let (from, to) = (layout.sandbox_dir(&name), layout.sandbox_dir(&rec2.spec.id));
+            if to.exists() {
+                tracing::warn!(path = %to.display(), "removing leftover sandbox dir");
+                remove_sandbox_storage(&layout, subvols.as_ref(), &rec2.spec.id)?;
+            }
+            std::fs::rename(&from, &to).map_err(|e| StorageError::io("rename", &from, e))?;
+            storage::write_json_atomic(&layout.sandbox_record(&rec2.spec.id), &rec2, false)?;
+            Ok(())
+        })
+        .await;
+        if let Err(e) = moved {
+            return fail(e, record, client);
+        }
+        let status = self.status_of(&rec);
+        self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            spec.id.clone(),
+            Entry {
+                record: rec,
+                client,
+            },
+        );
+        self.sync_record_in_background(&spec.id);
+        Ok(status)
+    }
+
+    /// Destroys a member that may be partly handed out as `id` (slot, dir).
+    async fn retire_as(&self, member: Entry, id: &str) {
+        if let Some(net) = &self.network {
+            net.detach(id).await;
+        }
+        let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_owned());
+        if let Err(e) =
+            blocking(move || Ok(remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?)).await
+        {
+            tracing::warn!(id, error = %e, "removing a failed pool hand-out left storage");
+        }
+        self.retire(member).await;
+    }
+
+    /// Destroys a member: init, cgroups, slot, storage, uid range.
+    pub(super) async fn retire(&self, member: Entry) {
+        let rec = member.record;
+        let (id, name) = (rec.spec.id.clone(), rec.runtime_name().to_owned());
+        if let Err(e) = self.runtime.destroy(&name, rec.launched.as_ref()).await {
+            tracing::warn!(member = %name, error = %e, "destroying a pool sandbox failed");
+        }
+        if let Some(net) = &self.network {
+            net.detach(&id).await;
+        }
+        let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
+        let (id2, name2) = (id.clone(), name.clone());
+        if let Err(e) = blocking(move || {
+            remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?;
+            Ok(storage::remove_tree(&layout.run_sandbox_dir(&name2))?)
+        })
+        .await
+        {
+            tracing::warn!(member = %name, error = %e, "removing a pool sandbox's storage failed");
+        }
+        self.uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free(rec.uid_base);
+        tracing::debug!(member = %name, "pool sandbox destroyed");
+    }
+
+    async fn retire_all(&self, members: Vec<Entry>) {
+        futures::stream::iter(members)
+            .for_each_concurrent(RETIRE_PARALLEL, |m| self.retire(m))
+            .await;
+    }
+}
+
+/// One refill task: builds and retires members as [`warm::Pools::next_job`] says, until the
+/// node is dropped or closes its pools. Holds the node only while working.
+async fn refill_loop(weak: Weak<Node>) {
+    loop {
+        let Some(node) = weak.upgrade() else {
+            return;
+        };
+        if node.pool_closing.load(Ordering::SeqCst) {
+            return;
+        }
+        match node.pools.next_job(Instant::now()) {
+            Job::Build(template) => {
+                let built = match node.build_member(&template).await {
+                    Ok(m) => Some((m.record.template_version, m)),
+                    Err(e) => {
+                        tracing::warn!(template, error = %e, "building a pool sandbox failed");
+                        None
+                    }
+                };
+                if let Some(extra) = node.pools.finish_build(&template, built, Instant::now()) {
+                    node.retire(extra).await;
+                }
+                if node.pool_closing.load(Ordering::SeqCst) {
+                    let late = node.pools.drain();
+                    node.retire_all(late).await;
+                    return;
+                }
+            }
+            Job::Retire(members) => node.retire_all(members).await,
+            Job::Wait(d) => {
+                let wake = node.pool_wake.clone();
+                drop(node);
+                let _ = tokio::time::timeout(d, wake.notified()).await;
+            }
+        }
+    }
+}
