@@ -48,6 +48,9 @@ pub struct ControlConfig {
     pub shutdown_timeout: Duration,
     /// Egress of sandboxes created without a `network` (spaced's `--default-egress`).
     pub default_egress: space_api::Egress,
+    /// Warm pool of `base` while no pool was set for it through the API (spaced's
+    /// `--warm-pool`; None: no default pool). See `pools`.
+    pub default_pool: Option<space_node::api::PoolConfig>,
 }
 
 impl ControlConfig {
@@ -60,6 +63,7 @@ impl ControlConfig {
             create_grace: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(5),
             default_egress: space_api::Egress::Open,
+            default_pool: Some(space_node::api::PoolConfig { min: 4, max: 32 }),
         }
     }
 }
@@ -160,6 +164,8 @@ pub struct Engine {
     pub(crate) vault: Arc<crate::secrets::SecretVault>,
     /// Signs port URLs (see `net`).
     pub(crate) ports: crate::net::PortSigner,
+    /// Serializes warm-pool changes: API calls and the start-up restore (see `pools`).
+    pub(crate) pools_lock: tokio::sync::Mutex<()>,
 }
 
 fn new_sandbox_id() -> String {
@@ -346,6 +352,7 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
             live.and_then(|s| s.network.as_ref()),
         )),
         secrets: row.spec.secrets.iter().map(|b| b.name.clone()).collect(),
+        pooled: live.is_some_and(|s| s.pooled),
     }
 }
 
@@ -461,6 +468,7 @@ impl Engine {
             restarts: Default::default(),
             vault,
             ports: crate::net::PortSigner::new(&ports_key),
+            pools_lock: tokio::sync::Mutex::new(()),
         })
     }
 

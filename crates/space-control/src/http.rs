@@ -67,6 +67,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/secrets/{name}"),
     ("GET", "/v1/templates"),
     ("PUT", "/v1/templates/{name}"),
+    ("GET", "/v1/templates/{name}/pool"),
+    ("PUT", "/v1/templates/{name}/pool"),
+    ("GET", "/v1/pools"),
 ];
 
 /// The handler of one entry of [`ROUTES`].
@@ -115,6 +118,9 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("DELETE", "/v1/secrets/{name}") => delete(crate::secrets::http_delete),
         ("GET", "/v1/templates") => get(list_templates),
         ("PUT", "/v1/templates/{name}") => put(import_template),
+        ("GET", "/v1/templates/{name}/pool") => get(crate::pools::http_get),
+        ("PUT", "/v1/templates/{name}/pool") => put(crate::pools::http_set),
+        ("GET", "/v1/pools") => get(crate::pools::http_list),
         _ => unreachable!("route {method} {path} has no handler"),
     }
 }

@@ -16,6 +16,7 @@ pub mod http;
 pub mod lifecycle;
 pub mod metrics;
 pub mod net;
+pub mod pools;
 pub mod port_proxy;
 pub mod reconcile;
 pub mod recovery;
@@ -120,6 +121,12 @@ pub async fn serve(
     let engine = state.engine.clone();
     let timeout = engine.config().shutdown_timeout;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Warm pools come back in the background: the API answers meanwhile (a PUT of a pool
+    // waits until the restore is done).
+    tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.restore_pools().await }
+    });
     let reconciler = {
         let mut rx = stop_rx.clone();
         reconcile::spawn_reconciler(engine, async move {

@@ -348,6 +348,7 @@ mod tests {
             memory_bytes: None,
             cpu_usage_usec: None,
             network: None,
+            pooled: false,
         }
     }
 

@@ -299,6 +299,18 @@ impl Guest for FakeGuest {
     async fn sync(&self, _: TReq<pb::Empty>) -> Result<TResp<pb::Empty>, Status> {
         Ok(TResp::new(pb::Empty {}))
     }
+
+    async fn personalize(
+        &self,
+        r: TReq<pb::PersonalizeRequest>,
+    ) -> Result<TResp<pb::Empty>, Status> {
+        let n = r.into_inner().env.len();
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("personalize env={n}"));
+        Ok(TResp::new(pb::Empty {}))
+    }
 }
 
 // ---------------------------------------------------------------- fake node
@@ -321,7 +333,12 @@ struct FakeNode {
     specs: Mutex<HashMap<String, SandboxSpec>>,
     /// What `connect_port` reaches, by sandbox port (listeners on 127.0.0.1).
     ports: Mutex<HashMap<u16, std::net::SocketAddr>>,
+    /// Warm pools as set (clamped to `FAKE_POOL_CAPACITY`), by template.
+    pools: Mutex<BTreeMap<String, space_node::api::PoolStatus>>,
 }
+
+/// How many sandboxes the fake node can keep in a warm pool.
+const FAKE_POOL_CAPACITY: u32 = 100;
 
 impl FakeNode {
     fn status(id: &str, phase: Phase) -> SandboxStatus {
@@ -337,6 +354,7 @@ impl FakeNode {
             memory_bytes: Some(1_000_000),
             cpu_usage_usec: Some(2_000_000),
             network: None,
+            pooled: false,
         }
     }
 
@@ -550,12 +568,78 @@ impl NodeApi for FakeNode {
     }
 
     async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
-        Ok(vec![TemplateInfo {
+        let mut list = vec![TemplateInfo {
             name: "base".into(),
             version: 1,
             created_unix_ms: 0,
             path: PathBuf::from("/var/lib/space/templates/base/1/rootfs"),
-        }])
+        }];
+        for (name, _) in self.imported.lock().unwrap().iter() {
+            list.push(TemplateInfo {
+                name: name.clone(),
+                version: 2,
+                created_unix_ms: 1000,
+                path: PathBuf::from("/t"),
+            });
+        }
+        Ok(list)
+    }
+
+    async fn set_pool(
+        &self,
+        template: &str,
+        cfg: space_node::api::PoolConfig,
+    ) -> Result<space_node::api::PoolStatus, NodeError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("pool {template} {} {}", cfg.min, cfg.max));
+        let known = template == "base"
+            || self
+                .imported
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(n, _)| n == template);
+        if !known {
+            return Err(NodeError::NotFound {
+                kind: "template",
+                id: template.into(),
+            });
+        }
+        if cfg.min > cfg.max {
+            return Err(NodeError::InvalidArgument(format!(
+                "min {} > max {}",
+                cfg.min, cfg.max
+            )));
+        }
+        let (min, max) = (
+            cfg.min.min(FAKE_POOL_CAPACITY),
+            cfg.max.min(FAKE_POOL_CAPACITY),
+        );
+        let st = space_node::api::PoolStatus {
+            template: template.into(),
+            runtime: "namespace".into(),
+            min,
+            max,
+            target: min,
+            ready: 0,
+            starting: min,
+            hits: 0,
+            misses: 0,
+            warning: (cfg.max > FAKE_POOL_CAPACITY).then(|| {
+                format!("clamped to the node's capacity of {FAKE_POOL_CAPACITY} sandboxes")
+            }),
+        };
+        self.pools
+            .lock()
+            .unwrap()
+            .insert(template.into(), st.clone());
+        Ok(st)
+    }
+
+    fn pools(&self) -> Vec<space_node::api::PoolStatus> {
+        self.pools.lock().unwrap().values().cloned().collect()
     }
 
     async fn import_template(
@@ -609,6 +693,7 @@ async fn harness_with(cfg: impl FnOnce(&mut ControlConfig)) -> Harness {
         imported: Mutex::default(),
         specs: Mutex::default(),
         ports: Mutex::default(),
+        pools: Mutex::default(),
     });
     let mut c = ControlConfig::new(dir.path().join("data"));
     cfg(&mut c);
@@ -1872,3 +1957,6 @@ async fn recovery_from_a_checkpoint_restarts_its_processes() {
 
 #[path = "tests_net.rs"]
 mod net;
+
+#[path = "tests_pools.rs"]
+mod pools;

@@ -88,6 +88,27 @@ struct Args {
     /// Egress policy of sandboxes created without one: none, allowlist or open.
     #[arg(long, default_value = "open")]
     default_egress: space_node::net::Egress,
+    /// Warm pool of the `base` template as MIN:MAX ready sandboxes, while none was set through
+    /// the API (`space pool set base`); 0:0 turns it off.
+    #[arg(long, default_value = "4:32", value_name = "MIN:MAX", value_parser = parse_pool)]
+    warm_pool: space_node::api::PoolConfig,
+}
+
+/// Parses "MIN:MAX" (MIN <= MAX).
+fn parse_pool(s: &str) -> Result<space_node::api::PoolConfig, String> {
+    let (min, max) = s
+        .split_once(':')
+        .ok_or_else(|| "expected MIN:MAX, e.g. 4:32".to_string())?;
+    let num = |what: &str, v: &str| {
+        v.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{what} {v:?} is not a number from 0 to {}", u32::MAX))
+    };
+    let (min, max) = (num("MIN", min)?, num("MAX", max)?);
+    if min > max {
+        return Err(format!("MIN ({min}) must not exceed MAX ({max})"));
+    }
+    Ok(space_node::api::PoolConfig { min, max })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -262,6 +283,7 @@ async fn main() -> Result<()> {
     cfg.max_upload_bytes = args.max_upload;
     cfg.shutdown_timeout = Duration::from_secs(5);
     cfg.default_egress = space_control::net::egress_from_node(args.default_egress);
+    cfg.default_pool = Some(args.warm_pool).filter(|p| p.max > 0);
     let node_agent = node.clone();
     let node: Arc<dyn space_node::NodeApi> = node;
     let cp = ControlPlane::open(cfg, args.database_url.as_deref(), node)
@@ -329,6 +351,30 @@ mod tests {
         assert_eq!(a.dns_upstream[0].port(), 53);
         assert_eq!(a.default_egress, space_node::net::Egress::Allowlist);
         assert_eq!(a.network, OnOff::On);
+        assert_eq!(
+            (a.warm_pool.min, a.warm_pool.max),
+            (4, 32),
+            "--warm-pool default"
+        );
+        let a = Args::try_parse_from(["spaced", "--warm-pool", "0:0"]).unwrap();
+        assert_eq!((a.warm_pool.min, a.warm_pool.max), (0, 0));
+        let a = Args::try_parse_from(["spaced", "--warm-pool", "2:2"]).unwrap();
+        assert_eq!((a.warm_pool.min, a.warm_pool.max), (2, 2));
+        for (bad, needle) in [
+            ("4", "expected MIN:MAX"),
+            ("8:4", "MIN (8) must not exceed MAX (4)"),
+            ("-1:4", "MIN \"-1\""),
+            ("1:lots", "MAX \"lots\""),
+            ("1:4294967296", "MAX \"4294967296\""),
+        ] {
+            let arg = format!("--warm-pool={bad}");
+            let e = Args::try_parse_from(["spaced", arg.as_str()]).unwrap_err();
+            let e = e.to_string();
+            assert!(
+                e.contains("--warm-pool") && e.contains(needle),
+                "{bad}: {e}"
+            );
+        }
         for bad in [
             ["spaced", "--slot-subnet", "10.0.0.0/30"],
             ["spaced", "--slot-subnet", "10.0.0.1/16"],
