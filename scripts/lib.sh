@@ -3,8 +3,15 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Debian packages space needs at run time and to build and test.
-PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables postgresql iproute2 util-linux procps tar gzip curl ca-certificates gcc libc6-dev pkg-config)
+PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables postgresql iproute2 util-linux procps tar gzip curl ca-certificates gcc libc6-dev pkg-config
+    qemu-system-x86 e2fsprogs xz-utils)
 GUEST_TARGET=x86_64-unknown-linux-gnu
+# Guest kernel for QEMU microvm guests (the bench peer, later the microvm runtime): Debian's
+# cloud kernel, unpacked (never installed on the host) into $VM_DIR with the modules below and
+# everything they depend on. Virtio and ext4 are modules in that kernel; serial is built in.
+VM_DIR=/usr/local/lib/space/vm
+GUEST_KERNEL_PACKAGE=linux-image-cloud-amd64
+GUEST_MODULES=(virtio_mmio virtio_blk virtio_console virtio_net vmw_vsock_virtio_transport ext4)
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -39,4 +46,115 @@ build_guest() {
     say "building the static guest daemon${1:+ ($1)}"
     RUSTFLAGS="-C target-feature=+crt-static" cargo build ${1:-} --locked -q \
         -p space-daemon -p space-probe --target "$GUEST_TARGET"
+}
+
+# The value of field $2 in the .modinfo section of module file $1 (NUL-separated key=value).
+modinfo_field() {
+    tr '\0' '\n' <"$1" | sed -n "s/^$2=//p" | head -n 1
+}
+
+# Unpack the guest kernel into $VM_DIR: vmlinuz, modules/<ver>/kernel/... (the subset that
+# GUEST_MODULES needs, uncompressed .ko so busybox insmod loads them), modules.dep for that
+# subset (depmod format: dependencies listed so the last one loads first), modules.builtin and
+# a `version` file; `modules.list` records GUEST_MODULES. Does nothing when $VM_DIR holds a
+# kernel unpacked for the same GUEST_MODULES (the directory is replaced whole, never patched).
+ensure_guest_kernel() {
+    [ -f "$VM_DIR/vmlinuz" ] && [ "$(cat "$VM_DIR/modules.list" 2>/dev/null)" = "${GUEST_MODULES[*]}" ] \
+        && return 0
+    local tmp
+    tmp=$(mktemp -d)
+    # A subshell, so that `die` anywhere below still reaches the cleanup.
+    if ! (install_guest_kernel "$tmp"); then
+        rm -rf "$tmp" "$VM_DIR.new"
+        die "could not install the guest kernel from $GUEST_KERNEL_PACKAGE into $VM_DIR (see above)"
+    fi
+    rm -rf "$tmp"
+}
+
+# The body of ensure_guest_kernel; $1 = an empty scratch directory.
+install_guest_kernel() {
+    local tmp=$1 meta pkg ver src stage name m dep
+    # apt-get download drops privileges to _apt, which needs to write here.
+    chmod 0777 "$tmp"
+    say "fetching the guest kernel ($GUEST_KERNEL_PACKAGE)"
+    # Package lists may be missing or stale (ensure_packages updates them only when it installs).
+    (cd "$tmp" && apt-get download -q=2 "$GUEST_KERNEL_PACKAGE" 2>/dev/null) \
+        || { apt-get update -qq && (cd "$tmp" && apt-get download -q=2 "$GUEST_KERNEL_PACKAGE"); } \
+        || die "cannot download $GUEST_KERNEL_PACKAGE (apt-get download); check the Debian package sources"
+    meta=$(ls "$tmp"/"$GUEST_KERNEL_PACKAGE"_*.deb)
+    pkg=$(dpkg-deb -f "$meta" Depends | tr ',' '\n' | sed -n 's/^ *\(linux-image-[0-9][^ ]*\).*/\1/p' | head -n 1)
+    [ -n "$pkg" ] || die "$GUEST_KERNEL_PACKAGE does not depend on a versioned linux-image package"
+    say "fetching $pkg"
+    (cd "$tmp" && apt-get download -q=2 "$pkg" 2>/dev/null) \
+        || die "cannot download $pkg (apt-get download)"
+    dpkg-deb -x "$(ls "$tmp"/"$pkg"_*.deb)" "$tmp/x" \
+        || die "cannot unpack $pkg"
+    ver=${pkg#linux-image-}
+    src="$tmp/x/lib/modules/$ver"
+    [ -f "$tmp/x/boot/vmlinuz-$ver" ] && [ -d "$src" ] \
+        || die "$pkg has no boot/vmlinuz-$ver or lib/modules/$ver"
+
+    # name (dashes as underscores) -> path relative to $src, for every module in the package.
+    declare -A path_of=()
+    while IFS= read -r m; do
+        name=${m##*/}; name=${name%%.ko*}
+        path_of[${name//-/_}]=$m
+    done < <(cd "$src" && find kernel -name '*.ko' -o -name '*.ko.xz' -o -name '*.ko.zst')
+
+    # Post-order walk over `depends=`: every module comes after all that it needs.
+    declare -A seen=()
+    local order=()
+    visit() {
+        local n=${1//-/_} d
+        [ -n "${seen[$n]:-}" ] && return 0
+        seen[$n]=1
+        if [ -z "${path_of[$n]:-}" ]; then
+            tr - _ <"$src/modules.builtin" | grep -q "/$n\.ko" || die "module $n is neither in $pkg nor built in"
+            return 0
+        fi
+        stage_module "$n"
+        for d in $(modinfo_field "$stage/${path_of[$n]%.ko*}.ko" depends | tr ',' ' '); do visit "$d"; done
+        order+=("$n")
+    }
+    stage_module() {
+        local rel=${path_of[$1]} out="$stage/${path_of[$1]%.ko*}.ko"
+        mkdir -p "$(dirname "$out")"
+        case "$rel" in
+            *.ko.xz) xz -dc "$src/$rel" >"$out" ;;
+            *.ko.zst) command -v zstd >/dev/null || die "$rel is zstd-compressed: apt-get install zstd"
+                      zstd -qdc "$src/$rel" >"$out" ;;
+            *) cp "$src/$rel" "$out" ;;
+        esac
+    }
+    stage="$tmp/stage/modules/$ver"
+    mkdir -p "$stage"
+    for m in "${GUEST_MODULES[@]}"; do visit "$m"; done
+
+    # modules.dep: each module, then its whole dependency closure ordered as depmod orders it
+    # (the last one loads first).
+    deps_of() {
+        local d
+        for d in $(modinfo_field "$stage/${path_of[$1]%.ko*}.ko" depends | tr ',' ' '); do
+            d=${d//-/_}
+            [ -n "${path_of[$d]:-}" ] || continue
+            deps_of "$d"
+            printf '%s\n' "$d"
+        done
+    }
+    for m in "${order[@]}"; do
+        printf '%s:' "${path_of[$m]%.ko*}.ko"
+        for dep in $(deps_of "$m" | awk '!s[$0]++' | tac); do printf ' %s' "${path_of[$dep]%.ko*}.ko"; done
+        printf '\n'
+    done >"$stage/modules.dep"
+    cp "$src/modules.builtin" "$src/modules.order" "$stage/"
+    echo "$ver" >"$tmp/stage/version"
+    echo "${GUEST_MODULES[*]}" >"$tmp/stage/modules.list"
+    cp "$tmp/x/boot/vmlinuz-$ver" "$tmp/stage/vmlinuz"
+
+    rm -rf "$VM_DIR.new"
+    mkdir -p "$(dirname "$VM_DIR")"
+    cp -a "$tmp/stage" "$VM_DIR.new"
+    rm -rf "$VM_DIR"
+    mv "$VM_DIR.new" "$VM_DIR"
+    say "guest kernel $ver in $VM_DIR (${#order[@]} modules: ${order[*]})"
 }

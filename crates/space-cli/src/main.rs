@@ -5,11 +5,13 @@
 //! "error: <message> (<code>)" on stderr and exit 1; `exec` exits with the command's status.
 
 mod bench;
+mod bench_qemu;
 mod cp;
 mod diff;
 mod events;
 mod exec;
 mod net;
+mod pool;
 mod snapshot;
 mod top;
 
@@ -107,9 +109,12 @@ enum Command {
     /// Manage templates.
     #[command(subcommand)]
     Template(TemplateCmd),
-    /// Benchmarks.
+    /// Warm pools: ready sandboxes kept per template, so that creates are fast.
     #[command(subcommand)]
-    Bench(BenchCmd),
+    Pool(pool::PoolCmd),
+    /// Benchmarks (`space bench all` runs every one and writes a JSON report).
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 #[derive(Debug, Args)]
@@ -174,12 +179,6 @@ enum TemplateCmd {
         #[arg(long)]
         json: bool,
     },
-}
-
-#[derive(Debug, Subcommand)]
-enum BenchCmd {
-    /// Create -> ready latency, exec round trip and idle memory.
-    Create(bench::BenchArgs),
 }
 
 pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -412,13 +411,14 @@ async fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Bench(BenchCmd::Create(a)) => bench::run(client()?, a).await,
+        Command::Bench(c) => bench::run(client()?, c).await,
         Command::Snap(c) => snapshot::run(client()?, c).await,
         Command::Diff(a) => diff::run(client()?, a).await,
         Command::Events(a) => events::run(client()?, a).await,
         Command::Net(a) => net::run_net(client()?, a).await,
         Command::Port(a) => net::run_port(client()?, a).await,
         Command::Secret(c) => net::run_secret(client()?, c).await,
+        Command::Pool(c) => pool::run(client()?, c).await,
     }
 }
 
@@ -476,7 +476,7 @@ mod tests {
         assert!(Cli::try_parse_from(["space", "create", "--env", "novalue"]).is_err());
         assert!(Cli::try_parse_from(["space", "rm"]).is_err());
         let cli = Cli::try_parse_from(["space", "bench", "create", "-n", "5", "--peers"]).unwrap();
-        let Command::Bench(BenchCmd::Create(b)) = cli.cmd else {
+        let Command::Bench(bench::BenchCmd::Create(b)) = cli.cmd else {
             panic!()
         };
         assert_eq!(b.n, 5);
@@ -552,6 +552,40 @@ mod tests {
         assert!(Cli::try_parse_from(["space", "secret", "set", "K", "--host", "a.com"]).is_err());
         assert!(Cli::try_parse_from(["space", "secret", "ls", "--json"]).is_ok());
         assert!(Cli::try_parse_from(["space", "secret", "rm", "K"]).is_ok());
+    }
+
+    #[test]
+    fn parses_pool_commands() {
+        let cli = Cli::try_parse_from([
+            "space", "pool", "set", "base", "--min", "2", "--max", "8", "--json",
+        ])
+        .unwrap();
+        let Command::Pool(pool::PoolCmd::Set {
+            template,
+            min,
+            max,
+            runtime,
+            json,
+        }) = cli.cmd
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (template.as_str(), min, max, runtime, json),
+            ("base", 2, Some(8), None, true)
+        );
+        assert!(Cli::try_parse_from(["space", "pool", "ls", "--json"]).is_ok());
+        assert!(Cli::try_parse_from(["space", "pool", "get", "base"]).is_ok());
+        // --min is required and sizes are unsigned 32-bit numbers.
+        for bad in [
+            &["space", "pool", "set", "base"][..],
+            &["space", "pool", "set", "base", "--min", "-1"],
+            &["space", "pool", "set", "base", "--min", "4294967296"],
+            &["space", "pool", "set", "--min", "1"],
+            &["space", "pool", "get"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
