@@ -302,6 +302,23 @@ impl Spaced {
         self.dir.path().join("data")
     }
 
+    /// The node's sandbox dirs (`volume/sandboxes/<id>`), without the warm pool's ready
+    /// sandboxes: their records say `pool_member`, and they belong to no user.
+    pub fn user_sandbox_dirs(&self) -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(self.data_dir().join("volume/sandboxes"))
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| {
+                        let rec = std::fs::read(e.path().join("sandbox.json")).ok();
+                        let rec: Option<Value> = rec.and_then(|r| serde_json::from_slice(&r).ok());
+                        !rec.is_some_and(|r| r["pool_member"] == true)
+                    })
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn run_dir(&self) -> PathBuf {
         self.dir.path().join("run")
     }

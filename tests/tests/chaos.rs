@@ -102,13 +102,7 @@ fn list(s: &Spaced) -> Vec<(String, String)> {
 }
 
 fn node_dirs(s: &Spaced) -> BTreeSet<String> {
-    std::fs::read_dir(s.data_dir().join("volume/sandboxes"))
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
+    s.user_sandbox_dirs()
 }
 
 fn cgroups_left(parent: &str) -> Vec<String> {
@@ -316,6 +310,23 @@ fn run(seed: u64) {
         s.space_ok(&["rm", id]);
     }
     assert!(list(&s).is_empty());
+    // Turning the warm pool off destroys its ready sandboxes too.
+    let (code, body) = s.call(
+        reqwest::Method::PUT,
+        "/v1/templates/base/pool",
+        Some(serde_json::json!({"min": 0, "max": 0})),
+    );
+    assert_eq!(code, 200, "{body}");
+    let all_dirs = || -> usize {
+        std::fs::read_dir(s.data_dir().join("volume/sandboxes"))
+            .map(|rd| rd.count())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while all_dirs() > 0 {
+        assert!(Instant::now() < deadline, "pool sandboxes left behind");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
     while !(node_dirs(&s).is_empty() && cgroups_left(&s.cgroup_parent).is_empty()) {
         assert!(

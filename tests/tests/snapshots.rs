@@ -301,10 +301,11 @@ fn bad_input() {
     s.space_ok(&["rm", &a, &b]);
     let r = s.call(Method::GET, &format!("/v1/sandboxes/{a}/snapshots"), None);
     expect(r, 404, "not_found");
-    let left = std::fs::read_dir(s.data_dir().join("volume/sandboxes"))
-        .map(|rd| rd.count())
-        .unwrap_or(0);
-    assert_eq!(left, 0, "sandbox dirs (with snapshots) are gone");
+    let left = s.user_sandbox_dirs();
+    assert!(
+        left.is_empty(),
+        "sandbox dirs (with snapshots) are gone: {left:?}"
+    );
 }
 
 /// Latency of snapshot, fork (to the first exec in the child) and rollback on a sandbox
