@@ -133,3 +133,36 @@ fn metrics_show_what_was_done() {
         Some(Value::Gauge(_))
     ));
 }
+
+/// `--log-format json --log-spans`: every line is a JSON object; a create leaves the closing
+/// line of its request span and of the node's `node.create` span, with their busy time, and
+/// its log lines carry the sandbox id in their span fields.
+#[test]
+fn json_logs_carry_spans_and_their_durations() {
+    let s = space_tests::Spaced::start_with(&["--log-format", "json", "--log-spans"]).unwrap();
+    let id = s.create(&[]);
+    s.space_ok(&["rm", &id]);
+    let log = std::fs::read_to_string(s.log_path()).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(!lines.is_empty(), "no JSON lines in {log}");
+    let closed = |name: &str| {
+        lines.iter().find(|l| {
+            l["fields"]["message"] == "close"
+                && l["span"]["name"] == name
+                && l["fields"]["time.busy"].is_string()
+        })
+    };
+    let create = closed("node.create").unwrap_or_else(|| panic!("no node.create close in {log}"));
+    assert_eq!(create["span"]["sandbox"], id.as_str(), "{create}");
+    assert!(closed("request").is_some(), "no request span closed");
+    assert!(
+        lines.iter().any(|l| l["spans"].as_array().is_some_and(|s| s
+            .iter()
+            .any(|sp| sp["name"] == "node.remove" && sp["sandbox"] == id.as_str()))),
+        "no line inside node.remove for {id}"
+    );
+}

@@ -118,6 +118,10 @@ fn a_pooled_sandbox_carries_nothing_from_one_user_to_the_next() {
     let b = s.create(&[]);
     let ib = s.inspect(&b);
     assert_eq!(ib["pooled"], true, "{ib}");
+    // Not even the node's warm-up exec is listed.
+    let (code, procs) = s.call(Method::GET, &format!("/v1/sandboxes/{b}/processes"), None);
+    assert_eq!(code, 200);
+    assert_eq!(procs["processes"], json!([]), "{procs}");
     assert_eq!(out(&s, &b, "hostname"), b, "default hostname is the id");
     assert_eq!(
         out(&s, &b, "echo ${FOO:-unset}:$SPACE_SANDBOX_ID"),

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use space_api::SandboxState;
 use space_node::api::{Phase, SandboxStatus};
+use tracing::Instrument;
 
 use crate::engine::{Engine, node_spec};
 use crate::error::{AppError, AppResult};
@@ -317,7 +318,7 @@ pub fn spawn_reconciler(
         loop {
             let pass =
                 crate::events::ACTOR.scope(actor.clone(), engine.reconcile_once(&mut backoff));
-            if let Err(e) = pass.await {
+            if let Err(e) = pass.instrument(tracing::debug_span!("reconcile")).await {
                 tracing::warn!(error = %e, "reconcile pass failed");
             }
             tokio::select! {

@@ -209,6 +209,15 @@ impl Procs {
         infos
     }
 
+    /// Drops every finished process from the table (a warm pool's sandbox handed to its user
+    /// forgets the platform's warm-up). Returns how many.
+    pub fn forget_exited(&self) -> usize {
+        let mut table = self.table();
+        let before = table.len();
+        table.retain(|_, p| p.state().exit.is_none());
+        before - table.len()
+    }
+
     /// Start a process. Must run inside the tokio runtime (the output fds are registered).
     pub fn spawn(self: &Arc<Self>, req: ExecRequest) -> Result<Arc<Proc>, ExecError> {
         let exec::Prepared {

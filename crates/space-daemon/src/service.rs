@@ -309,6 +309,8 @@ impl Guest for GuestService {
         self.cfg
             .base_env
             .set(env.into_iter().map(|(k, v)| (k.into(), v.into())).collect());
+        // What ran before the hand-out (the node's warm-up) is not the user's.
+        self.procs.forget_exited();
         Ok(Response::new(Empty {}))
     }
 }

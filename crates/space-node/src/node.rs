@@ -936,6 +936,7 @@ fn check_spec(spec: &SandboxSpec) -> Result<(), NodeError> {
 
 #[async_trait]
 impl NodeApi for Node {
+    #[tracing::instrument(name = "node.create", skip_all, fields(sandbox = %spec.id, template = %spec.template))]
     async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
         check_spec(spec)?;
         let lock = self.lock_for(&spec.id);
@@ -969,6 +970,7 @@ impl NodeApi for Node {
         }
     }
 
+    #[tracing::instrument(name = "node.remove", skip_all, fields(sandbox = id))]
     async fn remove_sandbox(&self, id: &str) -> Result<(), NodeError> {
         ids::validate_sandbox_id(id)?;
         let lock = self.lock_for(id);
@@ -1024,6 +1026,7 @@ impl NodeApi for Node {
         Ok(())
     }
 
+    #[tracing::instrument(name = "node.stop", skip_all, fields(sandbox = id))]
     async fn stop_sandbox(&self, id: &str) -> Result<(), NodeError> {
         ids::validate_sandbox_id(id)?;
         let lock = self.lock_for(id);
@@ -1108,6 +1111,7 @@ impl NodeApi for Node {
         Ok(self.templates.list())
     }
 
+    #[tracing::instrument(name = "node.snapshot", skip_all, fields(sandbox = id, snapshot = snap))]
     async fn snapshot_sandbox(&self, id: &str, snap: &str) -> Result<SnapshotInfo, NodeError> {
         self.snapshot_impl(id, snap).await
     }
@@ -1142,6 +1146,7 @@ impl NodeApi for Node {
         self.changed_since_snapshot_impl(id, owner, snap).await
     }
 
+    #[tracing::instrument(name = "node.rollback", skip_all, fields(sandbox = %spec.id, snapshot = snap))]
     async fn rollback_sandbox(
         &self,
         spec: &SandboxSpec,
@@ -1150,6 +1155,7 @@ impl NodeApi for Node {
         self.rollback_impl(spec, snap).await
     }
 
+    #[tracing::instrument(name = "node.fork", skip_all, fields(sandbox = %spec.id, source, snapshot = snap))]
     async fn fork_sandbox(
         &self,
         source: &str,
@@ -1159,10 +1165,12 @@ impl NodeApi for Node {
         self.fork_impl(source, snap, spec).await
     }
 
+    #[tracing::instrument(name = "node.pause", skip_all, fields(sandbox = id))]
     async fn pause_sandbox(&self, id: &str) -> Result<SandboxStatus, NodeError> {
         self.set_paused(id, true).await
     }
 
+    #[tracing::instrument(name = "node.resume", skip_all, fields(sandbox = id))]
     async fn resume_sandbox(&self, id: &str) -> Result<SandboxStatus, NodeError> {
         self.set_paused(id, false).await
     }
@@ -1174,6 +1182,7 @@ impl NodeApi for Node {
         }
     }
 
+    #[tracing::instrument(name = "node.set_network", skip_all, fields(sandbox = id))]
     async fn set_network(
         &self,
         id: &str,
@@ -1268,6 +1277,7 @@ impl NodeApi for Node {
         out
     }
 
+    #[tracing::instrument(name = "node.set_pool", skip_all, fields(template))]
     async fn set_pool(&self, template: &str, cfg: PoolConfig) -> Result<PoolStatus, NodeError> {
         self.set_pool_impl(template, cfg).await
     }

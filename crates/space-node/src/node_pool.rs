@@ -27,7 +27,10 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use futures::StreamExt;
-use space_proto::PersonalizeRequest;
+use space_proto::guest_client::GuestClient;
+use space_proto::{ExecRequest, PersonalizeRequest};
+use tonic::transport::Channel;
+use tracing::Instrument;
 
 use super::{Entry, Node, blocking, net_error, remove_sandbox_storage};
 use crate::api::{
@@ -244,6 +247,7 @@ impl Node {
             self.retire(entry).await;
             return Err(e);
         }
+        warm_up(&client, &rec.spec.id).await;
         Ok(Entry {
             record: rec,
             client: Some(client),
@@ -318,20 +322,9 @@ impl Node {
         rec.pool_member = false;
         rec.pooled = true;
         rec.created_unix_ms = now_unix_ms();
-        // 1. Limits and hostname.
-        let limits = (spec.limits != record.spec.limits).then_some(&spec.limits);
-        if let Err(e) = self
-            .runtime
-            .personalize(&name, &launched, limits, &spec.hostname)
-            .await
-        {
-            return fail(
-                NodeError::Internal(format!("personalize pool sandbox {name}: {e}")),
-                record,
-                client,
-            );
-        }
-        // 2. The network slot, with the requested policy and secrets.
+        let t0 = Instant::now();
+        // 1. The network slot, with the requested policy and secrets (first: the environment
+        // depends on the sandbox having a slot under its id).
         if let Some(net) = &self.network
             && record.slot.is_some()
             && let Err(e) = net
@@ -340,35 +333,52 @@ impl Node {
         {
             return fail(net_error(&spec.id, e), record, client);
         }
-        // 3. The base environment of every process.
+        let t_net = t0.elapsed();
+        // 2. At once: limits and hostname; the base environment of every process; the
+        // sandbox dir takes the id. None depends on another.
+        let limits = (spec.limits != record.spec.limits).then_some(&spec.limits);
         let env: HashMap<String, String> = self.launch_plan(&rec).env.into_iter().collect();
-        if let Err(s) = guest.personalize(PersonalizeRequest { env }).await {
-            return fail(
-                NodeError::Unavailable {
-                    id: spec.id.clone(),
-                    reason: format!("personalize: {s}"),
-                },
-                record,
-                client,
-            );
-        }
-        // 4. Storage: the sandbox dir takes the id, then the record says so. Until the record
-        // is written it still says `pool_member`, so a crash in between destroys the sandbox.
-        let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
-        let moved = blocking(move || {
-            let (from, to) = (layout.sandbox_dir(&name), layout.sandbox_dir(&rec2.spec.id));
-            if to.exists() {
-                tracing::warn!(path = %to.display(), "removing leftover sandbox dir");
-                remove_sandbox_storage(&layout, subvols.as_ref(), &rec2.spec.id)?;
-            }
-            std::fs::rename(&from, &to).map_err(|e| StorageError::io("rename", &from, e))?;
-            storage::write_json_atomic(&layout.sandbox_record(&rec2.spec.id), &rec2, false)?;
-            Ok(())
-        })
-        .await;
-        if let Err(e) = moved {
+        let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
+        let (from_name, to_id) = (name.clone(), spec.id.clone());
+        let (personalized, env_set, moved) = tokio::join!(
+            self.runtime
+                .personalize(&name, &launched, limits, &spec.hostname),
+            guest.personalize(PersonalizeRequest { env }),
+            blocking(move || {
+                let (from, to) = (layout.sandbox_dir(&from_name), layout.sandbox_dir(&to_id));
+                if to.exists() {
+                    tracing::warn!(path = %to.display(), "removing leftover sandbox dir");
+                    remove_sandbox_storage(&layout, subvols.as_ref(), &to_id)?;
+                }
+                std::fs::rename(&from, &to).map_err(|e| StorageError::io("rename", &from, e))?;
+                Ok(())
+            }),
+        );
+        let step = personalized
+            .map_err(|e| NodeError::Internal(format!("personalize pool sandbox {name}: {e}")))
+            .and(env_set.map_err(|s| NodeError::Unavailable {
+                id: spec.id.clone(),
+                reason: format!("personalize: {s}"),
+            }))
+            .and(moved);
+        if let Err(e) = step {
             return fail(e, record, client);
         }
+        let t_steps = t0.elapsed();
+        // 3. The record says so. Until it is written it still says `pool_member`, so a crash
+        // before this point destroys the sandbox instead of adopting a half-personalized one.
+        let (path, rec2) = (self.layout.sandbox_record(&spec.id), rec.clone());
+        if let Err(e) = blocking(move || Ok(storage::write_json_atomic(&path, &rec2, false)?)).await
+        {
+            return fail(e, record, client);
+        }
+        tracing::debug!(
+            id = %spec.id,
+            network_us = t_net.as_micros() as u64,
+            steps_us = (t_steps - t_net).as_micros() as u64,
+            record_us = (t0.elapsed() - t_steps).as_micros() as u64,
+            "pool sandbox personalized"
+        );
         let status = self.status_of(&rec);
         self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
             spec.id.clone(),
@@ -429,6 +439,29 @@ impl Node {
     }
 }
 
+/// Runs `true` once in a new member: the first exec of a fresh sandbox costs ~1.5 ms more
+/// than the next ones (space-daemon's first blocking threads and allocations, the page cache
+/// of the template's binaries), and a user's first exec should not pay it. `Personalize`
+/// makes the daemon forget the finished process. Best effort: a template without `true`
+/// simply gets no warm-up.
+async fn warm_up(client: &GuestClient<Channel>, name: &str) {
+    let mut guest = client.clone();
+    let req = ExecRequest {
+        argv: vec!["true".to_owned()],
+        ..Default::default()
+    };
+    let run = async {
+        let mut events = guest.exec(req).await?.into_inner();
+        while events.message().await?.is_some() {}
+        Ok::<_, tonic::Status>(())
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(5), run).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(member = name, error = %e, "warm-up exec failed"),
+        Err(_) => tracing::debug!(member = name, "warm-up exec timed out"),
+    }
+}
+
 /// One refill task: builds and retires members as [`warm::Pools::next_job`] says, until the
 /// node is dropped or closes its pools. Holds the node only while working.
 async fn refill_loop(weak: Weak<Node>) {
@@ -441,7 +474,8 @@ async fn refill_loop(weak: Weak<Node>) {
         }
         match node.pools.next_job(Instant::now()) {
             Job::Build(template) => {
-                let built = match node.build_member(&template).await {
+                let span = tracing::info_span!("pool.build", template = %template);
+                let built = match node.build_member(&template).instrument(span).await {
                     Ok(m) => Some((m.record.template_version, m)),
                     Err(e) => {
                         tracing::warn!(template, error = %e, "building a pool sandbox failed");

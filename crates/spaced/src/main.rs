@@ -45,8 +45,15 @@ struct Args {
     /// Static busybox the `base` template is built from.
     #[arg(long, default_value = "/bin/busybox")]
     busybox: PathBuf,
+    /// Log lines as text or as JSON objects (one per line, with the spans they happened in).
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Also log a line when a span closes (an API request, a node operation such as
+    /// node.create or node.snapshot, a warm pool build, a reconcile pass) with its busy and
+    /// idle time: where a slow request spent it. Which spans is up to RUST_LOG (reconcile
+    /// passes are debug).
+    #[arg(long)]
+    log_spans: bool,
     /// First host uid of the sandbox uid ranges.
     #[arg(long, default_value_t = NodeConfig::default().uid_base_start)]
     uid_base: u32,
@@ -208,11 +215,17 @@ fn daemon_binary(flag: Option<PathBuf>) -> Result<PathBuf> {
     )
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, spans: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let events = if spans {
+        tracing_subscriber::fmt::format::FmtSpan::CLOSE
+    } else {
+        tracing_subscriber::fmt::format::FmtSpan::NONE
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_span_events(events)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -239,7 +252,7 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    init_logging(args.log_format);
+    init_logging(args.log_format, args.log_spans);
     let daemon = daemon_binary(args.daemon_binary.clone())?;
 
     anyhow::ensure!(

@@ -155,6 +155,7 @@ pub async fn extras(
     exec_runs: usize,
 ) -> Result<()> {
     if let Some(first) = ids.first() {
+        s.wait_pool_idle(Duration::from_secs(60)).await;
         r.exec_rtt_ms = super::exec::round_trips(s, first, exec_runs).await?;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;

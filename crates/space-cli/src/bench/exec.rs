@@ -30,6 +30,8 @@ pub async fn round_trips(s: &Session, id: &str, runs: usize) -> Result<Option<St
 /// Creates one sandbox and times `runs` execs in it.
 pub async fn measure(s: &Session, runs: usize) -> Result<ExecReport> {
     let sb = s.create().await?;
+    // The create may have started a refill; let it finish first.
+    s.wait_pool_idle(std::time::Duration::from_secs(60)).await;
     Ok(ExecReport {
         runs,
         rtt_ms: round_trips(s, &sb.id, runs).await?,

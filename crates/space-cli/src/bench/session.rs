@@ -202,6 +202,21 @@ impl Session {
         }
     }
 
+    /// Waits (bounded) until the pool has stopped building (refilled to its target), so that
+    /// a measurement that follows does not share the CPU with the refill. No pool: returns.
+    pub async fn wait_pool_idle(&self, limit: Duration) {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            match self.c.get_pool(&self.template).await {
+                Ok(p) if p.starting > 0 || p.ready < p.target => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                _ => return,
+            }
+        }
+        eprintln!("space bench: the pool was still refilling after {limit:?}; measuring anyway");
+    }
+
     /// Runs `body`, then always deletes what the run created and restores the pool, also when
     /// `body` fails or the user presses Ctrl-C (best effort: a create in flight at that
     /// moment is not known to the bench).
