@@ -116,6 +116,10 @@ pub struct CreateSandbox {
     /// environment variable holding a placeholder the egress proxy replaces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// "namespace" (a namespace sandbox on the shared kernel) or "microvm" (a VM with its own
+    /// kernel); default: the node's (`spaced --default-runtime`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// What happens when a sandbox's timeout expires.

@@ -165,6 +165,10 @@ struct CreateArgs {
     /// Secret the sandbox may use (repeatable): env NAME holds a placeholder.
     #[arg(long = "secret", value_name = "NAME")]
     secrets: Vec<String>,
+    /// Isolation runtime: namespace (shared kernel) or microvm (a VM with its own kernel);
+    /// default: the server's.
+    #[arg(long, value_name = "RUNTIME")]
+    runtime: Option<String>,
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -272,6 +276,7 @@ async fn run(cli: Cli) -> Result<i32> {
                     .filter(|p| !p.is_empty()),
                     network: net::policy_from_flags(a.egress, &a.allow),
                     secrets: a.secrets,
+                    runtime: a.runtime,
                 })
                 .await?;
             if a.json {

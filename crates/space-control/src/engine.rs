@@ -30,6 +30,8 @@ use crate::metrics::{Metrics, inc};
 use crate::store::{SandboxRow, SandboxSpecRecord, Store, now_ms};
 
 pub const RUNTIME_NAME: &str = "namespace";
+/// The runtimes a create may ask for (decision 0014).
+pub const RUNTIMES: [&str; 2] = ["namespace", "microvm"];
 
 /// Settings of the control plane.
 #[derive(Debug, Clone)]
@@ -48,6 +50,8 @@ pub struct ControlConfig {
     pub shutdown_timeout: Duration,
     /// Egress of sandboxes created without a `network` (spaced's `--default-egress`).
     pub default_egress: space_api::Egress,
+    /// The runtime recorded for creates that name none (`spaced --default-runtime`).
+    pub default_runtime: String,
     /// Warm pool of `base` while no pool was set for it through the API (spaced's
     /// `--warm-pool`; None: no default pool). See `pools`.
     pub default_pool: Option<space_node::api::PoolConfig>,
@@ -63,6 +67,7 @@ impl ControlConfig {
             create_grace: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(5),
             default_egress: space_api::Egress::Open,
+            default_runtime: RUNTIME_NAME.to_owned(),
             default_pool: Some(space_node::api::PoolConfig { min: 4, max: 32 }),
         }
     }
@@ -273,6 +278,14 @@ pub fn validate_create_with(
     check_env(&req.env)?;
     let hostname = req.hostname.unwrap_or_else(|| id.to_string());
     check_hostname(&hostname)?;
+    if let Some(rt) = &req.runtime
+        && !RUNTIMES.contains(&rt.as_str())
+    {
+        return Err(AppError::invalid(format!(
+            "unknown runtime {rt:?}: expected one of {}",
+            RUNTIMES.join(", ")
+        )));
+    }
     Ok(SandboxSpecRecord {
         template,
         cpu,
@@ -282,6 +295,7 @@ pub fn validate_create_with(
         hostname,
         network,
         secrets: Vec::new(),
+        runtime: req.runtime,
     })
 }
 
@@ -307,6 +321,7 @@ pub(crate) fn node_spec(id: &str, spec: &SandboxSpecRecord) -> SandboxSpec {
         hostname: spec.hostname.clone(),
         network: crate::net::node_network(&spec.network),
         secrets: crate::net::node_bindings(&spec.secrets),
+        runtime: spec.runtime.clone(),
     }
 }
 
@@ -323,9 +338,12 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
     Sandbox {
         id: row.id.clone(),
         template: row.spec.template.clone(),
-        runtime: live
-            .map(|s| s.runtime.clone())
-            .unwrap_or_else(|| RUNTIME_NAME.to_string()),
+        runtime: live.map(|s| s.runtime.clone()).unwrap_or_else(|| {
+            row.spec
+                .runtime
+                .clone()
+                .unwrap_or_else(|| RUNTIME_NAME.to_string())
+        }),
         state: row.state,
         created_at: rfc3339_from_unix_ms(row.created_at),
         cpu: row.spec.cpu,
@@ -560,6 +578,8 @@ impl Engine {
         let snapshot_policy = crate::snapshot_policy::policy_from_create(&req, &id, now)?;
         let secret_names = req.secrets.clone();
         let mut spec = validate_create_with(req, &id, self.cfg.default_egress)?;
+        spec.runtime
+            .get_or_insert_with(|| self.cfg.default_runtime.clone());
         spec.secrets = self.vault.bind(&secret_names, &spec.env).await?;
         self.node
             .validate_network(&crate::net::node_network(&spec.network))?;

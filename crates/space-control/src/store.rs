@@ -50,6 +50,10 @@ pub struct SandboxSpecRecord {
     /// Secrets the sandbox uses (never their values).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<SecretBindingRecord>,
+    /// "namespace" or "microvm" as asked at create; None: the node's default (rows from
+    /// before the microvm runtime have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// A sandbox's egress policy as stored: the egress mode and the rules, as given (each was
@@ -363,6 +367,7 @@ pub(crate) mod tests {
             hostname: "h".into(),
             network: NetworkRecord::default(),
             secrets: Vec::new(),
+            runtime: None,
         }
     }
 

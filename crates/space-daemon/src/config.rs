@@ -21,6 +21,9 @@ pub struct Config {
     pub base_env: BaseEnv,
     /// Where `etc/passwd` and `etc/group` are read from ("/" inside a sandbox).
     pub root: PathBuf,
+    /// The daemon is the init of a microvm (`SPACE_GUEST=vm`): root of its own kernel, so it
+    /// sets the hostname `Personalize` asks for.
+    pub vm_guest: bool,
 }
 
 impl Default for Config {
@@ -30,6 +33,7 @@ impl Default for Config {
             exited_retention: DEFAULT_EXITED_RETENTION,
             base_env: BaseEnv::default(),
             root: PathBuf::from("/"),
+            vm_guest: false,
         }
     }
 }
@@ -49,6 +53,7 @@ impl Config {
                 .map_or(DEFAULT_EXITED_RETENTION, Duration::from_secs),
             base_env: BaseEnv::new(std::env::vars_os().collect()),
             root: PathBuf::from("/"),
+            vm_guest: false,
         }
     }
 }
@@ -91,6 +96,7 @@ const DAEMON_ONLY_ENV: &[&str] = &[
     "SPACE_EXITED_RETENTION_SECS",
     "SPACE_DNS",
     "SPACE_CA_PEM",
+    "SPACE_GUEST",
 ];
 
 #[cfg(test)]

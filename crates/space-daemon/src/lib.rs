@@ -5,11 +5,13 @@
 pub mod config;
 pub mod exec;
 pub mod files;
+pub mod guest_init;
 pub mod netsetup;
 pub mod output;
 pub mod procs;
 pub mod service;
 pub mod users;
+pub mod vport;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -22,6 +24,29 @@ pub use config::Config;
 /// Serve the guest channel on `listener` until the process ends. Registers the SIGCHLD
 /// reaper before anything can be spawned. Must be called inside a tokio runtime.
 pub async fn serve(cfg: Config, listener: UnixListener) -> Result<(), tonic::transport::Error> {
+    serve_incoming(
+        cfg,
+        tokio_stream::wrappers::UnixListenerStream::new(listener),
+    )
+    .await
+}
+
+/// [`serve`] on any stream of connections (a microvm's port yields one session at a time:
+/// [`vport::sessions`]). One service, hence one process table, for all of them.
+pub async fn serve_incoming<I, IO, IE>(
+    cfg: Config,
+    incoming: I,
+) -> Result<(), tonic::transport::Error>
+where
+    I: futures::Stream<Item = Result<IO, IE>>,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let started_unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -38,6 +63,6 @@ pub async fn serve(cfg: Config, listener: UnixListener) -> Result<(), tonic::tra
         .max_encoding_message_size(space_proto::MAX_MESSAGE_BYTES);
     tonic::transport::Server::builder()
         .add_service(svc)
-        .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+        .serve_with_incoming(incoming)
         .await
 }

@@ -2,6 +2,8 @@
 //! - PID 1 of a sandbox: the channel is an inherited, listening unix socket whose fd number is
 //!   in `SPACE_CHANNEL_FD` (3 in the namespace runtime).
 //! - dev/test: `space-daemon --listen /path/to.sock` binds the socket itself.
+//! - init of a microvm (`SPACE_GUEST=vm`, PID 1): sets the machine up (`guest_init`), then
+//!   serves the virtio-serial port `space.0` (`vport`), one host connection at a time.
 
 use std::os::unix::net::UnixListener as StdUnixListener;
 use std::process::ExitCode;
@@ -39,6 +41,11 @@ fn main() -> ExitCode {
         .with_max_level(level)
         .with_writer(std::io::stderr)
         .init();
+
+    let vm = listen.is_none() && space_daemon::guest_init::is_vm_guest();
+    if vm {
+        return run_vm_guest();
+    }
 
     if let Err(e) =
         rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
@@ -111,6 +118,52 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The init of a microvm: set up, then serve the port. Never exits: a fatal error powers
+/// the machine off (an exiting PID 1 panics the kernel).
+fn run_vm_guest() -> ExitCode {
+    use space_daemon::{guest_init, vport};
+    tracing::info!(
+        kernel_uptime_s = guest_init::kernel_uptime().unwrap_or(-1.0),
+        "space-daemon starting as the guest's init"
+    );
+    if let Err(e) = guest_init::setup() {
+        guest_init::power_off(&format!("guest setup failed: {}", guest_init::chain(&e)));
+    }
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    if let Err(e) = space_sys::process::set_loopback_up() {
+        tracing::warn!(error = %e, "cannot bring lo up");
+    }
+    let port = match vport::open_channel(guest_init::DEVICE_WAIT) {
+        Ok(p) => p,
+        Err(e) => guest_init::power_off(&format!("no guest channel: {}", guest_init::chain(&e))),
+    };
+    let mut cfg = Config::from_env();
+    cfg.vm_guest = true;
+    cfg.base_env
+        .set(guest_init::default_env(cfg.base_env.get().as_ref().clone()));
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(8)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => guest_init::power_off(&format!("failed to start the runtime: {e}")),
+    };
+    let result = rt.block_on(async {
+        tracing::info!(
+            kernel_uptime_s = guest_init::kernel_uptime().unwrap_or(-1.0),
+            "space-daemon serving on {}",
+            vport::PORT_NAME
+        );
+        space_daemon::serve_incoming(cfg, vport::sessions(port)).await
+    });
+    let msg = match result {
+        Ok(()) => "serving ended".to_owned(),
+        Err(e) => format!("serving failed: {}", guest_init::chain(&e)),
+    };
+    guest_init::power_off(&msg)
 }
 
 /// The inherited listening socket named by `SPACE_CHANNEL_FD`.

@@ -296,7 +296,7 @@ impl Guest for GuestService {
         &self,
         req: Request<PersonalizeRequest>,
     ) -> Result<Response<Empty>, Status> {
-        let env = req.into_inner().env;
+        let PersonalizeRequest { env, hostname } = req.into_inner();
         if let Some(k) = env
             .iter()
             .find(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'))
@@ -305,6 +305,12 @@ impl Guest for GuestService {
             return Err(Status::invalid_argument(format!(
                 "invalid environment variable {k:?}"
             )));
+        }
+        // Only a microvm's daemon owns its hostname (the node sets a namespace sandbox's).
+        if self.cfg.vm_guest && !hostname.is_empty() {
+            crate::guest_init::set_hostname(&hostname).map_err(|e| {
+                Status::invalid_argument(format!("cannot set the hostname {hostname:?}: {e}"))
+            })?;
         }
         self.cfg
             .base_env

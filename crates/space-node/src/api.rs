@@ -48,6 +48,9 @@ pub struct SandboxSpec {
     /// in the control plane's store).
     #[serde(default)]
     pub secrets: Vec<crate::net::SecretBinding>,
+    /// "namespace" or "microvm"; None: the node's default runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 /// Where a sandbox stands as the node observes it.

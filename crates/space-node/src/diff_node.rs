@@ -18,6 +18,7 @@ impl Node {
             kind: "sandbox",
             id: id.to_string(),
         })?;
+        super::not_for_microvm(&entry.record, "a diff")?;
         let snap_path = |snap: &str| -> Result<std::path::PathBuf, NodeError> {
             ids::validate_sandbox_id(snap)
                 .map_err(|_| NodeError::InvalidArgument(format!("invalid snapshot id {snap:?}")))?;

@@ -26,6 +26,30 @@ use crate::state::{RECORD_VERSION, SandboxRecord, now_unix_ms};
 use crate::storage::{self, Btrfs, Layout, StorageError, Subvolumes};
 use crate::template::{TemplateError, TemplateStore};
 
+/// The name of the microvm runtime (decision 0014).
+pub const MICROVM: &str = "microvm";
+/// The name of the namespace runtime (the default one).
+pub const NAMESPACE: &str = "namespace";
+
+/// A microvm sandbox's disk image in its sandbox dir.
+pub const SANDBOX_DISK: &str = "disk.ext4";
+
+/// The ext4 image of a template version, next to its rootfs subvolume.
+fn template_disk(template_rootfs: &Path) -> PathBuf {
+    template_rootfs.with_file_name(SANDBOX_DISK)
+}
+
+/// Refuses operations the microvm runtime does not have yet (decision 0014).
+fn not_for_microvm(rec: &SandboxRecord, what: &str) -> Result<(), NodeError> {
+    if rec.runtime == MICROVM {
+        return Err(NodeError::Conflict(format!(
+            "{what} of microvm sandboxes is not supported yet (sandbox {})",
+            rec.spec.id
+        )));
+    }
+    Ok(())
+}
+
 /// Base environment of every sandbox (the spec's env is added on top and wins).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -58,6 +82,11 @@ pub struct NodeConfig {
     pub exited_retention_secs: u64,
     /// Networking: slots, egress policy, DNS, proxy (decision 0012).
     pub net: NetConfig,
+    /// The microvm runtime (decision 0014), made on first use; None: off. Its daemon binary,
+    /// work dir and run root are filled from the fields above.
+    pub microvm: Option<crate::runtime::microvm::MicrovmConfig>,
+    /// The runtime of a create that names none: "namespace" or "microvm".
+    pub default_runtime: String,
 }
 
 impl Default for NodeConfig {
@@ -74,6 +103,8 @@ impl Default for NodeConfig {
             output_buffer_bytes: 1 << 20,
             exited_retention_secs: 600,
             net: NetConfig::default(),
+            microvm: Some(Default::default()),
+            default_runtime: "namespace".to_owned(),
         }
     }
 }
@@ -83,7 +114,11 @@ pub struct NodeParts {
     /// Root of the btrfs volume (templates/ and sandboxes/ are created under it).
     pub volume_root: PathBuf,
     pub subvols: Arc<dyn Subvolumes>,
+    /// The default runtime (namespace).
     pub runtime: Arc<dyn Runtime>,
+    /// The microvm runtime, or why this node has none (decision 0014); None: made from
+    /// `NodeConfig::microvm` on first use.
+    pub microvm: Option<Result<Arc<dyn Runtime>, String>>,
     pub connector: Arc<dyn GuestConnector>,
     /// None: sandboxes get an empty network namespace (loopback only).
     pub network: Option<Arc<Network>>,
@@ -100,6 +135,7 @@ pub struct Node {
     layout: Layout,
     subvols: Arc<dyn Subvolumes>,
     runtime: Arc<dyn Runtime>,
+    microvm: tokio::sync::OnceCell<Result<Arc<dyn Runtime>, String>>,
     connector: Arc<dyn GuestConnector>,
     templates: Arc<TemplateStore>,
     table: Mutex<HashMap<String, Entry>>,
@@ -179,6 +215,7 @@ impl Node {
                 volume_root: volume.root,
                 subvols: Arc::new(Btrfs),
                 runtime: Arc::new(runtime),
+                microvm: None,
                 connector: Arc::new(UnixConnector::default()),
                 network,
             },
@@ -209,6 +246,10 @@ impl Node {
             layout,
             subvols: parts.subvols,
             runtime: parts.runtime,
+            microvm: match parts.microvm {
+                Some(made) => tokio::sync::OnceCell::new_with(Some(made)),
+                None => tokio::sync::OnceCell::new(),
+            },
             connector: parts.connector,
             templates,
             table: Mutex::new(HashMap::new()),
@@ -229,11 +270,19 @@ impl Node {
         let layout = self.layout.clone();
         let subvols = self.subvols.clone();
         let (records, members) = blocking(move || load_records(&layout, subvols.as_ref())).await?;
+        if records.iter().any(|r| r.runtime == MICROVM)
+            && let Err(why) = self.microvm().await
+        {
+            tracing::error!(
+                why,
+                "this node has microvm sandboxes but no microvm runtime"
+            );
+        }
         // Ready sandboxes of a warm pool (or one caught mid-hand-out) from the last run: kill
         // and delete them; the pools refill from scratch.
         for (dir, rec) in members {
             let name = rec.runtime_name().to_owned();
-            if let Err(e) = self.runtime.destroy(&name, rec.launched.as_ref()).await {
+            if let Err(e) = self.rt(&rec).destroy(&name, rec.launched.as_ref()).await {
                 tracing::warn!(member = %name, error = %e, "destroying a stale pool sandbox failed");
             }
             let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
@@ -252,11 +301,14 @@ impl Node {
             let mut conflicting = Vec::new();
             for mut rec in records {
                 let id = rec.spec.id.clone();
-                let alive = rec.launched.as_ref().is_some_and(|l| self.runtime.alive(l));
+                let alive = rec
+                    .launched
+                    .as_ref()
+                    .is_some_and(|l| self.rt(&rec).alive(l));
                 if !uids.claim(rec.uid_base) {
                     conflicting.push(id.clone());
                 }
-                if alive && self.runtime.is_frozen(rec.runtime_name()) {
+                if alive && self.rt(&rec).is_frozen(rec.runtime_name()) {
                     // Paused: its daemon cannot answer; connect after resume, on first use.
                     tracing::info!(id, "sandbox is paused; adopted without a channel");
                 } else if alive {
@@ -264,6 +316,7 @@ impl Node {
                 } else if rec.launched.is_some() {
                     dead.push((
                         id.clone(),
+                        rec.runtime.clone(),
                         rec.runtime_name().to_owned(),
                         rec.launched.take(),
                     ));
@@ -302,8 +355,8 @@ impl Node {
             }
         }
         // Clean up what the runtime may have left of sandboxes that died while we were away.
-        for (id, name, launched) in dead {
-            if let Err(e) = self.runtime.destroy(&name, launched.as_ref()).await {
+        for (id, kind, name, launched) in dead {
+            if let Err(e) = self.rt_of(&kind).destroy(&name, launched.as_ref()).await {
                 tracing::warn!(id, error = %e, "cleaning up a dead sandbox failed");
             }
             tracing::info!(id, "sandbox init is gone; marked stopped");
@@ -430,8 +483,58 @@ impl Node {
         Ok(entry)
     }
 
+    /// The runtime named `kind` ("namespace" or "microvm"); the default one for anything
+    /// else (a record of a runtime this node lacks fails on use, not here).
+    fn rt_of(&self, kind: &str) -> &Arc<dyn Runtime> {
+        match self.microvm.get() {
+            Some(Ok(vm)) if kind == vm.kind() => vm,
+            _ => &self.runtime,
+        }
+    }
+
+    /// The microvm runtime, made on first use (QEMU and the guest kernel are checked, the
+    /// initramfs built, the accelerator probed); the error says why this node has none.
+    async fn microvm(&self) -> Result<&Arc<dyn Runtime>, &str> {
+        let made = self
+            .microvm
+            .get_or_init(|| async {
+                let Some(mut cfg) = self.cfg.microvm.clone() else {
+                    return Err("the microvm runtime is off (spaced --microvm off)".to_owned());
+                };
+                cfg.daemon_binary = self.cfg.daemon_binary.clone();
+                cfg.work_dir = self.cfg.run_dir.join("microvm");
+                cfg.run_root = Some(self.layout.run_sandboxes());
+                let made = tokio::task::spawn_blocking(move || {
+                    crate::runtime::microvm::MicrovmRuntime::new(cfg)
+                })
+                .await;
+                match made {
+                    Ok(Ok(rt)) => {
+                        tracing::info!(
+                            accel = rt.accel(),
+                            note = rt.accel_note(),
+                            "microvm runtime ready"
+                        );
+                        Ok(Arc::new(rt) as Arc<dyn Runtime>)
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "microvm runtime unavailable");
+                        Err(e.to_string())
+                    }
+                    Err(e) => Err(format!("microvm setup task failed: {e}")),
+                }
+            })
+            .await;
+        made.as_ref().map_err(String::as_str)
+    }
+
+    /// The runtime of the sandbox of `rec`.
+    fn rt(&self, rec: &SandboxRecord) -> &Arc<dyn Runtime> {
+        self.rt_of(&rec.runtime)
+    }
+
     fn is_running(&self, rec: &SandboxRecord) -> bool {
-        rec.launched.as_ref().is_some_and(|l| self.runtime.alive(l))
+        rec.launched.as_ref().is_some_and(|l| self.rt(rec).alive(l))
     }
 
     fn status_of(&self, rec: &SandboxRecord) -> SandboxStatus {
@@ -440,7 +543,7 @@ impl Node {
             id: rec.spec.id.clone(),
             phase: if !running {
                 Phase::Stopped
-            } else if self.runtime.is_frozen(rec.runtime_name()) {
+            } else if self.rt(rec).is_frozen(rec.runtime_name()) {
                 Phase::Paused
             } else {
                 Phase::Running
@@ -456,12 +559,12 @@ impl Node {
             uid_count: rec.uid_count,
             channel: self.layout.channel_socket(rec.runtime_name()),
             memory_bytes: if running {
-                self.runtime.memory_bytes(rec.runtime_name())
+                self.rt(rec).memory_bytes(rec.runtime_name())
             } else {
                 None
             },
             cpu_usage_usec: if running {
-                self.runtime.cpu_usage_usec(rec.runtime_name())
+                self.rt(rec).cpu_usage_usec(rec.runtime_name())
             } else {
                 None
             },
@@ -493,6 +596,10 @@ impl Node {
         let Some(net) = &self.network else {
             return Ok(false);
         };
+        if rec.runtime == MICROVM {
+            // No network for microvm sandboxes yet (decision 0014).
+            return Ok(false);
+        }
         let id = &rec.spec.id;
         if net.netns(id).is_some() {
             return Ok(false);
@@ -567,6 +674,8 @@ impl Node {
             channel_socket: self.layout.channel_socket(name),
             run_dir: self.layout.run_sandbox_dir(name),
             netns,
+            disk: (rec.runtime == MICROVM)
+                .then(|| self.layout.sandbox_dir(&spec.id).join(SANDBOX_DISK)),
         }
     }
 
@@ -577,7 +686,10 @@ impl Node {
         rec: &mut SandboxRecord,
     ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
         let attached = self.ensure_slot(rec).await?;
-        if !attached && let Some(net) = &self.network {
+        if !attached
+            && rec.runtime != MICROVM
+            && let Some(net) = &self.network
+        {
             // A restart, rollback or checkpoint restore: the spec may carry a newer policy.
             net.update(&rec.spec.id, &rec.spec.network)
                 .await
@@ -610,14 +722,31 @@ impl Node {
         storage::remove_tree(&plan.run_dir)?;
         storage::mkdir_private(&plan.run_dir)?;
         let launched = self
-            .runtime
+            .rt(rec)
             .launch(&plan)
             .await
             .map_err(|e| NodeError::Internal(format!("failed to launch sandbox {id}: {e}")))?;
-        match self.connector.connect(&plan.channel_socket).await {
+        let connected = match self.connector.connect(&plan.channel_socket).await {
+            // A VM's daemon learns its environment and hostname over the channel.
+            Ok(client) if rec.runtime == MICROVM => {
+                let mut guest = client.clone();
+                let env = plan.env.iter().cloned().collect();
+                guest
+                    .personalize(space_proto::PersonalizeRequest {
+                        env,
+                        hostname: rec.spec.hostname.clone(),
+                    })
+                    .await
+                    .map(|_| client)
+                    .map_err(|s| s.to_string())
+            }
+            Ok(client) => Ok(client),
+            Err(e) => Err(e.to_string()),
+        };
+        match connected {
             Ok(client) => Ok((launched, client)),
             Err(e) => {
-                if let Err(d) = self.runtime.destroy(&plan.id, Some(&launched)).await {
+                if let Err(d) = self.rt(rec).destroy(&plan.id, Some(&launched)).await {
                     tracing::warn!(id, error = %d, "destroy after failed connect failed");
                 }
                 Err(NodeError::Unavailable {
@@ -637,7 +766,19 @@ impl Node {
                 kind: "template",
                 id: spec.template.clone(),
             })?;
-        if let Some(status) = self.create_from_pool(spec, &tmpl).await {
+        let kind = spec.runtime.as_deref().unwrap_or(&self.cfg.default_runtime);
+        if kind == MICROVM {
+            if let Err(why) = self.microvm().await {
+                return Err(NodeError::InvalidArgument(format!(
+                    "runtime microvm is not available on this node: {why}"
+                )));
+            }
+        } else if kind != self.runtime.kind() && kind != NAMESPACE {
+            return Err(NodeError::InvalidArgument(format!(
+                "unknown runtime {kind:?}: expected {} or {MICROVM}",
+                self.runtime.kind()
+            )));
+        } else if let Some(status) = self.create_from_pool(spec, &tmpl).await {
             return Ok(status);
         }
         let (rec, launched, client) = self.build_new(spec, &tmpl, false).await?;
@@ -675,7 +816,18 @@ impl Node {
                     remove_sandbox_storage(&layout, subvols.as_ref(), &rec2.spec.id)?;
                 }
                 storage::mkdir_private(&dir)?;
-                subvols.snapshot(&tmpl_path, &dir, "rootfs", false)?;
+                if rec2.runtime == MICROVM {
+                    // The template's ext4 image (made once, next to its rootfs), then a
+                    // reflink copy of it: O(1) on btrfs (decision 0014).
+                    let image = template_disk(&tmpl_path);
+                    crate::runtime::microvm::ensure_template_disk(&tmpl_path, &image)
+                        .map_err(|e| NodeError::Internal(format!("template disk: {e}")))?;
+                    let disk = layout.sandbox_dir(&rec2.spec.id).join(SANDBOX_DISK);
+                    crate::runtime::microvm::clone_disk(&image, &disk)
+                        .map_err(|e| StorageError::io("reflink", &disk, e))?;
+                } else {
+                    subvols.snapshot(&tmpl_path, &dir, "rootfs", false)?;
+                }
                 // Atomic but not fsynced here: an fsync costs ~7 ms on the loop image (a flush
                 // is an fsync of the image file). `sync_record_in_background` makes it durable
                 // right after the create answers (decision 0005).
@@ -709,7 +861,10 @@ impl Node {
             template_version,
             uid_base,
             uid_count: self.cfg.uid_count,
-            runtime: self.runtime.kind().to_string(),
+            runtime: match spec.runtime.as_deref().unwrap_or(&self.cfg.default_runtime) {
+                MICROVM => MICROVM.to_owned(),
+                _ => self.runtime.kind().to_owned(),
+            },
             created_unix_ms: now_unix_ms(),
             launched: None,
             slot: None,
@@ -810,7 +965,7 @@ impl Node {
             return Err(NodeError::Conflict(format!("sandbox {id} is stopped")));
         }
         let name = entry.record.runtime_name();
-        let frozen = self.runtime.is_frozen(name);
+        let frozen = self.rt(&entry.record).is_frozen(name);
         if frozen == pause {
             return Err(NodeError::Conflict(if pause {
                 format!("sandbox {id} is already paused")
@@ -818,12 +973,15 @@ impl Node {
                 format!("sandbox {id} is not paused")
             }));
         }
-        self.runtime.set_frozen(name, pause).await.map_err(|e| {
-            NodeError::Internal(format!(
-                "failed to {} sandbox {id}: {e}",
-                if pause { "pause" } else { "resume" }
-            ))
-        })?;
+        self.rt(&entry.record)
+            .set_frozen(name, pause)
+            .await
+            .map_err(|e| {
+                NodeError::Internal(format!(
+                    "failed to {} sandbox {id}: {e}",
+                    if pause { "pause" } else { "resume" }
+                ))
+            })?;
         tracing::info!(id, paused = pause, "sandbox freezer state changed");
         Ok(self.status_of(&entry.record))
     }
@@ -987,7 +1145,11 @@ impl NodeApi for Node {
             .as_ref()
             .map_or(id, |e| e.record.runtime_name())
             .to_owned();
-        self.runtime
+        let kind = entry.as_ref().map_or_else(
+            || self.runtime.kind().to_owned(),
+            |e| e.record.runtime.clone(),
+        );
+        self.rt_of(&kind)
             .destroy(&name, launched.as_ref())
             .await
             .map_err(|e| NodeError::Internal(format!("failed to stop sandbox {id}: {e}")))?;
@@ -1037,7 +1199,7 @@ impl NodeApi for Node {
                 id: id.to_string(),
             });
         };
-        self.runtime
+        self.rt(&entry.record)
             .destroy(entry.record.runtime_name(), entry.record.launched.as_ref())
             .await
             .map_err(|e| NodeError::Internal(format!("failed to stop sandbox {id}: {e}")))?;
@@ -1077,7 +1239,10 @@ impl NodeApi for Node {
 
     async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError> {
         let entry = self.running_entry(id)?;
-        if self.runtime.is_frozen(entry.record.runtime_name()) {
+        if self
+            .rt(&entry.record)
+            .is_frozen(entry.record.runtime_name())
+        {
             // Its daemon is frozen too: a call would hang until resume.
             return Err(NodeError::Conflict(format!("sandbox {id} is paused")));
         }

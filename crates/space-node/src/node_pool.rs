@@ -231,6 +231,7 @@ impl Node {
                 .map(|n| n.default_spec())
                 .unwrap_or_default(),
             secrets: Vec::new(),
+            runtime: None,
         };
         let (mut rec, launched, client) = self.build_new(&spec, &tmpl, true).await?;
         rec.launched = Some(launched);
@@ -309,7 +310,7 @@ impl Node {
                 client,
             );
         };
-        if !self.runtime.alive(&launched) {
+        if !self.rt(&record).alive(&launched) {
             return fail(
                 NodeError::Internal(format!("pool sandbox {name} died while ready")),
                 record,
@@ -341,9 +342,12 @@ impl Node {
         let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
         let (from_name, to_id) = (name.clone(), spec.id.clone());
         let (personalized, env_set, moved) = tokio::join!(
-            self.runtime
+            self.rt(&record)
                 .personalize(&name, &launched, limits, &spec.hostname),
-            guest.personalize(PersonalizeRequest { env }),
+            guest.personalize(PersonalizeRequest {
+                env,
+                hostname: String::new(),
+            }),
             blocking(move || {
                 let (from, to) = (layout.sandbox_dir(&from_name), layout.sandbox_dir(&to_id));
                 if to.exists() {
@@ -409,7 +413,7 @@ impl Node {
     pub(super) async fn retire(&self, member: Entry) {
         let rec = member.record;
         let (id, name) = (rec.spec.id.clone(), rec.runtime_name().to_owned());
-        if let Err(e) = self.runtime.destroy(&name, rec.launched.as_ref()).await {
+        if let Err(e) = self.rt(&rec).destroy(&name, rec.launched.as_ref()).await {
             tracing::warn!(member = %name, error = %e, "destroying a pool sandbox failed");
         }
         if let Some(net) = &self.network {

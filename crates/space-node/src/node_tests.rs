@@ -153,6 +153,7 @@ async fn open(
             volume_root: dir.join("vol"),
             subvols,
             runtime: rt,
+            microvm: Some(Err("no microvm in these tests".into())),
             connector: conn,
             network: None,
         },
@@ -188,6 +189,7 @@ fn spec(id: &str) -> SandboxSpec {
         hostname: "box".into(),
         network: Default::default(),
         secrets: vec![],
+        runtime: None,
     }
 }
 
@@ -539,6 +541,7 @@ async fn real_btrfs_create_and_remove_with_nested_subvolumes() {
             volume_root: vol.root.clone(),
             subvols: Arc::new(Btrfs),
             runtime: rt.clone(),
+            microvm: Some(Err("no microvm in these tests".into())),
             connector: Arc::new(FakeConnector::default()),
             network: None,
         },

@@ -222,6 +222,7 @@ impl Node {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let entry = self.require_entry(id)?;
+        super::not_for_microvm(&entry.record, "a snapshot")?;
         let dir = snapshot_dir(&self.layout, id, snap);
         let rec_path = dir.join(SNAPSHOT_RECORD);
         if self.subvols.is_subvolume(&dir.join("rootfs"))
@@ -238,9 +239,9 @@ impl Node {
         // Freeze so that every process's writes so far are in and none is half done
         // across files; a sandbox that is paused already stays as it is.
         let name = entry.record.runtime_name().to_owned();
-        let freeze = self.is_running(&entry.record) && !self.runtime.is_frozen(&name);
+        let freeze = self.is_running(&entry.record) && !self.rt(&entry.record).is_frozen(&name);
         if freeze {
-            self.runtime
+            self.rt(&entry.record)
                 .set_frozen(&name, true)
                 .await
                 .map_err(internal("freeze the sandbox for a snapshot"))?;
@@ -263,7 +264,7 @@ impl Node {
             Ok(r?)
         })
         .await;
-        if freeze && let Err(e) = self.runtime.set_frozen(&name, false).await {
+        if freeze && let Err(e) = self.rt(&entry.record).set_frozen(&name, false).await {
             tracing::error!(id, error = %e, "failed to thaw the sandbox after a snapshot");
             res?;
             return Err(internal("thaw the sandbox after a snapshot")(e));
@@ -372,8 +373,9 @@ impl Node {
         let lock = self.lock_for(&id);
         let _guard = lock.lock().await;
         let mut entry = self.require_entry(&id)?;
+        super::not_for_microvm(&entry.record, "a rollback")?;
         let source = self.require_snapshot(&id, snap)?;
-        self.runtime
+        self.rt(&entry.record)
             .destroy(entry.record.runtime_name(), entry.record.launched.as_ref())
             .await
             .map_err(internal("stop the sandbox for a rollback"))?;
@@ -435,6 +437,7 @@ impl Node {
             return Ok(self.status_of(&entry.record));
         }
         let src = self.require_entry(source)?;
+        super::not_for_microvm(&src.record, "a fork")?;
         let src_rootfs = self.require_snapshot(source, snap)?;
         let uid_base = self
             .uids

@@ -70,6 +70,7 @@ mod tests {
                 hostname: "abc".into(),
                 network: Default::default(),
                 secrets: vec![],
+                runtime: None,
             },
             template_version: 3,
             uid_base: 1_000_065_536,

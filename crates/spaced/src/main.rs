@@ -99,6 +99,17 @@ struct Args {
     /// the API (`space pool set base`); 0:0 turns it off.
     #[arg(long, default_value = "4:32", value_name = "MIN:MAX", value_parser = parse_pool)]
     warm_pool: space_node::api::PoolConfig,
+    /// The microvm runtime (a QEMU microvm per sandbox, decision 0014): on makes it available
+    /// (set up on first use; a missing QEMU or guest kernel is then a clear create error).
+    #[arg(long, value_enum, default_value = "on")]
+    microvm: OnOff,
+    /// The microvm accelerator: auto (KVM when a quick probe shows it works, else TCG with a
+    /// warning), kvm or tcg.
+    #[arg(long, default_value = "auto")]
+    microvm_accel: space_node::runtime::microvm::Accel,
+    /// The runtime of sandboxes created without one: namespace or microvm.
+    #[arg(long, default_value = "namespace", value_parser = ["namespace", "microvm"])]
+    default_runtime: String,
 }
 
 /// Parses "MIN:MAX" (MIN <= MAX).
@@ -278,6 +289,11 @@ async fn main() -> Result<()> {
             upstream_ca: args.upstream_ca.clone(),
             default_egress: args.default_egress,
         },
+        microvm: (args.microvm == OnOff::On).then(|| space_node::runtime::microvm::MicrovmConfig {
+            accel: args.microvm_accel,
+            ..Default::default()
+        }),
+        default_runtime: args.default_runtime.clone(),
         ..NodeConfig::default()
     };
     if let Some(ca) = &args.upstream_ca {
@@ -297,6 +313,7 @@ async fn main() -> Result<()> {
     cfg.shutdown_timeout = Duration::from_secs(5);
     cfg.default_egress = space_control::net::egress_from_node(args.default_egress);
     cfg.default_pool = Some(args.warm_pool).filter(|p| p.max > 0);
+    cfg.default_runtime = args.default_runtime.clone();
     let node_agent = node.clone();
     let node: Arc<dyn space_node::NodeApi> = node;
     let cp = ControlPlane::open(cfg, args.database_url.as_deref(), node)

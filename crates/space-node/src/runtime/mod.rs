@@ -1,6 +1,7 @@
 //! Isolation runtimes. Both produce the same thing: a running space-daemon reachable over one
 //! byte stream (here: a unix socket on the host). Everything above works the same for both.
 
+pub mod microvm;
 pub mod namespace;
 
 use std::path::PathBuf;
@@ -35,6 +36,9 @@ pub struct LaunchPlan {
     /// The sandbox's network slot (a node-owned network namespace) to start in; None: a
     /// fresh empty one (loopback only).
     pub netns: Option<SlotNetns>,
+    /// microvm: the sandbox's ext4 disk image (a reflink copy of its template's), attached
+    /// as the guest's /dev/vda. None for the namespace runtime (it uses `rootfs`).
+    pub disk: Option<PathBuf>,
 }
 
 /// A network namespace the sandbox joins, and the node's own to come back to.

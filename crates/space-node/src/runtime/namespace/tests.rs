@@ -59,6 +59,7 @@ fn plan_in(dir: &Path, id: &str, rootfs: PathBuf, daemon: PathBuf) -> LaunchPlan
         channel_socket: dir.join("run").join(id).join("guest.sock"),
         run_dir: dir.join("run").join(id),
         netns: None,
+        disk: None,
     }
 }
 

@@ -1,0 +1,695 @@
+//! The microvm runtime (issue 6): one QEMU `microvm` machine per sandbox with its own kernel
+//! (Debian's cloud kernel), space-daemon as the guest's init, the sandbox's disk as an ext4
+//! image (a reflink copy of its template's), and the guest channel over virtio-serial, exposed
+//! on the host as a unix socket. See docs/decisions/0014-microvm.md.
+//!
+//! The contract with the guest (space-daemon's guest-init mode):
+//! - kernel command line: `console=ttyS0 panic=-1 quiet rdinit=/init SPACE_GUEST=vm`, plus
+//!   `tsc_early_khz=2000000` under TCG;
+//! - initramfs: `/init` is the static space-daemon; `/lib/modules/<version>/...` holds the
+//!   modules the guest needs, and `/etc/space/modules` lists their paths in load order
+//!   (absolute paths, one per line: virtio_ring, virtio, virtio_mmio, virtio_blk,
+//!   virtio_console); `/dev/console` exists (char 5:1); nothing else is there (no busybox, no
+//!   udev: the guest creates its own mount points);
+//! - root disk: `/dev/vda`, ext4, read-write; QEMU honours flushes (`cache=writeback`) and
+//!   discards (`discard=unmap`);
+//! - channel: the virtio-serial port named `space.0` (QEMU: a `virtserialport` on a
+//!   `socket` chardev in server mode at `LaunchPlan::channel_socket`); without udev there is
+//!   no `/dev/virtio-ports/space.0` link: find the `vportNpM` whose
+//!   `/sys/class/virtio-ports/vportNpM/name` reads `space.0` and open `/dev/vportNpM`;
+//! - readiness: once the guest serves the channel, it writes the line
+//!   `space-daemon: serving` (exactly, [`READY_MARKER`]) to the console; `launch` returns when
+//!   it sees that line (or QEMU's `VSERPORT_CHANGE` event saying the guest opened `space.0`),
+//!   so the node's channel connect (5 s) does not have to wait for the guest's boot;
+//! - failure: a guest init that cannot go on writes `space-daemon: failed <why>` (exactly,
+//!   [`FAILED_MARKER`] + reason) to the console and powers off; `launch` reports `<why>`;
+//! - after connecting, the node sends `Personalize { env, hostname }`;
+//! - the serial console goes to `<run_dir>/console.log`.
+
+mod disk;
+mod initramfs;
+mod qemu;
+mod qmp;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use space_sys::ns;
+
+pub use self::disk::{HEADROOM_BYTES, clone_disk, ensure_template_disk};
+use self::initramfs::ExtraFile;
+pub use self::initramfs::{Cpio, GuestKernel, InitramfsError, MODULES_LIST, WANTED_MODULES};
+pub use self::qemu::BootTimes;
+use self::qemu::{AccelKind, VmSpec};
+use self::qmp::Qmp;
+use super::{LaunchPlan, Launched, Runtime, RuntimeError};
+use crate::api::Limits;
+
+/// The console line a guest writes once it serves its channel.
+pub const READY_MARKER: &str = "space-daemon: serving";
+/// The prefix of the console line a guest writes when its init cannot go on.
+pub const FAILED_MARKER: &str = "space-daemon: failed ";
+/// The name of the virtio-serial port carrying the guest channel.
+pub const CHANNEL_PORT: &str = "space.0";
+/// Where `ensure_guest_kernel` (scripts/lib.sh) installs the guest kernel.
+pub const DEFAULT_VM_DIR: &str = "/usr/local/lib/space/vm";
+pub const DEFAULT_QEMU: &str = "qemu-system-x86_64";
+/// Smallest guest: Debian's cloud kernel and the daemon run in 128 MiB.
+pub const MIN_MEMORY_MIB: u64 = 128;
+/// How long the KVM probe may take before KVM is declared unusable.
+pub const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a QMP round trip outside launch may take (pause, resume, status, quit).
+const QMP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Which accelerator QEMU uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Accel {
+    /// KVM when a quick probe boots a guest kernel with it, else TCG (with a warning).
+    #[default]
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl FromStr for Accel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Accel::Auto),
+            "kvm" => Ok(Accel::Kvm),
+            "tcg" => Ok(Accel::Tcg),
+            _ => Err(format!(
+                "unknown accelerator {s:?}: expected auto, kvm or tcg"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Accel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Accel::Auto => "auto",
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MicrovmConfig {
+    /// The guest kernel as scripts/up unpacks it. Default [`DEFAULT_VM_DIR`].
+    pub vm_dir: PathBuf,
+    /// QEMU: a bare name is looked up in PATH. Default [`DEFAULT_QEMU`].
+    pub qemu: PathBuf,
+    /// The static space-daemon, copied into the initramfs as `/init` when the runtime is
+    /// created (`LaunchPlan::daemon_binary` is not used by this runtime).
+    pub daemon_binary: PathBuf,
+    /// Generated assets (the initramfs, the KVM probe's logs). Default `/run/space/microvm`.
+    pub work_dir: PathBuf,
+    pub accel: Accel,
+    /// How long launch waits for the guest to serve its channel. Default 30 s.
+    pub boot_timeout: Duration,
+    /// How long destroy waits for QEMU to quit before SIGKILL, and then for it to die.
+    /// Default 3 s.
+    pub destroy_timeout: Duration,
+    /// The node's per-sandbox run directories (`<run_root>/<id>` = `LaunchPlan::run_dir`).
+    /// Lets the runtime reach the QMP socket of a VM it did not start (adopted after a node
+    /// restart) to pause, resume, query or quit it. None: adopted VMs can only be killed.
+    pub run_root: Option<PathBuf>,
+}
+
+impl Default for MicrovmConfig {
+    fn default() -> Self {
+        Self {
+            vm_dir: PathBuf::from(DEFAULT_VM_DIR),
+            qemu: PathBuf::from(DEFAULT_QEMU),
+            daemon_binary: PathBuf::from("/usr/local/lib/space/space-daemon"),
+            work_dir: PathBuf::from("/run/space/microvm"),
+            accel: Accel::Auto,
+            boot_timeout: Duration::from_secs(30),
+            destroy_timeout: Duration::from_secs(3),
+            run_root: None,
+        }
+    }
+}
+
+/// A VM started by this process.
+#[derive(Debug)]
+struct Tracked {
+    pid: u32,
+    pidfd: OwnedFd,
+    exited: bool,
+    qmp: PathBuf,
+    channel: PathBuf,
+    boot: BootTimes,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: MicrovmConfig,
+    qemu: PathBuf,
+    kernel: GuestKernel,
+    initrd: PathBuf,
+    accel: AccelKind,
+    accel_note: String,
+    host_cpus: u32,
+    tracked: Mutex<HashMap<String, Tracked>>,
+    reaper: OnceLock<()>,
+}
+
+impl Inner {
+    /// Reap every tracked QEMU that has exited (we are its parent, so nobody else will).
+    fn reap_exited(&self) {
+        let mut tracked = self.tracked.lock().unwrap();
+        for t in tracked.values_mut().filter(|t| !t.exited) {
+            t.exited = qemu::exited(t.pidfd.as_fd()).is_some();
+        }
+    }
+
+    /// Start (once) the task that reaps exited QEMUs on SIGCHLD; it ends with the runtime.
+    fn ensure_reaper(self: &Arc<Self>) {
+        self.reaper.get_or_init(|| {
+            let weak = Arc::downgrade(self);
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
+                Ok(mut sigchld) => {
+                    tokio::spawn(async move {
+                        while sigchld.recv().await.is_some() {
+                            let Some(inner) = weak.upgrade() else { break };
+                            inner.reap_exited();
+                        }
+                    });
+                }
+                Err(e) => tracing::error!(error = %e, "cannot watch SIGCHLD; exited QEMUs stay zombies until destroyed"),
+            }
+        });
+    }
+
+    /// The QMP socket of VM `id`: the tracked one, else under `run_root`.
+    fn qmp_path(&self, id: &str) -> Option<PathBuf> {
+        if let Some(t) = self.tracked.lock().unwrap().get(id) {
+            return Some(t.qmp.clone());
+        }
+        self.cfg
+            .run_root
+            .as_ref()
+            .filter(|_| valid_id(id))
+            .map(|r| r.join(id).join("qmp.sock"))
+    }
+}
+
+/// The microvm runtime. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct MicrovmRuntime {
+    inner: Arc<Inner>,
+}
+
+fn setup(step: &'static str) -> impl FnOnce(io::Error) -> RuntimeError {
+    move |source| RuntimeError::Setup { step, source }
+}
+
+fn setup_msg(step: &'static str, kind: io::ErrorKind, msg: String) -> RuntimeError {
+    RuntimeError::Setup {
+        step,
+        source: io::Error::new(kind, msg),
+    }
+}
+
+impl From<InitramfsError> for RuntimeError {
+    fn from(e: InitramfsError) -> Self {
+        let kind = match &e {
+            InitramfsError::KernelMissing { .. } | InitramfsError::ModuleMissing(_) => {
+                io::ErrorKind::NotFound
+            }
+            _ => io::ErrorKind::InvalidData,
+        };
+        RuntimeError::Setup {
+            step: "prepare the guest kernel and initramfs",
+            source: io::Error::new(kind, e),
+        }
+    }
+}
+
+/// `qemu` itself when it names a path, else the first match in PATH.
+fn find_qemu(qemu: &Path) -> Result<PathBuf, RuntimeError> {
+    let hint = "apt-get install qemu-system-x86";
+    if qemu.components().count() > 1 {
+        return if qemu.is_file() {
+            Ok(qemu.to_path_buf())
+        } else {
+            Err(setup_msg(
+                "find QEMU",
+                io::ErrorKind::NotFound,
+                format!("{} does not exist: {hint}", qemu.display()),
+            ))
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(qemu))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            setup_msg(
+                "find QEMU",
+                io::ErrorKind::NotFound,
+                format!("{} is not in PATH: {hint}", qemu.display()),
+            )
+        })
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && !id.contains('/') && !id.starts_with('.')
+}
+
+/// vCPUs for `limits`: the CPU quota rounded up to whole cores, at least 1, at most the
+/// host's CPUs (more vCPUs than host CPUs only add contention).
+pub fn vcpus_for(limits: &Limits, host_cpus: u32) -> u32 {
+    limits.cpu_millis.div_ceil(1000).clamp(1, host_cpus.max(1))
+}
+
+/// Guest RAM for `limits`, at least [`MIN_MEMORY_MIB`].
+pub fn memory_mib_for(limits: &Limits) -> u64 {
+    limits.memory_mib.max(MIN_MEMORY_MIB)
+}
+
+impl MicrovmRuntime {
+    /// Checks QEMU and the guest kernel, builds the initramfs around `cfg.daemon_binary` and
+    /// decides the accelerator (probing KVM under [`Accel::Auto`], at most
+    /// [`KVM_PROBE_TIMEOUT`]). Blocking: call it from `spawn_blocking` in async code.
+    pub fn new(cfg: MicrovmConfig) -> Result<Self, RuntimeError> {
+        let daemon = fs::read(&cfg.daemon_binary).map_err(|e| {
+            setup_msg(
+                "read the space-daemon binary",
+                e.kind(),
+                format!("cannot read {}: {e}", cfg.daemon_binary.display()),
+            )
+        })?;
+        initramfs::check_static(&cfg.daemon_binary, &daemon)?;
+        Self::with_init(cfg, &daemon, &[])
+    }
+
+    /// [`MicrovmRuntime::new`] with any `/init` and extra initramfs files (tests boot a
+    /// shell script as init).
+    fn with_init(
+        cfg: MicrovmConfig,
+        init: &[u8],
+        extra: &[ExtraFile],
+    ) -> Result<Self, RuntimeError> {
+        let qemu = find_qemu(&cfg.qemu)?;
+        let kernel = GuestKernel::locate(&cfg.vm_dir)?;
+        let order = kernel.load_order(WANTED_MODULES)?;
+        fs::create_dir_all(&cfg.work_dir).map_err(setup("create the microvm work dir"))?;
+        let bytes = initramfs::build(&kernel, &order, init, extra)?;
+        let initrd = cfg.work_dir.join("initramfs.cpio");
+        let tmp = cfg
+            .work_dir
+            .join(format!(".initramfs.cpio.tmp-{}", std::process::id()));
+        // Written aside and renamed: a running QEMU read the old file at its start already,
+        // and a concurrent reader never sees half a file.
+        fs::write(&tmp, &bytes)
+            .and_then(|()| fs::rename(&tmp, &initrd))
+            .map_err(setup("write the initramfs"))?;
+        let (accel, accel_note) = match cfg.accel {
+            Accel::Kvm => (AccelKind::Kvm, "kvm (forced by configuration)".to_owned()),
+            Accel::Tcg => (AccelKind::Tcg, "tcg (forced by configuration)".to_owned()),
+            Accel::Auto => {
+                let t0 = Instant::now();
+                let probe =
+                    qemu::probe_kvm(&qemu, &kernel.vmlinuz, &cfg.work_dir, KVM_PROBE_TIMEOUT);
+                let took = t0.elapsed().as_secs_f64();
+                match probe {
+                    Ok(()) => (
+                        AccelKind::Kvm,
+                        format!("kvm (a probe guest booted under KVM in {took:.2} s)"),
+                    ),
+                    Err(why) => {
+                        tracing::warn!(
+                            probe_secs = took,
+                            "KVM is unusable, microvms run under TCG (slow emulation): {why}"
+                        );
+                        (
+                            AccelKind::Tcg,
+                            format!("tcg (KVM unusable: {why}; probe took {took:.2} s)"),
+                        )
+                    }
+                }
+            }
+        };
+        let host_cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
+        tracing::info!(accel = %accel_note, kernel = %kernel.version, initramfs_bytes = bytes.len(), "microvm runtime ready");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                cfg,
+                qemu,
+                kernel,
+                initrd,
+                accel,
+                accel_note,
+                host_cpus,
+                tracked: Mutex::new(HashMap::new()),
+                reaper: OnceLock::new(),
+            }),
+        })
+    }
+
+    /// The accelerator in use: "kvm" or "tcg".
+    pub fn accel(&self) -> &str {
+        self.inner.accel.as_str()
+    }
+
+    /// The accelerator and why it was chosen (the KVM probe's verdict and cost).
+    pub fn accel_note(&self) -> &str {
+        &self.inner.accel_note
+    }
+
+    /// The initramfs every VM boots.
+    pub fn initramfs(&self) -> &Path {
+        &self.inner.initrd
+    }
+
+    /// How long VM `id` (started by this process) took to answer QMP and to serve its
+    /// channel, counted from QEMU's spawn.
+    pub fn boot_times(&self, id: &str) -> Option<BootTimes> {
+        self.inner.tracked.lock().unwrap().get(id).map(|t| t.boot)
+    }
+
+    /// The guest kernel's version.
+    pub fn kernel_version(&self) -> &str {
+        &self.inner.kernel.version
+    }
+
+    fn spec(&self, plan: &LaunchPlan, disk: &Path) -> VmSpec {
+        VmSpec {
+            kernel: self.inner.kernel.vmlinuz.clone(),
+            initrd: self.inner.initrd.clone(),
+            accel: self.inner.accel,
+            memory_mib: memory_mib_for(&plan.limits),
+            vcpus: vcpus_for(&plan.limits, self.inner.host_cpus),
+            disk: disk.to_path_buf(),
+            channel_socket: plan.channel_socket.clone(),
+            console: plan.run_dir.join("console.log"),
+            qmp: plan.run_dir.join("qmp.sock"),
+        }
+    }
+}
+
+fn remove_if_exists(p: &Path) -> io::Result<()> {
+    match fs::remove_file(p) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn validate(plan: &LaunchPlan) -> Result<&Path, RuntimeError> {
+    let bad = |what: String| {
+        setup_msg(
+            "validate the launch plan",
+            io::ErrorKind::InvalidInput,
+            what,
+        )
+    };
+    if !valid_id(&plan.id) {
+        return Err(bad(format!("bad sandbox id {:?}", plan.id)));
+    }
+    let disk = plan.disk.as_deref().ok_or_else(|| {
+        bad("the microvm runtime needs LaunchPlan::disk (the sandbox's ext4 image)".to_owned())
+    })?;
+    if !disk.is_file() {
+        return Err(bad(format!("disk image {} does not exist", disk.display())));
+    }
+    Ok(disk)
+}
+
+fn launch_blocking(
+    rt: &MicrovmRuntime,
+    plan: &LaunchPlan,
+) -> Result<(Launched, Tracked), RuntimeError> {
+    let disk = validate(plan)?;
+    let spec = rt.spec(plan, disk);
+    fs::create_dir_all(&plan.run_dir).map_err(setup("create the run dir"))?;
+    if let Some(dir) = plan.channel_socket.parent() {
+        fs::create_dir_all(dir).map_err(setup("create the channel socket directory"))?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .map_err(setup("restrict the channel socket directory"))?;
+    }
+    for stale in [&spec.channel_socket, &spec.qmp, &spec.console] {
+        remove_if_exists(stale).map_err(setup("remove a stale socket or console log"))?;
+    }
+    let log = plan.run_dir.join("qemu.log");
+    let t0 = Instant::now();
+    let mut child = qemu::spawn(&rt.inner.qemu, &spec.args(), &log).map_err(setup("start QEMU"))?;
+    let pid = child.id();
+    let pidfd = match ns::pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(setup("open a pidfd on QEMU")(e));
+        }
+    };
+    // From here the pidfd owns the child: waitid on it reaps QEMU (dropping `child` does not).
+    drop(child);
+    let kill = |pidfd: &OwnedFd| {
+        let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+        let _ = ns::waitid_pidfd(pidfd.as_fd(), 0);
+        let _ = remove_if_exists(&spec.channel_socket);
+        let _ = remove_if_exists(&spec.qmp);
+    };
+    let times = match qemu::wait_ready(
+        pidfd.as_fd(),
+        &spec.qmp,
+        &spec.channel_socket,
+        &spec.console,
+        &log,
+        rt.inner.cfg.boot_timeout,
+    ) {
+        Ok(t) => t,
+        Err(why) => {
+            kill(&pidfd);
+            return Err(RuntimeError::NotReady(why));
+        }
+    };
+    let start_time = match qemu::read_stat(pid) {
+        Ok(st) => st.start_time,
+        Err(e) => {
+            kill(&pidfd);
+            return Err(setup("read QEMU's start time")(e));
+        }
+    };
+    tracing::info!(
+        id = %plan.id,
+        pid,
+        accel = rt.accel(),
+        qmp_ready_ms = times.qmp_ready.as_millis() as u64,
+        guest_ready_ms = times.guest_ready.as_millis() as u64,
+        ready_by = times.ready_by,
+        spawn_to_ready_ms = t0.elapsed().as_millis() as u64,
+        "microvm running"
+    );
+    Ok((
+        Launched {
+            init_pid: pid,
+            start_time,
+        },
+        Tracked {
+            pid,
+            pidfd,
+            exited: false,
+            qmp: spec.qmp.clone(),
+            channel: spec.channel_socket.clone(),
+            boot: times,
+        },
+    ))
+}
+
+fn is_alive(l: &Launched) -> bool {
+    matches!(qemu::read_stat(l.init_pid), Ok(st) if st.start_time == l.start_time && st.state != 'Z' && st.state != 'X')
+}
+
+/// Ask QEMU to quit over QMP (best effort: a wedged or gone QEMU is killed by the caller).
+fn qmp_quit(path: &Path) {
+    if let Ok(mut q) = Qmp::connect(path, QMP_TIMEOUT) {
+        let _ = q.execute("quit", None, Instant::now() + QMP_TIMEOUT);
+    }
+}
+
+/// Poll `gone` until it holds or `timeout` passes; whether it held.
+fn wait_until(timeout: Duration, mut gone: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        if gone() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Stops a VM this process started: QMP quit, SIGKILL after `timeout`, reaped.
+fn stop_tracked(t: &mut Tracked, timeout: Duration) {
+    if !t.exited && qemu::exited(t.pidfd.as_fd()).is_none() {
+        qmp_quit(&t.qmp);
+        if !wait_until(timeout, || qemu::exited(t.pidfd.as_fd()).is_some()) {
+            tracing::warn!(pid = t.pid, "QEMU did not quit in time; killing it");
+            let _ = ns::pidfd_send_signal(t.pidfd.as_fd(), libc::SIGKILL);
+            if !wait_until(timeout, || qemu::exited(t.pidfd.as_fd()).is_some()) {
+                tracing::error!(pid = t.pid, "QEMU survived SIGKILL for {timeout:?}");
+            }
+        }
+    }
+    t.exited = true;
+}
+
+/// Stops a VM started by an earlier node process: its identity is checked through a pidfd
+/// (pinning the pid) and the start time, so a recycled pid is never signalled. Not our
+/// child: whoever adopted it reaps it.
+fn stop_adopted(l: &Launched, qmp: Option<&Path>, timeout: Duration) {
+    let Ok(pidfd) = ns::pidfd_open(l.init_pid) else {
+        return;
+    };
+    if !is_alive(l) {
+        return;
+    }
+    if let Some(q) = qmp {
+        qmp_quit(q);
+    }
+    if !wait_until(timeout, || !is_alive(l)) {
+        let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+        if !wait_until(timeout, || !is_alive(l)) {
+            tracing::error!(
+                pid = l.init_pid,
+                "adopted QEMU survived SIGKILL for {timeout:?}"
+            );
+        }
+    }
+}
+
+fn join_error(step: &'static str) -> impl FnOnce(tokio::task::JoinError) -> RuntimeError {
+    move |e| RuntimeError::Setup {
+        step,
+        source: io::Error::other(e),
+    }
+}
+
+#[async_trait]
+impl Runtime for MicrovmRuntime {
+    fn kind(&self) -> &'static str {
+        "microvm"
+    }
+
+    async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError> {
+        self.inner.ensure_reaper();
+        let rt = self.clone();
+        let owned = plan.clone();
+        let (launched, tracked) = tokio::task::spawn_blocking(move || launch_blocking(&rt, &owned))
+            .await
+            .map_err(join_error("join the launch task"))??;
+        let old = self
+            .inner
+            .tracked
+            .lock()
+            .unwrap()
+            .insert(plan.id.clone(), tracked);
+        // It may have exited before it was tracked (its SIGCHLD found nothing to reap).
+        self.inner.reap_exited();
+        if let Some(mut old) = old {
+            // A relaunch of a live id: the old QEMU must not linger unowned.
+            let timeout = self.inner.cfg.destroy_timeout;
+            tokio::task::spawn_blocking(move || stop_tracked(&mut old, timeout));
+        }
+        Ok(launched)
+    }
+
+    async fn destroy(&self, id: &str, launched: Option<&Launched>) -> Result<(), RuntimeError> {
+        let timeout = self.inner.cfg.destroy_timeout;
+        let tracked = self.inner.tracked.lock().unwrap().remove(id);
+        let qmp = self.inner.qmp_path(id);
+        let launched = launched.cloned();
+        tokio::task::spawn_blocking(move || -> Result<(), RuntimeError> {
+            if let Some(mut t) = tracked {
+                stop_tracked(&mut t, timeout);
+                remove_if_exists(&t.channel).map_err(setup("remove the channel socket"))?;
+                remove_if_exists(&t.qmp).map_err(setup("remove the QMP socket"))?;
+            } else if let Some(l) = launched {
+                stop_adopted(&l, qmp.as_deref(), timeout);
+                if let Some(q) = &qmp {
+                    remove_if_exists(q).map_err(setup("remove the QMP socket"))?;
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(join_error("join the destroy task"))?
+    }
+
+    fn alive(&self, launched: &Launched) -> bool {
+        is_alive(launched)
+    }
+
+    fn memory_bytes(&self, id: &str) -> Option<u64> {
+        // QEMU's resident memory: guest RAM it touched plus its own (until a jail cgroup).
+        let pid = self.inner.tracked.lock().unwrap().get(id)?.pid;
+        qemu::rss_bytes(pid)
+    }
+
+    async fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), RuntimeError> {
+        let step = if frozen {
+            "pause the VM"
+        } else {
+            "resume the VM"
+        };
+        let Some(path) = self.inner.qmp_path(id) else {
+            return Err(setup_msg(
+                step,
+                io::ErrorKind::NotFound,
+                format!("no QMP socket known for VM {id}"),
+            ));
+        };
+        tokio::task::spawn_blocking(move || -> Result<(), RuntimeError> {
+            let err = |e: qmp::QmpError| setup_msg(step, io::ErrorKind::Other, e.to_string());
+            let deadline = Instant::now() + QMP_TIMEOUT;
+            let mut q = Qmp::connect(&path, QMP_TIMEOUT).map_err(err)?;
+            q.execute(if frozen { "stop" } else { "cont" }, None, deadline)
+                .map_err(err)?;
+            // `stop` returns once every vCPU is paused; check what QEMU reports now.
+            let want = if frozen { "paused" } else { "running" };
+            let now = q.status(deadline).map_err(err)?;
+            if now != want {
+                return Err(setup_msg(
+                    step,
+                    io::ErrorKind::Other,
+                    format!("the VM is {now:?}, not {want:?}"),
+                ));
+            }
+            Ok(())
+        })
+        .await
+        .map_err(join_error("join the pause task"))?
+    }
+
+    fn is_frozen(&self, id: &str) -> bool {
+        let Some(path) = self.inner.qmp_path(id) else {
+            return false;
+        };
+        let deadline = Instant::now() + QMP_TIMEOUT;
+        Qmp::connect(&path, QMP_TIMEOUT)
+            .and_then(|mut q| q.status(deadline))
+            .is_ok_and(|s| s == "paused")
+    }
+}
