@@ -28,6 +28,7 @@
 
 mod disk;
 mod initramfs;
+mod jail;
 mod qemu;
 mod qmp;
 #[cfg(test)]
@@ -55,6 +56,7 @@ use self::qemu::{AccelKind, VmSpec};
 use self::qmp::Qmp;
 use super::{LaunchPlan, Launched, Runtime, RuntimeError};
 use crate::api::Limits;
+use crate::cgroup::{CgroupManager, LinuxCgroups};
 
 /// The console line a guest writes once it serves its channel.
 pub const READY_MARKER: &str = "space-daemon: serving";
@@ -127,6 +129,14 @@ pub struct MicrovmConfig {
     /// Lets the runtime reach the QMP socket of a VM it did not start (adopted after a node
     /// restart) to pause, resume, query or quit it. None: adopted VMs can only be killed.
     pub run_root: Option<PathBuf>,
+    /// Run each QEMU jailed (see `jail.rs`): as the sandbox's `uid_base`, in a minimal mount
+    /// namespace, with `no_new_privs`, inside a per-sandbox cgroup. Default true.
+    pub jail: bool,
+    /// Where the cgroup hierarchy is mounted (v2, or hybrid v1). Default /sys/fs/cgroup.
+    pub cgroup_root: PathBuf,
+    /// The cgroup (per controller on v1) that holds one cgroup per jailed QEMU.
+    /// Default `space-vm`.
+    pub cgroup_parent: String,
 }
 
 impl Default for MicrovmConfig {
@@ -140,6 +150,9 @@ impl Default for MicrovmConfig {
             boot_timeout: Duration::from_secs(30),
             destroy_timeout: Duration::from_secs(3),
             run_root: None,
+            jail: true,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            cgroup_parent: jail::DEFAULT_CGROUP_PARENT.to_owned(),
         }
     }
 }
@@ -166,6 +179,15 @@ struct Inner {
     host_cpus: u32,
     tracked: Mutex<HashMap<String, Tracked>>,
     reaper: OnceLock<()>,
+    /// With the jail: the QEMU cgroups and the (empty) directory each jail's root is mounted
+    /// on, in the jail's own mount namespace.
+    jail: Option<JailSetup>,
+}
+
+#[derive(Debug)]
+struct JailSetup {
+    cgroups: LinuxCgroups,
+    mountpoint: PathBuf,
 }
 
 impl Inner {
@@ -193,6 +215,18 @@ impl Inner {
                 Err(e) => tracing::error!(error = %e, "cannot watch SIGCHLD; exited QEMUs stay zombies until destroyed"),
             }
         });
+    }
+
+    /// Kills whatever is left in VM `id`'s QEMU cgroup and removes it (best effort, logged).
+    fn remove_cgroup(&self, id: &str) {
+        let Some(j) = &self.jail else { return };
+        if let Err(e) = j
+            .cgroups
+            .kill_all(id, self.cfg.destroy_timeout)
+            .and_then(|()| j.cgroups.remove(id))
+        {
+            tracing::warn!(id, error = %e, "cannot remove the QEMU cgroup");
+        }
     }
 
     /// The QMP socket of VM `id`: the tracked one, else under `run_root`.
@@ -345,6 +379,21 @@ impl MicrovmRuntime {
                 }
             }
         };
+        let jail = if cfg.jail {
+            let cgroups = LinuxCgroups::detect(&cfg.cgroup_root, &cfg.cgroup_parent)?;
+            let mountpoint = cfg.work_dir.join("jail-root");
+            fs::create_dir_all(&mountpoint).map_err(setup("create the jail mountpoint"))?;
+            fs::set_permissions(&mountpoint, fs::Permissions::from_mode(0o700))
+                .map_err(setup("restrict the jail mountpoint"))?;
+            Some(JailSetup {
+                cgroups,
+                mountpoint,
+            })
+        } else {
+            None
+        };
+        // The jail execs QEMU by this path, inside a root that mirrors the host's paths.
+        let qemu = fs::canonicalize(&qemu).map_err(setup("resolve the QEMU path"))?;
         let host_cpus = std::thread::available_parallelism()
             .map(|n| n.get() as u32)
             .unwrap_or(1);
@@ -360,6 +409,7 @@ impl MicrovmRuntime {
                 host_cpus,
                 tracked: Mutex::new(HashMap::new()),
                 reaper: OnceLock::new(),
+                jail,
             }),
         })
     }
@@ -449,13 +499,19 @@ fn launch_blocking(
     }
     let log = plan.run_dir.join("qemu.log");
     let t0 = Instant::now();
-    let mut child = qemu::spawn(&rt.inner.qemu, &spec.args(), &log).map_err(setup("start QEMU"))?;
+    let spawned = match &rt.inner.jail {
+        Some(j) => spawn_jailed(rt, j, plan, &spec, &log),
+        None => qemu::spawn(&rt.inner.qemu, &spec.args(), &log).map_err(setup("start QEMU")),
+    };
+    let spawn_took = t0.elapsed();
+    let mut child = spawned?;
     let pid = child.id();
     let pidfd = match ns::pidfd_open(pid) {
         Ok(fd) => fd,
         Err(e) => {
             let _ = child.kill();
             let _ = child.wait();
+            rt.inner.remove_cgroup(&plan.id);
             return Err(setup("open a pidfd on QEMU")(e));
         }
     };
@@ -466,6 +522,7 @@ fn launch_blocking(
         let _ = ns::waitid_pidfd(pidfd.as_fd(), 0);
         let _ = remove_if_exists(&spec.channel_socket);
         let _ = remove_if_exists(&spec.qmp);
+        rt.inner.remove_cgroup(&plan.id);
     };
     let times = match qemu::wait_ready(
         pidfd.as_fd(),
@@ -475,7 +532,10 @@ fn launch_blocking(
         &log,
         rt.inner.cfg.boot_timeout,
     ) {
-        Ok(t) => t,
+        Ok(t) => BootTimes {
+            spawn: spawn_took,
+            ..t
+        },
         Err(why) => {
             kill(&pidfd);
             return Err(RuntimeError::NotReady(why));
@@ -492,6 +552,8 @@ fn launch_blocking(
         id = %plan.id,
         pid,
         accel = rt.accel(),
+        jailed = rt.inner.jail.is_some(),
+        spawn_ms = spawn_took.as_secs_f64() * 1e3,
         qmp_ready_ms = times.qmp_ready.as_millis() as u64,
         guest_ready_ms = times.guest_ready.as_millis() as u64,
         ready_by = times.ready_by,
@@ -512,6 +574,47 @@ fn launch_blocking(
             boot: times,
         },
     ))
+}
+
+/// Chowns the VM's files to `plan.uid_base`, creates the QEMU cgroup with the sandbox's
+/// limits (RAM plus QEMU's overhead) and spawns QEMU jailed into it. On error the cgroup is
+/// gone again.
+fn spawn_jailed(
+    rt: &MicrovmRuntime,
+    j: &JailSetup,
+    plan: &LaunchPlan,
+    spec: &VmSpec,
+    log: &Path,
+) -> Result<std::process::Child, RuntimeError> {
+    let (uid, gid) = (plan.uid_base, plan.uid_base);
+    jail::chown_files(uid, gid, &plan.run_dir, &spec.disk)
+        .map_err(setup("give the VM's files to its uid"))?;
+    let ops = jail::ops(&rt.inner.qemu, spec, &plan.run_dir).map_err(setup("plan the jail"))?;
+    let limits = jail::cgroup_limits(&plan.limits, spec.memory_mib, spec.accel);
+    j.cgroups.create(&plan.id, &limits)?;
+    let spawned = jail::open_procs(&j.cgroups.dirs(&plan.id))
+        .map_err(setup("open the QEMU cgroup"))
+        .and_then(|procs| {
+            let groups = jail::groups(spec.accel);
+            qemu::spawn_with(
+                &rt.inner.qemu,
+                &spec.args(),
+                log,
+                Some(space_sys::jail::JailSpec {
+                    mountpoint: &j.mountpoint,
+                    ops: &ops,
+                    uid,
+                    gid,
+                    groups: &groups,
+                    cgroup_procs: procs,
+                }),
+            )
+            .map_err(setup("start QEMU jailed"))
+        });
+    if spawned.is_err() {
+        rt.inner.remove_cgroup(&plan.id);
+    }
+    spawned
 }
 
 fn is_alive(l: &Launched) -> bool {
@@ -621,6 +724,8 @@ impl Runtime for MicrovmRuntime {
         let tracked = self.inner.tracked.lock().unwrap().remove(id);
         let qmp = self.inner.qmp_path(id);
         let launched = launched.cloned();
+        let inner = self.inner.clone();
+        let id = id.to_owned();
         tokio::task::spawn_blocking(move || -> Result<(), RuntimeError> {
             if let Some(mut t) = tracked {
                 stop_tracked(&mut t, timeout);
@@ -632,6 +737,10 @@ impl Runtime for MicrovmRuntime {
                     remove_if_exists(q).map_err(setup("remove the QMP socket"))?;
                 }
             }
+            if let Some(j) = &inner.jail {
+                j.cgroups.kill_all(&id, timeout)?;
+                j.cgroups.remove(&id)?;
+            }
             Ok(())
         })
         .await
@@ -642,8 +751,15 @@ impl Runtime for MicrovmRuntime {
         is_alive(launched)
     }
 
+    fn cpu_usage_usec(&self, id: &str) -> Option<u64> {
+        self.inner.jail.as_ref()?.cgroups.cpu_usage_usec(id)
+    }
+
     fn memory_bytes(&self, id: &str) -> Option<u64> {
-        // QEMU's resident memory: guest RAM it touched plus its own (until a jail cgroup).
+        if let Some(j) = &self.inner.jail {
+            return j.cgroups.memory_bytes(id);
+        }
+        // Unjailed: QEMU's resident memory (guest RAM it touched plus its own).
         let pid = self.inner.tracked.lock().unwrap().get(id)?.pid;
         qemu::rss_bytes(pid)
     }

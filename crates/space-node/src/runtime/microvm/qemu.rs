@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use space_sys::jail::JailSpec;
 use space_sys::ns;
 
 use super::qmp::{Qmp, QmpError};
@@ -20,6 +21,8 @@ use super::{CHANNEL_PORT, FAILED_MARKER, READY_MARKER};
 pub const KERNEL_CMDLINE: &str = "console=ttyS0 panic=-1 quiet rdinit=/init SPACE_GUEST=vm";
 /// Added under TCG: the emulated TSC cannot be calibrated quickly against a (missing) PIT.
 pub const TCG_CMDLINE: &str = "tsc_early_khz=2000000";
+/// `-accel` under TCG: the translation cache is [`super::jail::TCG_TB_MIB`] MiB.
+pub const TCG_ACCEL: &str = "tcg,tb-size=64";
 /// QEMU's id of the virtio-serial port; `VSERPORT_CHANGE` events name it.
 pub const PORT_DEVICE_ID: &str = "space0";
 
@@ -86,7 +89,12 @@ impl VmSpec {
                 "-M",
                 "microvm,x-option-roms=off,pit=off,pic=off,rtc=on",
                 "-accel",
-                self.accel.as_str(),
+                // Under TCG the translation cache is bounded (QEMU's default grows towards
+                // 1 GiB), so the jail's memory cgroup can account for it.
+                match self.accel {
+                    AccelKind::Kvm => "kvm",
+                    AccelKind::Tcg => TCG_ACCEL,
+                },
                 "-cpu",
                 match self.accel {
                     AccelKind::Kvm => "host",
@@ -154,24 +162,51 @@ impl VmSpec {
 /// not reach it; a node restart leaves it running), stdin from /dev/null, stdout and stderr
 /// appended to `log`.
 pub fn spawn(qemu: &Path, args: &[OsString], log: &Path) -> io::Result<Child> {
+    spawn_with(qemu, args, log, None)
+}
+
+/// [`spawn`], jailed as `jail` says when given (see `jail.rs`): the environment is cleared
+/// too, so nothing of the node's reaches QEMU.
+pub fn spawn_with(
+    qemu: &Path,
+    args: &[OsString],
+    log: &Path,
+    jail: Option<JailSpec<'_>>,
+) -> io::Result<Child> {
     let out = fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot open {}: {e}", log.display())))?;
-    Command::new(qemu)
-        .args(args)
+    let mut cmd = Command::new(qemu);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
-        .process_group(0)
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot start {}: {e}", qemu.display())))
+        .process_group(0);
+    if let Some(jail) = jail {
+        cmd.env_clear();
+        space_sys::jail::jail_command(&mut cmd, jail)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    }
+    cmd.spawn().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "cannot start {}: {e}; it said: {:?}",
+                qemu.display(),
+                tail_of(log, 512)
+            ),
+        )
+    })
 }
 
 /// How far a launch got, for the log.
 #[derive(Debug, Clone, Copy)]
 pub struct BootTimes {
+    /// How long the spawn itself took (fork, the jail's setup, exec); the times below count
+    /// from its end.
+    pub spawn: Duration,
     pub qmp_ready: Duration,
     pub guest_ready: Duration,
     /// "console" (the guest's marker) or "port" (QEMU saw the guest open the channel port).
@@ -348,6 +383,7 @@ pub fn wait_ready(
         match con.poll() {
             Some(Marker::Ready) => {
                 return Ok(BootTimes {
+                    spawn: Duration::ZERO,
                     qmp_ready,
                     guest_ready: t0.elapsed(),
                     ready_by: "console",
@@ -360,6 +396,7 @@ pub fn wait_ready(
         }
         if qmp.events.drain(..).any(|e| port_opened(&e)) {
             return Ok(BootTimes {
+                spawn: Duration::ZERO,
                 qmp_ready,
                 guest_ready: t0.elapsed(),
                 ready_by: "port",

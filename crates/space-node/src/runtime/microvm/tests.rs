@@ -50,7 +50,7 @@ fn tcg_command_line_follows_the_contract() {
         after(&args, "-M"),
         "microvm,x-option-roms=off,pit=off,pic=off,rtc=on"
     );
-    assert_eq!(after(&args, "-accel"), "tcg");
+    assert_eq!(after(&args, "-accel"), "tcg,tb-size=64");
     assert_eq!(after(&args, "-cpu"), "max");
     assert_eq!(after(&args, "-m"), "512");
     assert_eq!(after(&args, "-smp"), "2");
@@ -112,7 +112,7 @@ fn kvm_command_line_uses_the_host_cpu_and_no_tsc_hint() {
     assert_eq!(
         differ,
         [
-            "tcg",
+            "tcg,tb-size=64",
             "max",
             "console=ttyS0 panic=-1 quiet rdinit=/init SPACE_GUEST=vm tsc_early_khz=2000000"
         ]
@@ -836,7 +836,18 @@ exec $b cat <&3 >&3
 "#;
 
 fn shell_runtime(work: &Path, init: &str, boot_timeout: Duration) -> MicrovmRuntime {
+    shell_runtime_jailed(work, init, boot_timeout, true)
+}
+
+fn shell_runtime_jailed(
+    work: &Path,
+    init: &str,
+    boot_timeout: Duration,
+    jail: bool,
+) -> MicrovmRuntime {
     let cfg = MicrovmConfig {
+        jail,
+        cgroup_parent: "space-vm-test".to_owned(),
         work_dir: work.to_path_buf(),
         accel: Accel::Auto,
         boot_timeout,
@@ -1007,4 +1018,258 @@ async fn real_vm_runs_space_daemon_as_init() {
     assert_eq!(info.kernel_release, rt.kernel_version());
     rt.destroy("real", Some(&launched)).await.unwrap();
     assert!(!rt.alive(&launched));
+}
+
+/// The QEMU cgroup directories of VM `id` under the test parent (v1: per controller).
+fn test_cgroup_dirs(id: &str) -> Vec<PathBuf> {
+    crate::cgroup::LinuxCgroups::detect(Path::new("/sys/fs/cgroup"), "space-vm-test")
+        .unwrap()
+        .dirs(id)
+}
+
+fn status_field(status: &str, key: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in {status}"))
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vm_runs_jailed() {
+    if let Some(why) = qemu_missing() {
+        eprintln!("skipping the jailed microvm: {why}");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("rootfs");
+    small_rootfs(&root);
+    let disk = d.path().join("disk.ext4");
+    ensure_template_disk(&root, &disk).unwrap();
+    let rt = shell_runtime(&d.path().join("w"), SHELL_INIT, Duration::from_secs(60));
+    let mut plan = plan(d.path(), "jailed1", Some(disk.clone()));
+    plan.uid_base = 1_234_567_000;
+    let launched = rt.launch(&plan).await.unwrap();
+    let pid = launched.init_pid;
+
+    // Its own uid/gid, no groups, seccomp filter mode, no_new_privs, no capabilities.
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert_eq!(
+        status_field(&status, "Uid:"),
+        "1234567000\t1234567000\t1234567000\t1234567000"
+    );
+    assert_eq!(
+        status_field(&status, "Gid:"),
+        "1234567000\t1234567000\t1234567000\t1234567000"
+    );
+    assert_eq!(status_field(&status, "Groups:"), "");
+    assert_eq!(status_field(&status, "Seccomp:"), "2");
+    assert_eq!(status_field(&status, "NoNewPrivs:"), "1");
+    assert_eq!(status_field(&status, "CapEff:"), "0000000000000000");
+    assert_eq!(status_field(&status, "CapPrm:"), "0000000000000000");
+    // Its files are its own.
+    assert_eq!(fs::metadata(&disk).unwrap().uid(), 1_234_567_000);
+    assert_eq!(fs::metadata(&plan.run_dir).unwrap().uid(), 1_234_567_000);
+
+    // Its own mount (and IPC, UTS) namespace, but the node's network namespace.
+    let ns = |p: &str, n: &str| fs::read_link(format!("/proc/{p}/ns/{n}")).unwrap();
+    for n in ["mnt", "ipc", "uts"] {
+        assert_ne!(ns(&pid.to_string(), n), ns("self", n), "{n}");
+    }
+    assert_eq!(ns(&pid.to_string(), "net"), ns("self", "net"));
+    assert_eq!(ns(&pid.to_string(), "pid"), ns("self", "pid"));
+
+    // Only the expected mounts.
+    let mountinfo = fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+    let points: Vec<String> = mountinfo
+        .lines()
+        .map(|l| l.split(' ').nth(4).unwrap().to_owned())
+        .collect();
+    let initrd = fs::canonicalize(rt.initramfs()).unwrap();
+    let kernel = fs::canonicalize(Path::new(DEFAULT_VM_DIR).join("vmlinuz")).unwrap();
+    let mut allowed: Vec<PathBuf> = vec![
+        "/".into(),
+        "/usr".into(),
+        "/etc/ld.so.cache".into(),
+        "/dev/null".into(),
+        "/dev/urandom".into(),
+        "/dev/kvm".into(),
+        disk.clone(),
+        plan.run_dir.clone(),
+        initrd.clone(),
+        kernel,
+    ];
+    allowed.extend(["/lib", "/lib64", "/lib32", "/bin", "/sbin"].map(PathBuf::from));
+    for p in &points {
+        assert!(
+            allowed
+                .iter()
+                .any(|a| Path::new(p) == a || Path::new(p).starts_with("/usr/")),
+            "unexpected mount {p} in the jail:\n{mountinfo}"
+        );
+    }
+    for must in [
+        disk.as_path(),
+        plan.run_dir.as_path(),
+        initrd.as_path(),
+        Path::new("/usr"),
+    ] {
+        assert!(
+            points.iter().any(|p| Path::new(p) == must),
+            "{} not mounted:\n{mountinfo}",
+            must.display()
+        );
+    }
+    for never in ["/home", "/root", "/var/lib/space", "/proc", "/sys", "/tmp"] {
+        assert!(!points.iter().any(|p| p == never), "{never} is in the jail");
+    }
+    // The root is a read-only tmpfs; /usr is read-only.
+    let line_of = |point: &str| {
+        mountinfo
+            .lines()
+            .find(|l| l.split(' ').nth(4) == Some(point))
+            .unwrap()
+            .to_owned()
+    };
+    assert!(
+        line_of("/").contains(" - tmpfs ")
+            && line_of("/").split(' ').nth(5).unwrap().starts_with("ro"),
+        "{}",
+        line_of("/")
+    );
+    assert!(line_of("/usr").split(' ').nth(5).unwrap().starts_with("ro"));
+
+    // In its cgroup, with the memory limit of its RAM plus overhead.
+    let dirs = test_cgroup_dirs("jailed1");
+    for dir in &dirs {
+        let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+        assert!(
+            procs.lines().any(|l| l == pid.to_string()),
+            "{} lacks {pid}",
+            dir.display()
+        );
+    }
+    let want = (256 + jail::OVERHEAD_MIB + jail::TCG_TB_MIB) << 20;
+    let mem_dir = dirs
+        .iter()
+        .find(|d| d.starts_with("/sys/fs/cgroup/memory"))
+        .cloned();
+    let limit = match &mem_dir {
+        Some(m) => fs::read_to_string(m.join("memory.limit_in_bytes")).unwrap(),
+        None => fs::read_to_string(dirs[0].join("memory.max")).unwrap(),
+    };
+    if rt.accel() == "tcg" {
+        assert_eq!(limit.trim(), want.to_string());
+    }
+    let used = rt.memory_bytes("jailed1").unwrap();
+    assert!(used > 10 << 20, "cgroup memory {used}");
+    assert!(rt.cpu_usage_usec("jailed1").unwrap() > 0);
+
+    // The channel still works from the host.
+    let mut ch = UnixStream::connect(&plan.channel_socket).unwrap();
+    ch.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    ch.write_all(b"jailed ping\n").unwrap();
+    let mut got = vec![0u8; 12];
+    ch.read_exact(&mut got).unwrap();
+    assert_eq!(got, b"jailed ping\n");
+    rt.set_frozen("jailed1", true).await.unwrap();
+    rt.set_frozen("jailed1", false).await.unwrap();
+
+    rt.destroy("jailed1", Some(&launched)).await.unwrap();
+    assert!(!rt.alive(&launched));
+    for dir in &dirs {
+        assert!(!dir.exists(), "{} left behind", dir.display());
+    }
+}
+
+/// A VM started by an earlier runtime (a node restart) is still reached, paused and destroyed,
+/// and its cgroup goes with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_jailed_vm_survives_a_runtime_restart() {
+    if let Some(why) = qemu_missing() {
+        eprintln!("skipping the adopted jailed microvm: {why}");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("rootfs");
+    small_rootfs(&root);
+    let disk = d.path().join("disk.ext4");
+    ensure_template_disk(&root, &disk).unwrap();
+    let work = d.path().join("w");
+    let plan = {
+        let mut p = plan(d.path(), "jailed2", Some(disk));
+        // run_root of shell_runtime is <work>/run.
+        p.run_dir = work.join("run").join("jailed2");
+        p.channel_socket = p.run_dir.join("guest.sock");
+        p
+    };
+    // An init that stays up without a host on its channel (SHELL_INIT's cat would end).
+    let init = SHELL_INIT.replace("exec $b cat <&3 >&3", "exec $b sleep 100000");
+    let rt = shell_runtime(&work, &init, Duration::from_secs(60));
+    let launched = rt.launch(&plan).await.unwrap();
+    drop(rt);
+    let rt = shell_runtime(&work, &init, Duration::from_secs(60));
+    assert!(
+        rt.alive(&launched),
+        "QEMU gone after the restart: {:?} {:?}; qemu.log {:?}",
+        qemu::read_stat(launched.init_pid),
+        launched,
+        fs::read_to_string(plan.run_dir.join("qemu.log"))
+    );
+    rt.set_frozen("jailed2", true).await.unwrap();
+    assert!(rt.is_frozen("jailed2"));
+    rt.set_frozen("jailed2", false).await.unwrap();
+    assert!(rt.memory_bytes("jailed2").unwrap() > 10 << 20);
+    let dirs = test_cgroup_dirs("jailed2");
+    rt.destroy("jailed2", Some(&launched)).await.unwrap();
+    assert!(!rt.alive(&launched));
+    assert!(dirs.iter().all(|d| !d.exists()));
+}
+
+/// What the jail adds to a launch: the median start-to-QMP-ready of a few launches, jailed and
+/// not (printed; the bound only catches a gross regression).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vm_jail_launch_cost() {
+    if let Some(why) = qemu_missing() {
+        eprintln!("skipping the jail cost measurement: {why}");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("rootfs");
+    small_rootfs(&root);
+    let disk = d.path().join("disk.ext4");
+    ensure_template_disk(&root, &disk).unwrap();
+    let mut medians = Vec::new();
+    for jailed in [false, true] {
+        let work = d.path().join(if jailed { "j" } else { "n" });
+        let rt = shell_runtime_jailed(&work, SHELL_INIT, Duration::from_secs(60), jailed);
+        let mut qmp = Vec::new();
+        let mut spawn = Vec::new();
+        let mut ready = Vec::new();
+        for i in 0..5 {
+            let id = format!("cost{i}");
+            let p = plan(&work, &id, Some(disk.clone()));
+            let l = rt.launch(&p).await.unwrap();
+            let t = rt.boot_times(&id).unwrap();
+            qmp.push(t.spawn + t.qmp_ready);
+            spawn.push(t.spawn);
+            ready.push(t.guest_ready);
+            rt.destroy(&id, Some(&l)).await.unwrap();
+        }
+        qmp.sort();
+        spawn.sort();
+        ready.sort();
+        eprintln!(
+            "jailed={jailed}: spawn call median {:?} {spawn:?}; start to QMP ready median {:?} \
+             {qmp:?}; spawn end to guest ready median {:?}",
+            spawn[2], qmp[2], ready[2]
+        );
+        medians.push(qmp[2]);
+    }
+    eprintln!(
+        "the jail adds {:?} to start-to-QMP-ready (medians)",
+        medians[1].saturating_sub(medians[0])
+    );
+    assert!(medians[1] < medians[0] + Duration::from_secs(1));
 }
