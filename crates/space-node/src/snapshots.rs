@@ -52,14 +52,42 @@ pub(crate) fn snapshot_rootfs(layout: &Layout, id: &str, snap: &str) -> PathBuf 
     snapshot_dir(layout, id, snap).join("rootfs")
 }
 
+/// A microvm sandbox's snapshot: a reflink copy of its disk image (decision 0014).
+pub(crate) fn snapshot_disk(layout: &Layout, id: &str, snap: &str) -> PathBuf {
+    snapshot_dir(layout, id, snap).join(super::SANDBOX_DISK)
+}
+
+/// What a snapshot holds: its rootfs subvolume, or for a microvm sandbox its disk image.
+fn snapshot_payload(layout: &Layout, id: &str, snap: &str) -> PathBuf {
+    let disk = snapshot_disk(layout, id, snap);
+    if disk.is_file() {
+        disk
+    } else {
+        snapshot_rootfs(layout, id, snap)
+    }
+}
+
 fn info_of(layout: &Layout, rec: &SnapshotRecord) -> SnapshotInfo {
     SnapshotInfo {
         id: rec.id.clone(),
         sandbox_id: rec.sandbox_id.clone(),
         created_unix_ms: rec.created_unix_ms,
         size_bytes: rec.size_bytes,
-        path: snapshot_rootfs(layout, &rec.sandbox_id, &rec.id),
+        path: snapshot_payload(layout, &rec.sandbox_id, &rec.id),
     }
+}
+
+/// Reflinks `src` to `dst` through a temporary name (a crash leaves no half file at `dst`).
+fn clone_file_atomic(src: &Path, dst: &Path) -> Result<(), StorageError> {
+    let tmp = dst.with_extension("new");
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(StorageError::io("remove", &tmp, e)),
+    }
+    crate::runtime::microvm::clone_disk(src, &tmp)
+        .map_err(|e| StorageError::io("reflink", &tmp, e))?;
+    std::fs::rename(&tmp, dst).map_err(|e| StorageError::io("rename", &tmp, e))
 }
 
 fn internal(what: &str) -> impl FnOnce(crate::runtime::RuntimeError) -> NodeError + '_ {
@@ -201,8 +229,8 @@ impl Node {
     }
 
     fn require_snapshot(&self, id: &str, snap: &str) -> Result<PathBuf, NodeError> {
-        let path = snapshot_rootfs(&self.layout, id, snap);
-        if self.subvols.is_subvolume(&path) {
+        let path = snapshot_payload(&self.layout, id, snap);
+        if path.is_file() || self.subvols.is_subvolume(&path) {
             Ok(path)
         } else {
             Err(NodeError::NotFound {
@@ -222,10 +250,11 @@ impl Node {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let entry = self.require_entry(id)?;
-        super::not_for_microvm(&entry.record, "a snapshot")?;
+        let vm = entry.record.runtime == super::MICROVM;
         let dir = snapshot_dir(&self.layout, id, snap);
         let rec_path = dir.join(SNAPSHOT_RECORD);
-        if self.subvols.is_subvolume(&dir.join("rootfs"))
+        if (self.subvols.is_subvolume(&dir.join("rootfs"))
+            || snapshot_disk(&self.layout, id, snap).is_file())
             && let Ok(rec) = storage::read_json::<SnapshotRecord>(&rec_path)
         {
             return Ok(info_of(&self.layout, &rec));
@@ -240,6 +269,24 @@ impl Node {
         // across files; a sandbox that is paused already stays as it is.
         let name = entry.record.runtime_name().to_owned();
         let freeze = self.is_running(&entry.record) && !self.rt(&entry.record).is_frozen(&name);
+        if freeze
+            && vm
+            && let Some(mut guest) = entry.client.clone()
+        {
+            // A VM's writes may still sit in its own page cache: flush them to its disk
+            // first (the host then sees them in the image file).
+            let sync = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                guest.sync(space_proto::Empty {}),
+            )
+            .await;
+            if !matches!(sync, Ok(Ok(_))) {
+                return Err(NodeError::Unavailable {
+                    id: id.to_string(),
+                    reason: "the guest did not flush its disk for the snapshot".into(),
+                });
+            }
+        }
         if freeze {
             self.rt(&entry.record)
                 .set_frozen(&name, true)
@@ -257,7 +304,13 @@ impl Node {
             // Written first: the snapshot ioctl commits the btrfs transaction, which makes
             // this record durable together with the snapshot, at no extra flush.
             storage::write_json_atomic(&dir.join(SNAPSHOT_RECORD), &rec2, false)?;
-            let r = subvols.snapshot(&layout.sandbox_rootfs(id), &dir, "rootfs", true);
+            let r = if vm {
+                // The VM is stopped: its image is consistent; a reflink is O(1).
+                let disk = layout.sandbox_dir(id).join(super::SANDBOX_DISK);
+                clone_file_atomic(&disk, &snapshot_disk(&layout, id, snap))
+            } else {
+                subvols.snapshot(&layout.sandbox_rootfs(id), &dir, "rootfs", true)
+            };
             if r.is_err() {
                 let _ = storage::remove_tree(&dir);
             }
@@ -321,12 +374,19 @@ impl Node {
                 let Ok(mut rec) = storage::read_json::<SnapshotRecord>(&rec_path) else {
                     continue;
                 };
-                let rootfs = snapshot_rootfs(&layout, &id, &rec.id);
-                if !rootfs.is_dir() {
+                let rootfs = snapshot_payload(&layout, &id, &rec.id);
+                if !rootfs.is_dir() && !rootfs.is_file() {
                     continue; // interrupted
                 }
                 if with_size && rec.size_bytes.is_none() {
-                    match referenced_bytes(&rootfs) {
+                    let size = if rootfs.is_file() {
+                        std::fs::metadata(&rootfs)
+                            .map(|m| m.blocks() * 512)
+                            .map_err(|e| StorageError::io("stat", &rootfs, e))
+                    } else {
+                        referenced_bytes(&rootfs)
+                    };
+                    match size {
                         Ok(n) => {
                             rec.size_bytes = Some(n);
                             if let Err(e) = storage::write_json_atomic(&rec_path, &rec, false) {
@@ -373,7 +433,7 @@ impl Node {
         let lock = self.lock_for(&id);
         let _guard = lock.lock().await;
         let mut entry = self.require_entry(&id)?;
-        super::not_for_microvm(&entry.record, "a rollback")?;
+        let vm = entry.record.runtime == super::MICROVM;
         let source = self.require_snapshot(&id, snap)?;
         self.rt(&entry.record)
             .destroy(entry.record.runtime_name(), entry.record.launched.as_ref())
@@ -389,6 +449,9 @@ impl Node {
         let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.clone());
         blocking(move || {
             let dir = layout.sandbox_dir(&id2);
+            if vm {
+                return Ok(clone_file_atomic(&source, &dir.join(super::SANDBOX_DISK))?);
+            }
             let (new, old) = (dir.join("rootfs.new"), dir.join("rootfs.old"));
             for p in [&new, &old] {
                 if subvols.is_subvolume(p) {
@@ -437,7 +500,7 @@ impl Node {
             return Ok(self.status_of(&entry.record));
         }
         let src = self.require_entry(source)?;
-        super::not_for_microvm(&src.record, "a fork")?;
+        let vm = src.record.runtime == super::MICROVM;
         let src_rootfs = self.require_snapshot(source, snap)?;
         let uid_base = self
             .uids
@@ -445,6 +508,8 @@ impl Node {
             .unwrap_or_else(|e| e.into_inner())
             .allocate()?;
         let mut rec = self.new_record(spec, src.record.template_version, uid_base);
+        // A fork runs where its source ran.
+        rec.runtime = src.record.runtime.clone();
         let result = async {
             let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
             blocking(move || {
@@ -454,8 +519,14 @@ impl Node {
                     super::remove_sandbox_storage(&layout, subvols.as_ref(), id)?;
                 }
                 storage::mkdir_private(&dir)?;
-                subvols.snapshot(&src_rootfs, &dir, "rootfs", false)?;
-                write_identity(&layout.sandbox_rootfs(id), &rec2.spec.hostname)?;
+                if vm {
+                    // Its hostname comes with Personalize at boot; the image's
+                    // /etc/machine-id stays the source's (decision 0014).
+                    clone_file_atomic(&src_rootfs, &dir.join(super::SANDBOX_DISK))?;
+                } else {
+                    subvols.snapshot(&src_rootfs, &dir, "rootfs", false)?;
+                    write_identity(&layout.sandbox_rootfs(id), &rec2.spec.hostname)?;
+                }
                 storage::write_json_atomic(&layout.sandbox_record(id), &rec2, false)?;
                 Ok(())
             })
