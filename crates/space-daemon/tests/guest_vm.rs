@@ -35,13 +35,20 @@ const CMDLINE: &str =
     "console=ttyS0 panic=-1 quiet rdinit=/init SPACE_GUEST=vm tsc_early_khz=2000000";
 
 fn static_daemon() -> Result<PathBuf> {
-    let p = std::env::var_os("SPACE_DAEMON_STATIC").map_or_else(
-        || {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../target/x86_64-unknown-linux-gnu/release/space-daemon")
-        },
-        PathBuf::from,
-    );
+    // SPACE_DAEMON_STATIC, else the one scripts/test builds (SPACE_DAEMON_BINARY), else a
+    // release build, else a debug build in the workspace's target dir.
+    let target =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/x86_64-unknown-linux-gnu");
+    let p = std::env::var_os("SPACE_DAEMON_STATIC")
+        .or_else(|| std::env::var_os("SPACE_DAEMON_BINARY"))
+        .map(PathBuf::from)
+        .or_else(|| {
+            ["release", "debug"]
+                .iter()
+                .map(|m| target.join(m).join("space-daemon"))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| target.join("release/space-daemon"));
     let bin = std::fs::read(&p).with_context(|| {
         format!(
             "no static daemon at {} (RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build \
