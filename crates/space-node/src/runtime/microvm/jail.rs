@@ -119,7 +119,18 @@ fn canonical(p: &Path) -> io::Result<PathBuf> {
 /// The jail's contents for `spec`, with QEMU at `qemu` (canonical) and the run dir `run_dir`.
 /// Every host path is canonicalized so that a bind never follows a symlink the guest side
 /// could change. Err: a path that does not exist.
+#[cfg(test)]
 pub fn ops(qemu: &Path, spec: &VmSpec, run_dir: &Path) -> io::Result<Vec<JailOp>> {
+    ops_with(qemu, spec, run_dir, None)
+}
+
+/// [`ops`], plus the guest's memory file (file-backed RAM) bound read-write at its path.
+pub fn ops_with(
+    qemu: &Path,
+    spec: &VmSpec,
+    run_dir: &Path,
+    memory_file: Option<&Path>,
+) -> io::Result<Vec<JailOp>> {
     let mut b = Builder::default();
     b.bind(Path::new("/usr"), BindMode::ReadOnlyExec, true);
     for l in ROOT_LINKS {
@@ -147,6 +158,10 @@ pub fn ops(qemu: &Path, spec: &VmSpec, run_dir: &Path) -> io::Result<Vec<JailOp>
     // they are not symlinks).
     b.bind(&spec.disk, BindMode::ReadWrite, false);
     b.bind(run_dir, BindMode::ReadWrite, true);
+    if let Some(m) = memory_file {
+        // The file alone, not its directory: other VMs' memory files live next to it.
+        b.bind(m, BindMode::ReadWrite, false);
+    }
     b.bind(Path::new("/dev/null"), BindMode::Device, false);
     b.bind(Path::new("/dev/urandom"), BindMode::Device, false);
     if spec.accel == AccelKind::Kvm {

@@ -26,6 +26,9 @@
 //! - after connecting, the node sends `Personalize { env, hostname }`;
 //! - the serial console goes to `<run_dir>/console.log`.
 
+mod checkpoint;
+#[cfg(test)]
+mod checkpoint_tests;
 mod disk;
 mod initramfs;
 mod jail;
@@ -48,11 +51,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use space_sys::ns;
 
+pub use self::checkpoint::{CheckpointInfo, MemoryCopy, RestoreTimes};
 pub use self::disk::{HEADROOM_BYTES, clone_disk, ensure_template_disk};
 use self::initramfs::ExtraFile;
 pub use self::initramfs::{Cpio, GuestKernel, InitramfsError, MODULES_LIST, WANTED_MODULES};
 pub use self::qemu::BootTimes;
-use self::qemu::{AccelKind, VmSpec};
+use self::qemu::{AccelKind, Extras, VmSpec};
 use self::qmp::Qmp;
 use super::{LaunchPlan, Launched, Runtime, RuntimeError};
 use crate::api::Limits;
@@ -71,6 +75,8 @@ pub const DEFAULT_QEMU: &str = "qemu-system-x86_64";
 pub const MIN_MEMORY_MIB: u64 = 128;
 /// How long the KVM probe may take before KVM is declared unusable.
 pub const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// QEMU's status of a VM left paused by a checkpoint (its state saved); `cont` resumes it.
+const POSTMIGRATE: &str = "postmigrate";
 /// How long a QMP round trip outside launch may take (pause, resume, status, quit).
 const QMP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -137,6 +143,12 @@ pub struct MicrovmConfig {
     /// The cgroup (per controller on v1) that holds one cgroup per jailed QEMU.
     /// Default `space-vm`.
     pub cgroup_parent: String,
+    /// Keep each guest's RAM in a file `<dir>/<id>.mem` (QEMU `memory-backend-file`,
+    /// `share=on`) instead of anonymous memory, so that [`MicrovmRuntime::checkpoint`] saves
+    /// only device state and a restore maps a (reflinked) copy of the file. None (the
+    /// default): anonymous RAM, and checkpoints are refused. See decision 0014, "Memory
+    /// checkpoints", for where the directory should live.
+    pub memory_dir: Option<PathBuf>,
 }
 
 impl Default for MicrovmConfig {
@@ -153,6 +165,7 @@ impl Default for MicrovmConfig {
             jail: true,
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: jail::DEFAULT_CGROUP_PARENT.to_owned(),
+            memory_dir: None,
         }
     }
 }
@@ -227,6 +240,12 @@ impl Inner {
         {
             tracing::warn!(id, error = %e, "cannot remove the QEMU cgroup");
         }
+    }
+
+    /// Where VM `id` keeps its RAM, with file-backed RAM configured.
+    fn memory_file(&self, id: &str) -> Option<PathBuf> {
+        let dir = self.cfg.memory_dir.as_ref()?;
+        valid_id(id).then(|| dir.join(format!("{id}.mem")))
     }
 
     /// The QMP socket of VM `id`: the tracked one, else under `run_root`.
@@ -440,6 +459,17 @@ impl MicrovmRuntime {
         &self.inner.kernel.version
     }
 
+    fn memory_file(&self, id: &str) -> Option<PathBuf> {
+        self.inner.memory_file(id)
+    }
+
+    /// Best effort: a failed launch or restore leaves no memory file behind.
+    fn remove_memory_file(&self, id: &str) {
+        if let Some(m) = self.memory_file(id) {
+            let _ = remove_if_exists(&m);
+        }
+    }
+
     fn spec(&self, plan: &LaunchPlan, disk: &Path) -> VmSpec {
         VmSpec {
             kernel: self.inner.kernel.vmlinuz.clone(),
@@ -482,12 +512,9 @@ fn validate(plan: &LaunchPlan) -> Result<&Path, RuntimeError> {
     Ok(disk)
 }
 
-fn launch_blocking(
-    rt: &MicrovmRuntime,
-    plan: &LaunchPlan,
-) -> Result<(Launched, Tracked), RuntimeError> {
-    let disk = validate(plan)?;
-    let spec = rt.spec(plan, disk);
+/// Creates the run dir and the channel socket's directory and removes what a previous QEMU
+/// left there.
+fn prepare_dirs(plan: &LaunchPlan, spec: &VmSpec) -> Result<(), RuntimeError> {
     fs::create_dir_all(&plan.run_dir).map_err(setup("create the run dir"))?;
     if let Some(dir) = plan.channel_socket.parent() {
         fs::create_dir_all(dir).map_err(setup("create the channel socket directory"))?;
@@ -497,11 +524,24 @@ fn launch_blocking(
     for stale in [&spec.channel_socket, &spec.qmp, &spec.console] {
         remove_if_exists(stale).map_err(setup("remove a stale socket or console log"))?;
     }
-    let log = plan.run_dir.join("qemu.log");
+    Ok(())
+}
+
+/// Spawns QEMU for `spec` (jailed when configured) and opens a pidfd on it, which owns the
+/// child from then on. Returns the pidfd, the pid and how long the spawn took.
+fn start_qemu(
+    rt: &MicrovmRuntime,
+    plan: &LaunchPlan,
+    spec: &VmSpec,
+    extras: Extras<'_>,
+    log: &Path,
+) -> Result<(OwnedFd, u32, Duration), RuntimeError> {
     let t0 = Instant::now();
     let spawned = match &rt.inner.jail {
-        Some(j) => spawn_jailed(rt, j, plan, &spec, &log),
-        None => qemu::spawn(&rt.inner.qemu, &spec.args(), &log).map_err(setup("start QEMU")),
+        Some(j) => spawn_jailed(rt, j, plan, spec, extras, log),
+        None => {
+            qemu::spawn(&rt.inner.qemu, &spec.args_with(extras), log).map_err(setup("start QEMU"))
+        }
     };
     let spawn_took = t0.elapsed();
     let mut child = spawned?;
@@ -517,12 +557,48 @@ fn launch_blocking(
     };
     // From here the pidfd owns the child: waitid on it reaps QEMU (dropping `child` does not).
     drop(child);
+    Ok((pidfd, pid, spawn_took))
+}
+
+/// Kills and reaps a QEMU that did not get ready, and removes its sockets and cgroup.
+fn kill_started(rt: &MicrovmRuntime, plan: &LaunchPlan, spec: &VmSpec, pidfd: &OwnedFd) {
+    let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+    let _ = ns::waitid_pidfd(pidfd.as_fd(), 0);
+    let _ = remove_if_exists(&spec.channel_socket);
+    let _ = remove_if_exists(&spec.qmp);
+    rt.inner.remove_cgroup(&plan.id);
+}
+
+fn launch_blocking(
+    rt: &MicrovmRuntime,
+    plan: &LaunchPlan,
+) -> Result<(Launched, Tracked), RuntimeError> {
+    let disk = validate(plan)?;
+    let spec = rt.spec(plan, disk);
+    prepare_dirs(plan, &spec)?;
+    let memory_file = match rt.memory_file(&plan.id) {
+        Some(m) => {
+            checkpoint::fresh_memory_file(&m, spec.memory_mib)?;
+            Some(m)
+        }
+        None => None,
+    };
+    let extras = Extras {
+        memory_file: memory_file.as_deref(),
+        incoming: false,
+    };
+    let log = plan.run_dir.join("qemu.log");
+    let t0 = Instant::now();
+    let (pidfd, pid, spawn_took) = match start_qemu(rt, plan, &spec, extras, &log) {
+        Ok(s) => s,
+        Err(e) => {
+            rt.remove_memory_file(&plan.id);
+            return Err(e);
+        }
+    };
     let kill = |pidfd: &OwnedFd| {
-        let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-        let _ = ns::waitid_pidfd(pidfd.as_fd(), 0);
-        let _ = remove_if_exists(&spec.channel_socket);
-        let _ = remove_if_exists(&spec.qmp);
-        rt.inner.remove_cgroup(&plan.id);
+        kill_started(rt, plan, &spec, pidfd);
+        rt.remove_memory_file(&plan.id);
     };
     let times = match qemu::wait_ready(
         pidfd.as_fd(),
@@ -584,12 +660,18 @@ fn spawn_jailed(
     j: &JailSetup,
     plan: &LaunchPlan,
     spec: &VmSpec,
+    extras: Extras<'_>,
     log: &Path,
 ) -> Result<std::process::Child, RuntimeError> {
     let (uid, gid) = (plan.uid_base, plan.uid_base);
     jail::chown_files(uid, gid, &plan.run_dir, &spec.disk)
         .map_err(setup("give the VM's files to its uid"))?;
-    let ops = jail::ops(&rt.inner.qemu, spec, &plan.run_dir).map_err(setup("plan the jail"))?;
+    if let Some(m) = extras.memory_file {
+        std::os::unix::fs::chown(m, Some(uid), Some(gid))
+            .map_err(setup("give the VM's memory file to its uid"))?;
+    }
+    let ops = jail::ops_with(&rt.inner.qemu, spec, &plan.run_dir, extras.memory_file)
+        .map_err(setup("plan the jail"))?;
     let limits = jail::cgroup_limits(&plan.limits, spec.memory_mib, spec.accel);
     j.cgroups.create(&plan.id, &limits)?;
     let spawned = jail::open_procs(&j.cgroups.dirs(&plan.id))
@@ -598,7 +680,7 @@ fn spawn_jailed(
             let groups = jail::groups(spec.accel);
             qemu::spawn_with(
                 &rt.inner.qemu,
-                &spec.args(),
+                &spec.args_with(extras),
                 log,
                 Some(space_sys::jail::JailSpec {
                     mountpoint: &j.mountpoint,
@@ -741,6 +823,9 @@ impl Runtime for MicrovmRuntime {
                 j.cgroups.kill_all(&id, timeout)?;
                 j.cgroups.remove(&id)?;
             }
+            if let Some(m) = inner.memory_file(&id) {
+                remove_if_exists(&m).map_err(setup("remove the memory file"))?;
+            }
             Ok(())
         })
         .await
@@ -786,7 +871,7 @@ impl Runtime for MicrovmRuntime {
             // `stop` returns once every vCPU is paused; check what QEMU reports now.
             let want = if frozen { "paused" } else { "running" };
             let now = q.status(deadline).map_err(err)?;
-            if now != want {
+            if now != want && !(frozen && now == POSTMIGRATE) {
                 return Err(setup_msg(
                     step,
                     io::ErrorKind::Other,
@@ -806,6 +891,6 @@ impl Runtime for MicrovmRuntime {
         let deadline = Instant::now() + QMP_TIMEOUT;
         Qmp::connect(&path, QMP_TIMEOUT)
             .and_then(|mut q| q.status(deadline))
-            .is_ok_and(|s| s == "paused")
+            .is_ok_and(|s| s == "paused" || s == POSTMIGRATE)
     }
 }

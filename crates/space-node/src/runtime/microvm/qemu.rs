@@ -74,20 +74,43 @@ pub fn kernel_cmdline(accel: AccelKind) -> String {
     }
 }
 
+/// What a QEMU gets beyond its [`VmSpec`]: file-backed guest RAM and an incoming migration
+/// (see `checkpoint.rs`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Extras<'a> {
+    /// Guest RAM in this file (`memory-backend-file`, `share=on`), not anonymous memory.
+    pub memory_file: Option<&'a Path>,
+    /// Start paused, waiting for `migrate-incoming` (`-incoming defer`).
+    pub incoming: bool,
+}
+
+/// The id of the file memory backend.
+pub const MEMORY_BACKEND_ID: &str = "ram0";
+
 impl VmSpec {
+    #[cfg(test)]
     pub fn args(&self) -> Vec<OsString> {
+        self.args_with(Extras::default())
+    }
+
+    pub fn args_with(&self, extras: Extras<'_>) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         fn push(a: &mut Vec<OsString>, items: &[&str]) {
             a.extend(items.iter().map(OsString::from));
         }
+        // No PIT/PIC (the kernel uses the LAPIC timer), no option ROMs. ACPI stays on:
+        // Debian's kernel finds the virtio-mmio devices through it. The RTC stays too:
+        // without it the kernel waits twice for 1 s on the CMOS clock.
+        let machine = match extras.memory_file {
+            Some(_) => format!(
+                "microvm,x-option-roms=off,pit=off,pic=off,rtc=on,memory-backend={MEMORY_BACKEND_ID}"
+            ),
+            None => "microvm,x-option-roms=off,pit=off,pic=off,rtc=on".to_owned(),
+        };
+        push(&mut a, &["-M", &machine]);
         push(
             &mut a,
             &[
-                // No PIT/PIC (the kernel uses the LAPIC timer), no option ROMs. ACPI stays on:
-                // Debian's kernel finds the virtio-mmio devices through it. The RTC stays too:
-                // without it the kernel waits twice for 1 s on the CMOS clock.
-                "-M",
-                "microvm,x-option-roms=off,pit=off,pic=off,rtc=on",
                 "-accel",
                 // Under TCG the translation cache is bounded (QEMU's default grows towards
                 // 1 GiB), so the jail's memory cgroup can account for it.
@@ -104,6 +127,18 @@ impl VmSpec {
         );
         let (mem, smp) = (self.memory_mib.to_string(), self.vcpus.to_string());
         push(&mut a, &["-m", &mem, "-smp", &smp]);
+        if let Some(file) = extras.memory_file {
+            // share=on: guest writes land in the file's pages, so x-ignore-shared migration
+            // leaves RAM out of the state and a copy of the file is the RAM.
+            a.push("-object".into());
+            a.push(opt_path(
+                &format!(
+                    "memory-backend-file,id={MEMORY_BACKEND_ID},size={}M,share=on,mem-path=",
+                    self.memory_mib
+                ),
+                file,
+            ));
+        }
         push(
             &mut a,
             &[
@@ -154,6 +189,9 @@ impl VmSpec {
             &self.qmp,
         ));
         push(&mut a, &["-mon", "chardev=qmp,mode=control"]);
+        if extras.incoming {
+            push(&mut a, &["-incoming", "defer"]);
+        }
         a
     }
 }
