@@ -621,8 +621,9 @@ impl Node {
         blocking(move || Ok(storage::write_json_atomic(&path, &e.record, durable)?)).await
     }
 
-    fn launch_plan(&self, rec: &SandboxRecord) -> LaunchPlan {
-        let spec = &rec.spec;
+    /// The base environment of the sandbox's processes (with the daemon's own settings, which
+    /// it strips): for a launch, and for handing out a warm pool's sandbox.
+    fn sandbox_env(&self, spec: &SandboxSpec) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), DEFAULT_PATH.into()),
             ("HOME".into(), "/root".into()),
@@ -641,8 +642,9 @@ impl Node {
             "SPACE_EXITED_RETENTION_SECS".into(),
             self.cfg.exited_retention_secs.to_string(),
         ));
-        let netns = self.network.as_ref().and_then(|n| {
-            let ns = n.netns(&spec.id)?;
+        if let Some(n) = &self.network
+            && n.netns(&spec.id).is_some()
+        {
             // The node's DNS inside the slot, and the CA of intercepted TLS (decision 0012).
             env.push(("SPACE_DNS".into(), "127.0.0.1".into()));
             env.push(("SPACE_CA_PEM".into(), n.ca_pem()));
@@ -656,8 +658,16 @@ impl Node {
                     env.push((k.into(), v.into()));
                 }
             }
+        }
+        env
+    }
+
+    fn launch_plan(&self, rec: &SandboxRecord) -> LaunchPlan {
+        let spec = &rec.spec;
+        let env = self.sandbox_env(spec);
+        let netns = self.network.as_ref().and_then(|n| {
             Some(SlotNetns {
-                ns,
+                ns: n.netns(&spec.id)?,
                 home: n.home_netns(),
             })
         });
@@ -1141,14 +1151,10 @@ impl NodeApi for Node {
             return Ok(());
         }
         let launched = entry.as_ref().and_then(|e| e.record.launched.clone());
-        let name = entry
-            .as_ref()
-            .map_or(id, |e| e.record.runtime_name())
-            .to_owned();
-        let kind = entry.as_ref().map_or_else(
-            || self.runtime.kind().to_owned(),
-            |e| e.record.runtime.clone(),
-        );
+        let (name, kind) = match &entry {
+            Some(e) => (e.record.runtime_name().to_owned(), e.record.runtime.clone()),
+            None => (id.to_owned(), self.runtime.kind().to_owned()),
+        };
         self.rt_of(&kind)
             .destroy(&name, launched.as_ref())
             .await

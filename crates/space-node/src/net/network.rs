@@ -491,6 +491,11 @@ impl Network {
     pub async fn update(&self, id: &str, spec: &NetworkSpec) -> Result<(), NetError> {
         let inner = self.inner()?;
         let policy = self.policy(spec)?;
+        self.apply(inner, id, policy).await
+    }
+
+    /// Puts an already parsed `policy` in force for sandbox `id` (see [`Network::update`]).
+    async fn apply(&self, inner: &Inner, id: &str, policy: Policy) -> Result<(), NetError> {
         let (firewall, net) = lock(&inner.attached)
             .get(id)
             .map(|a| (a.firewall.clone(), a.net.clone()))
@@ -526,7 +531,7 @@ impl Network {
     ) -> Result<SlotInfo, NetError> {
         let inner = self.inner()?;
         // Checked before anything moves, so a bad policy leaves the slot where it was.
-        self.policy(spec)?;
+        let policy = self.policy(spec)?;
         let info = {
             let mut map = lock(&inner.attached);
             if map.contains_key(to) {
@@ -543,7 +548,7 @@ impl Network {
             map.insert(to.to_owned(), a);
             info
         };
-        self.update(to, spec).await?;
+        self.apply(inner, to, policy).await?;
         Ok(info)
     }
 

@@ -652,24 +652,16 @@ pub(super) fn restore_blocking(
         serving_ms = serving.as_secs_f64() * 1e3,
         "microvm restored"
     );
+    let boot = BootTimes {
+        spawn: spawn_took,
+        qmp_ready,
+        guest_ready: serving,
+        ready_by: "restore",
+    };
+    let (launched, tracked) = Tracked::started(pid, start_time, pidfd, &spec, boot);
     Ok((
-        Launched {
-            init_pid: pid,
-            start_time,
-        },
-        Tracked {
-            pid,
-            pidfd,
-            exited: false,
-            qmp: spec.qmp.clone(),
-            channel: spec.channel_socket.clone(),
-            boot: BootTimes {
-                spawn: spawn_took,
-                qmp_ready,
-                guest_ready: serving,
-                ready_by: "restore",
-            },
-        },
+        launched,
+        tracked,
         RestoreTimes {
             mem_copy,
             mem: mem_d,

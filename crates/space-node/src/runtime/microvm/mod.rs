@@ -181,6 +181,32 @@ struct Tracked {
     boot: BootTimes,
 }
 
+impl Tracked {
+    /// A VM now serving its channel: what the node records, and what this runtime tracks.
+    fn started(
+        pid: u32,
+        start_time: u64,
+        pidfd: OwnedFd,
+        spec: &VmSpec,
+        boot: BootTimes,
+    ) -> (Launched, Tracked) {
+        (
+            Launched {
+                init_pid: pid,
+                start_time,
+            },
+            Tracked {
+                pid,
+                pidfd,
+                exited: false,
+                qmp: spec.qmp.clone(),
+                channel: spec.channel_socket.clone(),
+                boot,
+            },
+        )
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     cfg: MicrovmConfig,
@@ -636,20 +662,7 @@ fn launch_blocking(
         spawn_to_ready_ms = t0.elapsed().as_millis() as u64,
         "microvm running"
     );
-    Ok((
-        Launched {
-            init_pid: pid,
-            start_time,
-        },
-        Tracked {
-            pid,
-            pidfd,
-            exited: false,
-            qmp: spec.qmp.clone(),
-            channel: spec.channel_socket.clone(),
-            boot: times,
-        },
-    ))
+    Ok(Tracked::started(pid, start_time, pidfd, &spec, times))
 }
 
 /// Chowns the VM's files to `plan.uid_base`, creates the QEMU cgroup with the sandbox's
