@@ -77,6 +77,26 @@ fn decode(r: &AnyRow) -> Result<LifecycleRow, StoreError> {
 
 const COLUMNS: &str = "id, timeout_at, on_timeout, auto_pause_secs, paused_at, last_activity_at";
 
+/// The insert-or-replace of one lifecycle row, for a pool or a transaction.
+fn upsert_lifecycle(
+    l: &LifecycleRow,
+) -> sqlx::query::Query<'_, sqlx::Any, sqlx::any::AnyArguments<'_>> {
+    sqlx::query(
+        "INSERT INTO sandbox_lifecycle \
+         (id, timeout_at, on_timeout, auto_pause_secs, paused_at, last_activity_at) \
+         VALUES ($1, $2, $3, $4, $5, $6) \
+         ON CONFLICT (id) DO UPDATE SET timeout_at = excluded.timeout_at, \
+         on_timeout = excluded.on_timeout, auto_pause_secs = excluded.auto_pause_secs, \
+         paused_at = excluded.paused_at, last_activity_at = excluded.last_activity_at",
+    )
+    .bind(&l.id)
+    .bind(l.timeout_at)
+    .bind(l.on_timeout.as_str())
+    .bind(l.auto_pause_secs.map(|v| v as i64))
+    .bind(l.paused_at)
+    .bind(l.last_activity_at)
+}
+
 impl Store {
     pub async fn get_lifecycle(&self, id: &str) -> Result<Option<LifecycleRow>, StoreError> {
         let row = sqlx::query(&format!(
@@ -100,24 +120,36 @@ impl Store {
     }
 
     pub async fn put_lifecycle(&self, l: &LifecycleRow) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO sandbox_lifecycle \
-             (id, timeout_at, on_timeout, auto_pause_secs, paused_at, last_activity_at) \
-             VALUES ($1, $2, $3, $4, $5, $6) \
-             ON CONFLICT (id) DO UPDATE SET timeout_at = excluded.timeout_at, \
-             on_timeout = excluded.on_timeout, auto_pause_secs = excluded.auto_pause_secs, \
-             paused_at = excluded.paused_at, last_activity_at = excluded.last_activity_at",
-        )
-        .bind(&l.id)
-        .bind(l.timeout_at)
-        .bind(l.on_timeout.as_str())
-        .bind(l.auto_pause_secs.map(|v| v as i64))
-        .bind(l.paused_at)
-        .bind(l.last_activity_at)
-        .execute(self.pool())
-        .await
-        .map_err(q("put lifecycle"))?;
+        upsert_lifecycle(l)
+            .execute(self.pool())
+            .await
+            .map_err(q("put lifecycle"))?;
         Ok(())
+    }
+
+    /// Records a pause in one transaction: the state `paused` and the lifecycle row (its
+    /// `paused_at`, and a consumed timeout when the pause was the timeout's), so that no
+    /// reader sees one without the other. Returns false if the sandbox row is gone.
+    pub async fn set_paused(&self, l: &LifecycleRow) -> Result<bool, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(q("record pause"))?;
+        let res = sqlx::query(
+            "UPDATE sandboxes SET state = $1, error = NULL, updated_at = $2 WHERE id = $3",
+        )
+        .bind(SandboxState::Paused.as_str())
+        .bind(now_ms())
+        .bind(&l.id)
+        .execute(&mut *tx)
+        .await
+        .map_err(q("record pause"))?;
+        if res.rows_affected() == 0 {
+            return Ok(false);
+        }
+        upsert_lifecycle(l)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("record pause"))?;
+        tx.commit().await.map_err(q("record pause"))?;
+        Ok(true)
     }
 
     pub async fn delete_lifecycle(&self, id: &str) -> Result<(), StoreError> {
@@ -351,7 +383,7 @@ impl Engine {
                 }
                 _ => check_lifecycle(&row, Action::Guest)?,
             }
-            self.pause_locked(id).await?;
+            self.pause_locked(id, false).await?;
         }
         self.get_sandbox(id).await
     }
@@ -425,19 +457,24 @@ impl Engine {
     }
 
     /// Freezes a running sandbox and records it (caller holds the lock, state is running).
-    async fn pause_locked(&self, id: &str) -> AppResult<()> {
+    /// `consume_timeout`: the pause is the timeout's, which is cleared in the same write.
+    async fn pause_locked(&self, id: &str, consume_timeout: bool) -> AppResult<()> {
         match self.node.pause_sandbox(id).await {
             Ok(_) => {}
             // Already frozen on the node (a crash between freeze and the store write).
             Err(space_node::api::NodeError::Conflict(m)) if m.contains("already paused") => {}
             Err(e) => return Err(e.into()),
         }
-        self.write_status(id, SandboxState::Paused, None).await?;
         let mut l = self.lifecycle_or_default(id).await?;
         let now = now_ms();
         l.paused_at = Some(now);
         l.last_activity_at = self.activity.idle_since(id).or(Some(now));
-        self.store.put_lifecycle(&l).await?;
+        if consume_timeout {
+            l.timeout_at = None;
+        }
+        tracing::info!(sandbox = id, state = %SandboxState::Paused, "sandbox status");
+        self.store.set_paused(&l).await?;
+        self.event(id, SandboxState::Paused.as_str(), "ok", "");
         Ok(())
     }
 
@@ -466,8 +503,8 @@ impl Engine {
             OnTimeout::Pause => {
                 tracing::info!(sandbox = %row.id, deadline, "timeout expired: pausing");
                 if row.state == SandboxState::Running {
-                    self.pause_locked(&row.id).await?;
-                    l = self.lifecycle_or_default(&row.id).await?;
+                    // The pause and the consumed deadline are one write.
+                    return self.pause_locked(&row.id, true).await;
                 }
             }
         }
@@ -494,7 +531,7 @@ impl Engine {
         );
         if steps.contains(&Step::AutoPause { id: row.id.clone() }) {
             tracing::info!(sandbox = %row.id, "idle: auto-pausing");
-            self.pause_locked(&row.id).await?;
+            self.pause_locked(&row.id, false).await?;
         }
         Ok(())
     }
@@ -680,5 +717,27 @@ mod tests {
         assert_eq!(store.list_lifecycle().await.unwrap(), map(vec![l]));
         store.delete_lifecycle(A).await.unwrap();
         assert!(store.list_lifecycle().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_pause_writes_state_and_lifecycle_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("t.db")).await.unwrap();
+        let mut l = lc(A, Some(42), None);
+        l.paused_at = Some(9);
+        // No sandbox row: nothing is written.
+        assert!(!store.set_paused(&l).await.unwrap());
+        assert_eq!(store.get_lifecycle(A).await.unwrap(), None);
+
+        store
+            .insert_sandbox(&row(A, SandboxState::Running, 1))
+            .await
+            .unwrap();
+        store.put_lifecycle(&lc(A, Some(42), None)).await.unwrap();
+        l.timeout_at = None;
+        assert!(store.set_paused(&l).await.unwrap());
+        let got = store.get_sandbox(A).await.unwrap().unwrap();
+        assert_eq!(got.state, SandboxState::Paused);
+        assert_eq!(store.get_lifecycle(A).await.unwrap(), Some(l));
     }
 }

@@ -832,7 +832,9 @@ done
 [ -c "$port" ] || fail "$port is no device"
 echo "space-daemon: serving" >/dev/console
 exec 3<>"$port"
-exec $b cat <&3 >&3
+# A read with no host on the channel returns 0 (virtio_console), which ends cat: the host may
+# connect only after this line, so cat starts again until it has one.
+while :; do $b cat <&3 >&3; $b usleep 20000; done
 "#;
 
 fn shell_runtime(work: &Path, init: &str, boot_timeout: Duration) -> MicrovmRuntime {
@@ -1204,8 +1206,12 @@ async fn real_jailed_vm_survives_a_runtime_restart() {
         p.channel_socket = p.run_dir.join("guest.sock");
         p
     };
-    // An init that stays up without a host on its channel (SHELL_INIT's cat would end).
-    let init = SHELL_INIT.replace("exec $b cat <&3 >&3", "exec $b sleep 100000");
+    // An init that stays up without a host on its channel and without spinning.
+    let init = SHELL_INIT.replace(
+        "while :; do $b cat <&3 >&3; $b usleep 20000; done",
+        "exec $b sleep 100000",
+    );
+    assert_ne!(init, SHELL_INIT);
     let rt = shell_runtime(&work, &init, Duration::from_secs(60));
     let launched = rt.launch(&plan).await.unwrap();
     drop(rt);
