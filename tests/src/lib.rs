@@ -604,20 +604,27 @@ impl Spaced {
             } else {
                 Path::new("/sys/fs/cgroup").join(ctrl)
             };
-            let parent = base.join(&self.cgroup_parent);
-            if let Ok(rd) = std::fs::read_dir(&parent) {
-                for e in rd.flatten() {
-                    if e.path().is_dir() {
-                        if let Ok(procs) = std::fs::read_to_string(e.path().join("cgroup.procs")) {
-                            for p in procs.split_whitespace() {
-                                let _ = Command::new("kill").args(["-9", p]).status();
+            // The sandboxes', and the microvm runtime's QEMUs' (`<parent>-vm`).
+            for parent in [
+                base.join(&self.cgroup_parent),
+                base.join(format!("{}-vm", self.cgroup_parent)),
+            ] {
+                if let Ok(rd) = std::fs::read_dir(&parent) {
+                    for e in rd.flatten() {
+                        if e.path().is_dir() {
+                            if let Ok(procs) =
+                                std::fs::read_to_string(e.path().join("cgroup.procs"))
+                            {
+                                for p in procs.split_whitespace() {
+                                    let _ = Command::new("kill").args(["-9", p]).status();
+                                }
                             }
+                            std::thread::sleep(Duration::from_millis(50));
+                            let _ = std::fs::remove_dir(e.path());
                         }
-                        std::thread::sleep(Duration::from_millis(50));
-                        let _ = std::fs::remove_dir(e.path());
                     }
+                    let _ = std::fs::remove_dir(&parent);
                 }
-                let _ = std::fs::remove_dir(&parent);
             }
         }
         self.unmount_run_dir();

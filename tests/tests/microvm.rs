@@ -176,3 +176,144 @@ fn bad_runtime_requests_get_clear_errors() {
     assert_eq!(s.inspect(&id)["runtime"], "namespace");
     s.space_ok(&["rm", &id]);
 }
+
+/// The template's warm checkpoint of a microvm (`vm-<key>/` next to its rootfs), once made.
+fn warm_checkpoint(s: &Spaced) -> Option<std::path::PathBuf> {
+    let base = s.data_dir().join("volume/templates/base");
+    std::fs::read_dir(base).ok()?.flatten().find_map(|v| {
+        std::fs::read_dir(v.path()).ok()?.flatten().find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name.starts_with("vm-") && !name.contains('.')).then(|| e.path())
+        })
+    })
+}
+
+fn wait_warm_checkpoint(s: &Spaced) -> std::path::PathBuf {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(p) = warm_checkpoint(s) {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no template checkpoint was made:\n{}",
+            s.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Whether the sandbox says its VM was restored (and the node logged the restore).
+fn restored(s: &Spaced, id: &str) -> bool {
+    let said = s.inspect(id)["restored"] == true;
+    let logged = std::fs::read_to_string(s.log_path())
+        .unwrap()
+        .lines()
+        .any(|l| l.contains("microvm restored") && l.contains(id));
+    assert_eq!(said, logged, "{id}: inspect and log disagree");
+    said
+}
+
+#[test]
+fn microvm_creates_restore_the_templates_warm_checkpoint_with_fresh_identities() {
+    let s = Spaced::start().unwrap();
+    // The first create boots and has the node make the template's checkpoint.
+    let t0 = Instant::now();
+    let first = s.create(&["--runtime", "microvm", "--memory", "256"]);
+    eprintln!("first microvm create (boot): {:?}", t0.elapsed());
+    assert!(!restored(&s, &first));
+    let ckpt = wait_warm_checkpoint(&s);
+    for f in ["state", "state.sha256", "mem", "disk.ext4"] {
+        assert!(ckpt.join(f).is_file(), "{} lacks {f}", ckpt.display());
+    }
+
+    // The next ones restore it: same boot (a copy of one running kernel), each its own
+    // hostname, environment, machine-id, RNG and clock, and its own disk.
+    let mut ids = Vec::new();
+    for (i, host) in ["vm-a", "vm-b"].iter().enumerate() {
+        let t = Instant::now();
+        let id = s.create(&[
+            "--runtime",
+            "microvm",
+            "--memory",
+            "256",
+            "--hostname",
+            host,
+            "--env",
+            &format!("N={i}"),
+        ]);
+        eprintln!("microvm create from the warm checkpoint: {:?}", t.elapsed());
+        assert!(restored(&s, &id), "{id} booted:\n{}", s.log_tail());
+        ids.push(id);
+    }
+    let facts = |id: &str| -> Vec<String> {
+        out(
+            &s,
+            id,
+            "hostname; echo $N; cat /etc/machine-id; cat /proc/sys/kernel/random/boot_id; \
+             head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s; uname -r",
+        )
+        .lines()
+        .map(str::to_owned)
+        .collect()
+    };
+    let (a, b) = (facts(&ids[0]), facts(&ids[1]));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!((a[0].as_str(), a[1].as_str()), ("vm-a", "0"), "{a:?}");
+    assert_eq!((b[0].as_str(), b[1].as_str()), ("vm-b", "1"), "{b:?}");
+    assert_eq!(a[2].len(), 32, "{a:?}");
+    assert_ne!(a[2], b[2], "machine-ids");
+    assert_eq!(a[3], b[3], "restored copies of one boot share its boot id");
+    assert_ne!(a[4], b[4], "RNG output");
+    for f in [&a, &b] {
+        let t: u64 = f[5].parse().unwrap();
+        assert!(t.abs_diff(now) < 60, "guest clock {t}, host {now}");
+        assert_eq!(f[6], guest_kernel_version());
+    }
+    out(&s, &ids[0], "echo mine > /root/only-a; sync");
+    assert_eq!(
+        out(&s, &ids[1], "ls /root/only-a 2>&1 | grep -c 'No such'"),
+        "1"
+    );
+    // A different size has no checkpoint yet: it boots.
+    let other = s.create(&["--runtime", "microvm", "--memory", "320"]);
+    assert!(!restored(&s, &other));
+
+    // A corrupted checkpoint is refused whole: the create boots instead, and a new
+    // checkpoint is made for the next one.
+    let state = ckpt.join("state");
+    let mut bytes = std::fs::read(&state).unwrap();
+    let mid = bytes.len() / 2;
+    for b in &mut bytes[mid..mid + 64] {
+        *b ^= 0xff;
+    }
+    std::fs::write(&state, bytes).unwrap();
+    let booted = s.create(&["--runtime", "microvm", "--memory", "256"]);
+    assert!(!restored(&s, &booted));
+    assert_eq!(out(&s, &booted, "echo ok"), "ok");
+    let log = std::fs::read_to_string(s.log_path()).unwrap();
+    assert!(
+        log.contains("restore refused") && log.contains("is corrupted"),
+        "{}",
+        s.log_tail()
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ckpt.join("state").is_file() {
+        assert!(
+            Instant::now() < deadline,
+            "not made again:\n{}",
+            s.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let redone = s.create(&["--runtime", "microvm", "--memory", "256"]);
+    assert!(restored(&s, &redone), "{}", s.log_tail());
+
+    for id in ids.iter().chain([&first, &other, &booted, &redone]) {
+        s.space_ok(&["rm", id]);
+    }
+    assert!(s.user_sandbox_dirs().is_empty());
+}

@@ -262,6 +262,10 @@ pub struct Sandbox {
     /// rather than built on create.
     #[serde(default)]
     pub pooled: bool,
+    /// Whether its VM was restored from its template's warm checkpoint (microvm) rather
+    /// than booted, this time it started.
+    #[serde(default)]
+    pub restored: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -371,6 +371,7 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
         )),
         secrets: row.spec.secrets.iter().map(|b| b.name.clone()).collect(),
         pooled: live.is_some_and(|s| s.pooled),
+        restored: live.is_some_and(|s| s.restored),
     }
 }
 

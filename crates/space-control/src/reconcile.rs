@@ -350,6 +350,7 @@ mod tests {
             cpu_usage_usec: None,
             network: None,
             pooled: false,
+            restored: false,
         }
     }
 

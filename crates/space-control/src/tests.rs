@@ -355,6 +355,7 @@ impl FakeNode {
             cpu_usage_usec: Some(2_000_000),
             network: None,
             pooled: false,
+            restored: false,
         }
     }
 

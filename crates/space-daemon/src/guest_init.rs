@@ -123,6 +123,74 @@ pub fn power_off(msg: &str) -> ! {
     }
 }
 
+/// A fresh identity for a guest restored from a checkpoint (a template's warm state or a
+/// fork): without it every VM restored from one checkpoint would share its RNG state,
+/// machine-id and (stale) clock. Empty fields are left alone.
+#[derive(Debug, Default)]
+pub struct Identity {
+    pub entropy: Vec<u8>,
+    pub machine_id: String,
+    pub unix_time_ns: i64,
+}
+
+impl Identity {
+    pub fn is_empty(&self) -> bool {
+        self.entropy.is_empty() && self.machine_id.is_empty() && self.unix_time_ns == 0
+    }
+
+    /// Refuses bad fields before anything is changed.
+    pub fn check(&self) -> Result<(), String> {
+        if self.entropy.len() > space_sys::guest::MAX_ENTROPY_BYTES {
+            return Err(format!(
+                "entropy is {} bytes; at most {} are taken",
+                self.entropy.len(),
+                space_sys::guest::MAX_ENTROPY_BYTES
+            ));
+        }
+        if !self.machine_id.is_empty()
+            && (self.machine_id.len() != 32
+                || !self
+                    .machine_id
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        {
+            return Err(format!(
+                "machine id {:?} is not 32 lowercase hex digits",
+                self.machine_id
+            ));
+        }
+        if self.unix_time_ns < 0 {
+            return Err(format!("unix time {} ns is negative", self.unix_time_ns));
+        }
+        Ok(())
+    }
+
+    /// Applies it: the RNG first (so nothing after uses the checkpoint's state), then the
+    /// clock, then `<root>/etc/machine-id` (written aside and renamed).
+    pub fn apply(&self, root: &Path) -> io::Result<()> {
+        if !self.entropy.is_empty() {
+            space_sys::guest::reseed_kernel_rng(&self.entropy)?;
+        }
+        if self.unix_time_ns > 0 {
+            space_sys::guest::set_realtime(Duration::from_nanos(self.unix_time_ns as u64))?;
+        }
+        if !self.machine_id.is_empty() {
+            write_machine_id(root, &self.machine_id)?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes `<root>/etc/machine-id` (mode 0444) through a temporary file and a rename.
+pub fn write_machine_id(root: &Path, id: &str) -> io::Result<()> {
+    let etc = root.join("etc");
+    fs::create_dir_all(&etc)?;
+    let tmp = etc.join(".machine-id.space");
+    fs::write(&tmp, format!("{id}\n"))?;
+    fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o444))?;
+    fs::rename(&tmp, etc.join("machine-id"))
+}
+
 /// Sets the kernel's hostname (microvm only: the daemon is root of its own kernel).
 pub fn set_hostname(name: &str) -> io::Result<()> {
     if name.len() > MAX_HOSTNAME_BYTES || name.contains('\0') || name.contains('/') {
@@ -541,5 +609,46 @@ mod tests {
             .collect();
         assert_eq!(left, vec![OsString::from("newroot")]);
         assert!(d.join("newroot/keep").exists());
+    }
+
+    #[test]
+    fn identity_fields_are_checked_before_anything_changes() {
+        let ok = Identity {
+            entropy: vec![7; 64],
+            machine_id: "0123456789abcdef0123456789abcdef".into(),
+            unix_time_ns: 1,
+        };
+        assert!(ok.check().is_ok() && !ok.is_empty());
+        assert!(Identity::default().is_empty());
+        for bad in [
+            Identity {
+                entropy: vec![0; space_sys::guest::MAX_ENTROPY_BYTES + 1],
+                ..Default::default()
+            },
+            Identity {
+                machine_id: "0123456789ABCDEF0123456789ABCDEF".into(),
+                ..Default::default()
+            },
+            Identity {
+                machine_id: "../etc/passwd".into(),
+                ..Default::default()
+            },
+            Identity {
+                unix_time_ns: -1,
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn machine_id_is_replaced_whole() {
+        let d = tempfile::tempdir().unwrap();
+        write_machine_id(d.path(), "0123456789abcdef0123456789abcdef").unwrap();
+        write_machine_id(d.path(), "fedcba9876543210fedcba9876543210").unwrap();
+        let got = fs::read_to_string(d.path().join("etc/machine-id")).unwrap();
+        assert_eq!(got, "fedcba9876543210fedcba9876543210\n");
+        assert_eq!(fs::read_dir(d.path().join("etc")).unwrap().count(), 1);
     }
 }

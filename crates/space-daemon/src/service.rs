@@ -296,7 +296,13 @@ impl Guest for GuestService {
         &self,
         req: Request<PersonalizeRequest>,
     ) -> Result<Response<Empty>, Status> {
-        let PersonalizeRequest { env, hostname } = req.into_inner();
+        let PersonalizeRequest {
+            env,
+            hostname,
+            entropy,
+            machine_id,
+            unix_time_ns,
+        } = req.into_inner();
         if let Some(k) = env
             .iter()
             .find(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'))
@@ -306,11 +312,27 @@ impl Guest for GuestService {
                 "invalid environment variable {k:?}"
             )));
         }
+        let identity = crate::guest_init::Identity {
+            entropy,
+            machine_id,
+            unix_time_ns,
+        };
+        if !identity.is_empty() && !self.cfg.vm_guest {
+            return Err(Status::failed_precondition(
+                "entropy, machine id and clock belong to a microvm guest's own kernel",
+            ));
+        }
+        identity.check().map_err(Status::invalid_argument)?;
         // Only a microvm's daemon owns its hostname (the node sets a namespace sandbox's).
         if self.cfg.vm_guest && !hostname.is_empty() {
             crate::guest_init::set_hostname(&hostname).map_err(|e| {
                 Status::invalid_argument(format!("cannot set the hostname {hostname:?}: {e}"))
             })?;
+        }
+        if !identity.is_empty() {
+            identity
+                .apply(std::path::Path::new("/"))
+                .map_err(|e| Status::internal(format!("cannot take a fresh identity: {e}")))?;
         }
         self.cfg
             .base_env

@@ -324,15 +324,51 @@ async fn run() -> Result<()> {
         "{out}"
     );
 
+    // A fresh identity: bad fields are refused whole, good ones applied.
+    let bad = c
+        .personalize(PersonalizeRequest {
+            hostname: "not-applied".into(),
+            machine_id: "NOT-HEX".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    let (before, _) = exec_output(&mut c, &["cat", "/proc/sys/kernel/random/boot_id"]).await?;
+    // A clock one day ahead of the host's: the guest steps to whatever it is given.
+    let day_ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs()
+        + 86_400;
     c.personalize(PersonalizeRequest {
         env: [("PATH".to_string(), "/bin".to_string())].into(),
         hostname: "vm-test".into(),
+        entropy: vec![0x5a; 64],
+        machine_id: "0123456789abcdef0123456789abcdef".into(),
+        unix_time_ns: (day_ahead * 1_000_000_000) as i64,
     })
     .await?;
     assert_eq!(
         c.info(InfoRequest {}).await?.into_inner().hostname,
         "vm-test"
     );
+    let (out, _) = exec_output(
+        &mut c,
+        &[
+            "sh",
+            "-c",
+            "cat /etc/machine-id; date +%s; cat /proc/sys/kernel/random/boot_id",
+        ],
+    )
+    .await?;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "0123456789abcdef0123456789abcdef", "{out}");
+    let guest_now: u64 = lines[1].parse()?;
+    assert!(
+        guest_now >= day_ahead && guest_now < day_ahead + 120,
+        "guest clock {guest_now}, stepped to {day_ahead}"
+    );
+    assert_eq!(lines[2], before.trim(), "the same boot");
 
     // A background process, followed; the host goes away in the middle of the stream.
     let pid = c

@@ -90,6 +90,9 @@ pub struct SandboxStatus {
     /// Made from its template's warm pool (decision 0013).
     #[serde(default)]
     pub pooled: bool,
+    /// Its VM was restored from its template's warm checkpoint at its last start.
+    #[serde(default)]
+    pub restored: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

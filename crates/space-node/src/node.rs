@@ -35,6 +35,22 @@ pub const NAMESPACE: &str = "namespace";
 pub const SANDBOX_DISK: &str = "disk.ext4";
 
 /// The ext4 image of a template version, next to its rootfs subvolume.
+/// A fresh identity for a microvm guest (new RNG seed, machine-id, the host's clock), sent
+/// with every Personalize: a restored or forked guest would otherwise keep its checkpoint's.
+fn vm_identity() -> space_proto::PersonalizeRequest {
+    let mut entropy = vec![0u8; 64];
+    rand::Rng::fill(&mut rand::rng(), &mut entropy[..]);
+    space_proto::PersonalizeRequest {
+        entropy,
+        machine_id: vm_warm::random_hex(16),
+        unix_time_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0),
+        ..Default::default()
+    }
+}
+
 fn template_disk(template_rootfs: &Path) -> PathBuf {
     template_rootfs.with_file_name(SANDBOX_DISK)
 }
@@ -146,6 +162,8 @@ pub struct Node {
     pools: crate::warm::Pools<Entry>,
     pool_wake: Arc<tokio::sync::Notify>,
     pool_closing: std::sync::atomic::AtomicBool,
+    /// Templates' warm microvm checkpoints being made (`vm_warm.rs`).
+    vm_warm: vm_warm::VmWarm,
 }
 
 impl std::fmt::Debug for Node {
@@ -258,9 +276,11 @@ impl Node {
             pools: Default::default(),
             pool_wake: Arc::new(tokio::sync::Notify::new()),
             pool_closing: Default::default(),
+            vm_warm: Default::default(),
         });
         node.recover().await?;
         node.start_pool_refill();
+        node.start_vm_warm();
         Ok(node)
     }
 
@@ -278,6 +298,7 @@ impl Node {
                 "this node has microvm sandboxes but no microvm runtime"
             );
         }
+        self.destroy_stale_builders().await;
         // Ready sandboxes of a warm pool (or one caught mid-hand-out) from the last run: kill
         // and delete them; the pools refill from scratch.
         for (dir, rec) in members {
@@ -504,6 +525,10 @@ impl Node {
                 cfg.daemon_binary = self.cfg.daemon_binary.clone();
                 cfg.work_dir = self.cfg.run_dir.join("microvm");
                 cfg.run_root = Some(self.layout.run_sandboxes());
+                // Guest RAM in files on the run dir (a tmpfs: decision 0014, "Memory
+                // checkpoints"), so that templates' warm checkpoints can be made and restored.
+                cfg.memory_dir
+                    .get_or_insert_with(|| self.cfg.run_dir.join("microvm").join("mem"));
                 let made = tokio::task::spawn_blocking(move || {
                     crate::runtime::microvm::MicrovmRuntime::new(cfg)
                 })
@@ -570,6 +595,7 @@ impl Node {
             },
             network: self.network.as_ref().and_then(|n| n.status(&rec.spec.id)),
             pooled: rec.pooled,
+            restored: rec.restored,
         }
     }
 
@@ -691,9 +717,12 @@ impl Node {
 
     /// Launches the sandbox of `rec` (rootfs and record exist) and connects its channel.
     /// On error nothing of the launch is left running.
+    /// With `from`, a microvm sandbox is restored from that checkpoint instead of booted (a
+    /// restore the runtime refuses discards the checkpoint and boots).
     async fn launch(
         &self,
         rec: &mut SandboxRecord,
+        from: Option<&Path>,
     ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
         let attached = self.ensure_slot(rec).await?;
         if !attached
@@ -705,7 +734,13 @@ impl Node {
                 .await
                 .map_err(|e| net_error(&rec.spec.id, e))?;
         }
-        let result = self.launch_in_slot(rec).await;
+        let result = self
+            .launch_in_slot(rec, from)
+            .await
+            .map(|(launched, client, restored)| {
+                rec.restored = restored;
+                (launched, client)
+            });
         if result.is_err()
             && attached
             && let Some(net) = &self.network
@@ -719,7 +754,8 @@ impl Node {
     async fn launch_in_slot(
         &self,
         rec: &SandboxRecord,
-    ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
+        from: Option<&Path>,
+    ) -> Result<(Launched, GuestClient<Channel>, bool), NodeError> {
         let id = rec.spec.id.clone();
         // The runtime's init (host uid `uid_base`) attaches the idmapped rootfs at its host
         // path, so it must be able to traverse `sandboxes/<id>`. Owning it (0700) lets it,
@@ -731,11 +767,32 @@ impl Node {
         let plan = self.launch_plan(rec);
         storage::remove_tree(&plan.run_dir)?;
         storage::mkdir_private(&plan.run_dir)?;
-        let launched = self
-            .rt(rec)
-            .launch(&plan)
-            .await
-            .map_err(|e| NodeError::Internal(format!("failed to launch sandbox {id}: {e}")))?;
+        let restored = match from {
+            Some(ckpt) => match self.rt(rec).restore(&plan, ckpt).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::warn!(id, checkpoint = %ckpt.display(), error = %e,
+                        "restore refused: discarding the checkpoint and booting instead");
+                    let (ckpt, run_dir) = (ckpt.to_path_buf(), plan.run_dir.clone());
+                    blocking(move || {
+                        vm_warm::discard_checkpoint(&ckpt);
+                        storage::remove_tree(&run_dir)?;
+                        Ok(storage::mkdir_private(&run_dir)?)
+                    })
+                    .await?;
+                    None
+                }
+            },
+            None => None,
+        };
+        let was_restored = restored.is_some();
+        let launched =
+            match restored {
+                Some(l) => l,
+                None => self.rt(rec).launch(&plan).await.map_err(|e| {
+                    NodeError::Internal(format!("failed to launch sandbox {id}: {e}"))
+                })?,
+            };
         let connected = match self.connector.connect(&plan.channel_socket).await {
             // A VM's daemon learns its environment and hostname over the channel.
             Ok(client) if rec.runtime == MICROVM => {
@@ -745,6 +802,7 @@ impl Node {
                     .personalize(space_proto::PersonalizeRequest {
                         env,
                         hostname: rec.spec.hostname.clone(),
+                        ..vm_identity()
                     })
                     .await
                     .map(|_| client)
@@ -754,7 +812,7 @@ impl Node {
             Err(e) => Err(e.to_string()),
         };
         match connected {
-            Ok(client) => Ok((launched, client)),
+            Ok(client) => Ok((launched, client, was_restored)),
             Err(e) => {
                 if let Err(d) = self.rt(rec).destroy(&plan.id, Some(&launched)).await {
                     tracing::warn!(id, error = %d, "destroy after failed connect failed");
@@ -777,11 +835,15 @@ impl Node {
                 id: spec.template.clone(),
             })?;
         let kind = spec.runtime.as_deref().unwrap_or(&self.cfg.default_runtime);
+        let mut from = None;
         if kind == MICROVM {
-            if let Err(why) = self.microvm().await {
-                return Err(NodeError::InvalidArgument(format!(
-                    "runtime microvm is not available on this node: {why}"
-                )));
+            match self.microvm().await {
+                Ok(vm) => from = self.template_checkpoint(vm.as_ref(), &tmpl, &spec.limits),
+                Err(why) => {
+                    return Err(NodeError::InvalidArgument(format!(
+                        "runtime microvm is not available on this node: {why}"
+                    )));
+                }
             }
         } else if kind != self.runtime.kind() && kind != NAMESPACE {
             return Err(NodeError::InvalidArgument(format!(
@@ -791,7 +853,14 @@ impl Node {
         } else if let Some(status) = self.create_from_pool(spec, &tmpl).await {
             return Ok(status);
         }
-        let (rec, launched, client) = self.build_new(spec, &tmpl, false).await?;
+        let (rec, launched, client) = self.build_new(spec, &tmpl, false, from.as_deref()).await?;
+        if let Some(refused) = &from
+            && !refused.exists()
+            && let Ok(vm) = self.microvm().await
+        {
+            // The restore refused it (and it was removed): have a new one made.
+            self.template_checkpoint(vm.as_ref(), &tmpl, &spec.limits);
+        }
         let uid_base = rec.uid_base;
         let status = self.register_launched(rec, launched, client).await;
         tracing::info!(id, template = %spec.template, version = tmpl.version, uid_base, "sandbox created");
@@ -801,11 +870,13 @@ impl Node {
 
     /// Builds sandbox `spec` from scratch on template version `tmpl`: uid range, rootfs
     /// snapshot, record, launch. On error everything is undone. Not entered in the table.
+    /// A microvm sandbox restores `from` (a template checkpoint, `vm_warm.rs`) when given.
     pub(crate) async fn build_new(
         &self,
         spec: &SandboxSpec,
         tmpl: &TemplateInfo,
         pool_member: bool,
+        from: Option<&Path>,
     ) -> Result<(SandboxRecord, Launched, GuestClient<Channel>), NodeError> {
         let id = spec.id.clone();
         let uid_base = self
@@ -816,6 +887,7 @@ impl Node {
         let mut rec = self.new_record(spec, tmpl.version, uid_base);
         rec.pool_member = pool_member;
         let tmpl_path = tmpl.path.clone();
+        let from_disk = from.map(|d| d.join(SANDBOX_DISK));
         let result = async {
             let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
             blocking(move || {
@@ -829,9 +901,16 @@ impl Node {
                 if rec2.runtime == MICROVM {
                     // The template's ext4 image (made once, next to its rootfs), then a
                     // reflink copy of it: O(1) on btrfs (decision 0014).
-                    let image = template_disk(&tmpl_path);
-                    crate::runtime::microvm::ensure_template_disk(&tmpl_path, &image)
-                        .map_err(|e| NodeError::Internal(format!("template disk: {e}")))?;
+                    // A restore takes the disk the checkpointed guest had mounted.
+                    let image = match from_disk {
+                        Some(d) => d,
+                        None => {
+                            let image = template_disk(&tmpl_path);
+                            crate::runtime::microvm::ensure_template_disk(&tmpl_path, &image)
+                                .map_err(|e| NodeError::Internal(format!("template disk: {e}")))?;
+                            image
+                        }
+                    };
                     let disk = layout.sandbox_dir(&rec2.spec.id).join(SANDBOX_DISK);
                     crate::runtime::microvm::clone_disk(&image, &disk)
                         .map_err(|e| StorageError::io("reflink", &disk, e))?;
@@ -845,7 +924,7 @@ impl Node {
                 Ok(())
             })
             .await?;
-            self.launch(&mut rec).await
+            self.launch(&mut rec, from).await
         }
         .await;
         match result {
@@ -881,6 +960,7 @@ impl Node {
             runtime_name: None,
             pool_member: false,
             pooled: false,
+            restored: false,
         }
     }
 
@@ -945,7 +1025,7 @@ impl Node {
     ) -> Result<SandboxStatus, NodeError> {
         entry.record.spec = spec.clone();
         entry.record.launched = None;
-        let (launched, client) = self.launch(&mut entry.record).await?;
+        let (launched, client) = self.launch(&mut entry.record, None).await?;
         entry.record.launched = Some(launched);
         entry.client = Some(client);
         let status = self.status_of(&entry.record);
@@ -1466,6 +1546,9 @@ mod diff_node;
 
 #[path = "node_pool.rs"]
 mod node_pool;
+
+#[path = "vm_warm.rs"]
+mod vm_warm;
 
 #[cfg(test)]
 #[path = "node_tests.rs"]

@@ -233,7 +233,7 @@ impl Node {
             secrets: Vec::new(),
             runtime: None,
         };
-        let (mut rec, launched, client) = self.build_new(&spec, &tmpl, true).await?;
+        let (mut rec, launched, client) = self.build_new(&spec, &tmpl, true, None).await?;
         rec.launched = Some(launched);
         // Records the init, so a node restart can kill it (not durable: meaningless after a
         // host reboot anyway).
@@ -347,6 +347,7 @@ impl Node {
             guest.personalize(PersonalizeRequest {
                 env,
                 hostname: String::new(),
+                ..Default::default()
             }),
             blocking(move || {
                 let (from, to) = (layout.sandbox_dir(&from_name), layout.sandbox_dir(&to_id));

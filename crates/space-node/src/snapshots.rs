@@ -471,7 +471,7 @@ impl Node {
         })
         .await?;
         self.persist(&id, false).await?;
-        let (launched, client) = self.launch(&mut entry.record).await?;
+        let (launched, client) = self.launch(&mut entry.record, None).await?;
         entry.record.launched = Some(launched);
         entry.client = Some(client);
         let status = self.status_of(&entry.record);
@@ -531,7 +531,7 @@ impl Node {
                 Ok(())
             })
             .await?;
-            self.launch(&mut rec).await
+            self.launch(&mut rec, None).await
         }
         .await;
         match result {

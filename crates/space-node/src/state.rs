@@ -37,6 +37,9 @@ pub struct SandboxRecord {
     /// Made from a warm pool member.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pooled: bool,
+    /// Its VM was restored from a template checkpoint at its last start (microvm).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restored: bool,
 }
 
 impl SandboxRecord {
@@ -85,6 +88,7 @@ mod tests {
             runtime_name: Some("p1".into()),
             pool_member: false,
             pooled: true,
+            restored: false,
         };
         let json = serde_json::to_string(&r).unwrap();
         let back: SandboxRecord = serde_json::from_str(&json).unwrap();

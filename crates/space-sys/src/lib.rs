@@ -3,6 +3,7 @@
 //! every `unsafe` block carries a `// SAFETY:` comment listing its invariants.
 
 pub mod btrfs;
+pub mod guest;
 pub mod jail;
 pub mod loopdev;
 pub mod mount;

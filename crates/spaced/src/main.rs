@@ -291,6 +291,8 @@ async fn main() -> Result<()> {
         },
         microvm: (args.microvm == OnOff::On).then(|| space_node::runtime::microvm::MicrovmConfig {
             accel: args.microvm_accel,
+            // The jailed QEMUs' cgroups: next to the sandboxes', `space-vm` by default.
+            cgroup_parent: format!("{}-vm", args.cgroup_parent),
             ..Default::default()
         }),
         default_runtime: args.default_runtime.clone(),

@@ -11,6 +11,7 @@ mod density;
 mod exec;
 mod files;
 pub mod limits;
+mod microvm;
 mod peers;
 mod reconnect;
 mod report;
@@ -60,6 +61,9 @@ pub enum BenchCmd {
     Density(DensityArgs),
     /// runc, bwrap and QEMU microvm peers on the template's rootfs.
     Peers(PeersArgs),
+    /// The microvm runtime: cold boot, creates that restore the template's warm checkpoint
+    /// (-n, default 20), exec round trip in a restored VM. Needs a node with microvm on.
+    Microvm(MicrovmArgs),
     /// Every benchmark in sequence; tables on stdout, the whole report as JSON to --out.
     All(AllArgs),
 }
@@ -139,6 +143,18 @@ pub struct QemuArgs {
     /// Leave the QEMU peers out.
     #[arg(long)]
     pub no_qemu: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct MicrovmArgs {
+    /// Creates from the warm checkpoint (1 to 1000).
+    #[arg(short = 'n', long, default_value_t = 20)]
+    pub n: usize,
+    /// Guest RAM in MiB (the checkpoint is per size).
+    #[arg(long, default_value_t = 256)]
+    pub memory: u64,
+    #[command(flatten)]
+    pub common: Common,
 }
 
 #[derive(Debug, Args)]
@@ -384,6 +400,15 @@ pub async fn run(c: Client, cmd: BenchCmd) -> Result<i32> {
             let s = Session::new(c, &a.common.template);
             let r = s.guarded(density::measure(&s, a.n)).await?;
             emit(a.common.json, &r, density::print)
+        }
+        BenchCmd::Microvm(a) => {
+            check_runs("-n", a.n, MAX_HEAVY_RUNS)?;
+            if !(128..=65536).contains(&a.memory) {
+                bail!("--memory {} is out of range: 128 to 65536 MiB", a.memory);
+            }
+            let s = Session::new(c, &a.common.template);
+            let r = s.guarded(microvm::measure(&s, a.n, a.memory)).await?;
+            emit(a.common.json, &r, microvm::print)
         }
         BenchCmd::Peers(a) => {
             check_runs("-n", a.n, MAX_HEAVY_RUNS)?;

@@ -50,6 +50,11 @@ impl Session {
         self.lock_created().insert(id.to_string());
     }
 
+    /// Forgets a sandbox deleted already.
+    pub fn untrack(&self, id: &str) {
+        self.lock_created().remove(id);
+    }
+
     /// Creates a sandbox of the template and tracks it.
     pub async fn create(&self) -> Result<Sandbox> {
         let sb = self

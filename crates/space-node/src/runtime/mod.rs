@@ -4,7 +4,7 @@
 pub mod microvm;
 pub mod namespace;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -112,6 +112,20 @@ pub trait Runtime: Send + Sync {
     fn is_frozen(&self, _id: &str) -> bool {
         false
     }
+    /// The key of the checkpoints this runtime can restore for a sandbox with `limits`:
+    /// checkpoints with equal keys are interchangeable. None: this runtime has none.
+    fn checkpoint_key(&self, _limits: &Limits) -> Option<String> {
+        None
+    }
+    /// Saves the running sandbox `id` (its processes and memory) into the directory `dir`;
+    /// with `resume` it runs on after, else it stays stopped until destroyed or thawed.
+    async fn checkpoint(&self, id: &str, _dir: &Path, _resume: bool) -> Result<(), RuntimeError> {
+        Err(unsupported(self.kind(), "checkpoint", id))
+    }
+    /// Starts sandbox `plan` from the checkpoint in `dir` instead of booting it.
+    async fn restore(&self, plan: &LaunchPlan, _dir: &Path) -> Result<Launched, RuntimeError> {
+        Err(unsupported(self.kind(), "restore", &plan.id))
+    }
     /// Hands a running sandbox (a warm pool's ready one) to its user: applies `limits` when
     /// given and sets its hostname, without restarting anything (decision 0013).
     async fn personalize(
@@ -129,5 +143,15 @@ pub trait Runtime: Send + Sync {
                 self.kind()
             )),
         })
+    }
+}
+
+fn unsupported(kind: &str, what: &'static str, id: &str) -> RuntimeError {
+    RuntimeError::Setup {
+        step: what,
+        source: std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            format!("the {kind} runtime cannot {what} sandbox {id}"),
+        ),
     }
 }

@@ -500,16 +500,36 @@ fn open_state(dir: &Path) -> Result<(fs::File, u64), RuntimeError> {
     Ok((f, len))
 }
 
+/// Where a restored VM's RAM lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreMode {
+    /// In its memory file in `memory_dir` (`share=on`), a copy of the checkpoint's: the VM
+    /// can be checkpointed again.
+    Shared,
+    /// Mapped privately (`share=off`) from a reflink of the checkpoint's memory next to the
+    /// VM's disk ([`PRIVATE_MEM_FILE`]): O(1) on btrfs, pages read on first touch, writes the
+    /// VM's own anonymous memory. Such a VM cannot be checkpointed with `x-ignore-shared`.
+    Private,
+}
+
+/// A privately mapped VM's memory file, in the directory of its disk.
+pub const PRIVATE_MEM_FILE: &str = "vm.mem";
+
 pub(super) fn restore_blocking(
     rt: &MicrovmRuntime,
     plan: &LaunchPlan,
     dir: &Path,
+    mode: RestoreMode,
 ) -> Result<(Launched, Tracked, RestoreTimes), RuntimeError> {
     let step = "restore the VM";
     let bad = |kind: io::ErrorKind, what: String| setup_msg(step, kind, what);
     let disk = validate(plan)?;
     let spec = rt.spec(plan, disk);
-    let Some(mem_file) = rt.memory_file(&plan.id) else {
+    let mem_file = match mode {
+        RestoreMode::Shared => rt.memory_file(&plan.id),
+        RestoreMode::Private => disk.parent().map(|d| d.join(PRIVATE_MEM_FILE)),
+    };
+    let Some(mem_file) = mem_file else {
         return Err(bad(
             io::ErrorKind::Unsupported,
             "restores need file-backed guest RAM (MicrovmConfig::memory_dir)".to_owned(),
@@ -551,6 +571,7 @@ pub(super) fn restore_blocking(
     let extras = Extras {
         memory_file: Some(&mem_file),
         incoming: true,
+        private_memory: mode == RestoreMode::Private,
     };
     let log = plan.run_dir.join("qemu.log");
     let (pidfd, pid, spawn_took) = match start_qemu(rt, plan, &spec, extras, &log) {
@@ -697,19 +718,22 @@ impl MicrovmRuntime {
     /// gives `RuntimeError::NotReady` and leaves nothing running. Restoring one checkpoint
     /// under two ids forks the VM. `plan` must give the checkpointed VM's memory size.
     pub async fn restore(&self, plan: &LaunchPlan, dir: &Path) -> Result<Launched, RuntimeError> {
-        self.restore_timed(plan, dir).await.map(|(l, _)| l)
+        self.restore_timed(plan, dir, RestoreMode::Shared)
+            .await
+            .map(|(l, _)| l)
     }
 
-    /// [`MicrovmRuntime::restore`], with what it cost.
+    /// [`MicrovmRuntime::restore`] in `mode`, with what it cost.
     pub async fn restore_timed(
         &self,
         plan: &LaunchPlan,
         dir: &Path,
+        mode: RestoreMode,
     ) -> Result<(Launched, RestoreTimes), RuntimeError> {
         self.inner.ensure_reaper();
         let (rt, owned, d) = (self.clone(), plan.clone(), dir.to_path_buf());
         let (launched, tracked, times) =
-            tokio::task::spawn_blocking(move || restore_blocking(&rt, &owned, &d))
+            tokio::task::spawn_blocking(move || restore_blocking(&rt, &owned, &d, mode))
                 .await
                 .map_err(super::join_error("join the restore task"))??;
         let old = self

@@ -9,7 +9,7 @@ use tonic::transport::Channel;
 
 use sha2::Digest;
 
-use super::checkpoint::{MEM_FILE, STATE_FILE, STATE_SUM_FILE};
+use super::checkpoint::{MEM_FILE, RestoreMode, STATE_FILE, STATE_SUM_FILE};
 use super::*;
 use crate::channel::{GuestConnector, UnixConnector};
 
@@ -40,6 +40,7 @@ fn file_backed_ram_and_incoming_on_the_command_line() {
     let a = strings(spec().args_with(Extras {
         memory_file: Some(mem),
         incoming: true,
+        private_memory: false,
     }));
     let m = a.iter().position(|x| x == "-M").unwrap();
     assert!(a[m + 1].ends_with(",memory-backend=ram0"), "{}", a[m + 1]);
@@ -50,6 +51,16 @@ fn file_backed_ram_and_incoming_on_the_command_line() {
     );
     let i = a.iter().position(|x| x == "-incoming").unwrap();
     assert_eq!(a[i + 1], "defer");
+    let p = strings(spec().args_with(Extras {
+        memory_file: Some(mem),
+        incoming: true,
+        private_memory: true,
+    }));
+    let o = p.iter().position(|x| x == "-object").unwrap();
+    assert_eq!(
+        p[o + 1],
+        "memory-backend-file,id=ram0,size=256M,share=off,mem-path=/dev/shm/space/a,,b.mem"
+    );
 }
 
 #[test]
@@ -334,12 +345,15 @@ async fn real_vm_checkpoint_forks_and_refuses_corrupt_state() {
     let mut forks = Vec::new();
     for (i, disk) in disks.into_iter().enumerate() {
         let p = plan(d.path(), &format!("fork{}", i + 1), disk, 256);
-        let (l, t) = rt.restore_timed(&p, &ck).await.unwrap_or_else(|e| {
-            panic!(
-                "{e}\nconsole: {}",
-                fs::read_to_string(p.run_dir.join("console.log")).unwrap_or_default()
-            )
-        });
+        let (l, t) = rt
+            .restore_timed(&p, &ck, RestoreMode::Shared)
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e}\nconsole: {}",
+                    fs::read_to_string(p.run_dir.join("console.log")).unwrap_or_default()
+                )
+            });
         eprintln!("restore {}: {t:?}", p.id);
         assert_ne!(rt.memory_file_of(&p.id).unwrap(), mem);
         forks.push((p, l));
@@ -557,7 +571,10 @@ async fn real_vm_checkpoint_costs() {
                 384,
             );
             let t0 = Instant::now();
-            let (rl, t) = rt.restore_timed(&p, &ck).await.unwrap();
+            let (rl, t) = rt
+                .restore_timed(&p, &ck, RestoreMode::Shared)
+                .await
+                .unwrap();
             restores.push(t0.elapsed());
             eprintln!("{name} #{i}: {ci:?}; restore {t:?}");
             rt.destroy(&p.id, Some(&rl)).await.unwrap();

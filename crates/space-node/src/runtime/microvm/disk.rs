@@ -81,6 +81,13 @@ pub fn ensure_template_disk(rootfs: &Path, image: &Path) -> Result<(), RuntimeEr
     if image.exists() {
         return Ok(());
     }
+    // One build at a time in this process: concurrent creates (and a template checkpoint's
+    // builder) wait for the first and then find its image.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    if image.exists() {
+        return Ok(());
+    }
     if !rootfs.is_dir() {
         return Err(setup("build a template disk")(io::Error::new(
             io::ErrorKind::NotFound,

@@ -213,6 +213,9 @@ struct Inner {
     qemu: PathBuf,
     kernel: GuestKernel,
     initrd: PathBuf,
+    /// The first 12 hex digits of the SHA-256 of the kernel and initramfs: a checkpoint of
+    /// one image cannot restore under another (its memory holds the old daemon).
+    image_id: String,
     accel: AccelKind,
     accel_note: String,
     host_cpus: u32,
@@ -443,12 +446,24 @@ impl MicrovmRuntime {
             .map(|n| n.get() as u32)
             .unwrap_or(1);
         tracing::info!(accel = %accel_note, kernel = %kernel.version, initramfs_bytes = bytes.len(), "microvm runtime ready");
+        let image_id = {
+            use sha2::Digest;
+            let mut h = sha2::Sha256::new();
+            h.update(kernel.version.as_bytes());
+            h.update(&bytes);
+            h.finalize()
+                .iter()
+                .take(6)
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 cfg,
                 qemu,
                 kernel,
                 initrd,
+                image_id,
                 accel,
                 accel_note,
                 host_cpus,
@@ -612,6 +627,7 @@ fn launch_blocking(
     let extras = Extras {
         memory_file: memory_file.as_deref(),
         incoming: false,
+        private_memory: false,
     };
     let log = plan.run_dir.join("qemu.log");
     let t0 = Instant::now();
@@ -789,6 +805,33 @@ fn join_error(step: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Runt
 impl Runtime for MicrovmRuntime {
     fn kind(&self) -> &'static str {
         "microvm"
+    }
+
+    /// `<accel>-<MiB>m-<vCPUs>c-<image id>`: what a restore must match. None without
+    /// file-backed RAM (no checkpoints).
+    fn checkpoint_key(&self, limits: &Limits) -> Option<String> {
+        self.inner.cfg.memory_dir.as_ref()?;
+        Some(format!(
+            "{}-{}m-{}c-{}",
+            self.inner.accel.as_str(),
+            memory_mib_for(limits),
+            vcpus_for(limits, self.inner.host_cpus),
+            self.inner.image_id
+        ))
+    }
+
+    async fn checkpoint(&self, id: &str, dir: &Path, resume: bool) -> Result<(), RuntimeError> {
+        MicrovmRuntime::checkpoint(self, id, dir, resume)
+            .await
+            .map(|_| ())
+    }
+
+    /// Private RAM (a reflink of the checkpoint's, `share=off`): the node restores
+    /// templates' warm checkpoints, which many VMs start from (decision 0014).
+    async fn restore(&self, plan: &LaunchPlan, dir: &Path) -> Result<Launched, RuntimeError> {
+        self.restore_timed(plan, dir, checkpoint::RestoreMode::Private)
+            .await
+            .map(|(l, _)| l)
     }
 
     async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError> {

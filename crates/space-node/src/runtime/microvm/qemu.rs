@@ -82,6 +82,9 @@ pub struct Extras<'a> {
     pub memory_file: Option<&'a Path>,
     /// Start paused, waiting for `migrate-incoming` (`-incoming defer`).
     pub incoming: bool,
+    /// Map `memory_file` privately (`share=off`): guest writes go to the VM's own anonymous
+    /// pages and the file (a reflink of a checkpoint's memory) is only read.
+    pub private_memory: bool,
 }
 
 /// The id of the file memory backend.
@@ -129,11 +132,13 @@ impl VmSpec {
         push(&mut a, &["-m", &mem, "-smp", &smp]);
         if let Some(file) = extras.memory_file {
             // share=on: guest writes land in the file's pages, so x-ignore-shared migration
-            // leaves RAM out of the state and a copy of the file is the RAM.
+            // leaves RAM out of the state and a copy of the file is the RAM. share=off: the
+            // file is the starting RAM, demand-paged; writes stay the VM's own.
+            let share = if extras.private_memory { "off" } else { "on" };
             a.push("-object".into());
             a.push(opt_path(
                 &format!(
-                    "memory-backend-file,id={MEMORY_BACKEND_ID},size={}M,share=on,mem-path=",
+                    "memory-backend-file,id={MEMORY_BACKEND_ID},size={}M,share={share},mem-path=",
                     self.memory_mib
                 ),
                 file,

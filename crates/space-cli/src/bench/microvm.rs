@@ -1,0 +1,191 @@
+//! The microvm runtime (issue 6): cold boot to first exec, then creates that restore the
+//! template's warm checkpoint (the node makes it after the first create), each to its first
+//! exec, and exec round trips in a restored VM.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use space_api::{CreateSandbox, Sandbox};
+
+use super::report::{Target, print_targets, section, stats_header, stats_row, value_row};
+use super::session::Session;
+use super::stats::{Stats, ms, stats};
+
+/// How long to wait for the node's template checkpoint after the first create.
+const CHECKPOINT_WAIT: Duration = Duration::from_secs(180);
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MicrovmReport {
+    pub n: usize,
+    pub template: String,
+    pub memory_mib: u64,
+    /// The first create to its first exec, and whether it booted (no checkpoint yet).
+    pub first_ready_ms: f64,
+    pub first_booted: bool,
+    /// Seconds until a create restored (the node made the checkpoint in the background).
+    pub checkpoint_wait_s: f64,
+    /// Creates that restored: the create call alone, and create -> first exec.
+    pub restore_create_ms: Option<Stats>,
+    pub restore_ready_ms: Option<Stats>,
+    /// Creates in the timed loop that booted instead (a checkpoint refused, say).
+    pub booted: usize,
+    /// Exec round trip of `true` in a restored VM.
+    pub exec_rtt_ms: Option<Stats>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+async fn create_vm(s: &Session, memory_mib: u64) -> Result<Sandbox> {
+    let sb =
+        s.c.create_sandbox(&CreateSandbox {
+            template: Some(s.template.clone()),
+            runtime: Some("microvm".into()),
+            memory_mib: Some(memory_mib),
+            ..Default::default()
+        })
+        .await?;
+    s.track(&sb.id);
+    Ok(sb)
+}
+
+async fn delete(s: &Session, id: &str) -> Result<()> {
+    s.c.delete_sandbox(id)
+        .await
+        .with_context(|| format!("delete {id}"))?;
+    s.untrack(id);
+    Ok(())
+}
+
+pub async fn measure(s: &Session, n: usize, memory_mib: u64) -> Result<MicrovmReport> {
+    let mut notes = Vec::new();
+    // 1. The first create: a cold boot unless the node has the checkpoint already.
+    let t0 = Instant::now();
+    let first = create_vm(s, memory_mib)
+        .await
+        .context("first microvm create")?;
+    s.exec_true(&first.id).await?;
+    let first_ready_ms = ms(t0.elapsed());
+    let first_booted = !first.restored;
+    if !first_booted {
+        notes.push("the node had the template checkpoint already: no cold boot measured".into());
+    }
+    eprintln!(
+        "first microvm create -> first exec: {first_ready_ms:.0} ms ({})",
+        if first_booted { "booted" } else { "restored" }
+    );
+    delete(s, &first.id).await?;
+
+    // 2. Wait for the checkpoint: create until one restores (each miss boots: seconds).
+    let waited = Instant::now();
+    loop {
+        let sb = create_vm(s, memory_mib).await?;
+        let restored = sb.restored;
+        delete(s, &sb.id).await?;
+        if restored {
+            break;
+        }
+        if waited.elapsed() > CHECKPOINT_WAIT {
+            bail!(
+                "no create restored the template checkpoint within {} s (see the node's log)",
+                CHECKPOINT_WAIT.as_secs()
+            );
+        }
+        eprintln!("waiting for the template checkpoint ...");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let checkpoint_wait_s = waited.elapsed().as_secs_f64();
+
+    // 3. n restores, each to its first exec, one at a time.
+    let (mut create, mut ready, mut booted) = (Vec::new(), Vec::new(), 0);
+    let mut keep = None;
+    for i in 0..n {
+        let t = Instant::now();
+        let sb = create_vm(s, memory_mib)
+            .await
+            .with_context(|| format!("create #{i}"))?;
+        let c = ms(t.elapsed());
+        s.exec_true(&sb.id).await?;
+        let r = ms(t.elapsed());
+        if sb.restored {
+            create.push(c);
+            ready.push(r);
+        } else {
+            booted += 1;
+        }
+        if keep.is_none() && sb.restored {
+            keep = Some(sb.id);
+        } else {
+            delete(s, &sb.id).await?;
+        }
+    }
+    let exec_rtt_ms = match &keep {
+        Some(id) => super::exec::round_trips(s, id, 50).await?,
+        None => None,
+    };
+    Ok(MicrovmReport {
+        n,
+        template: s.template.clone(),
+        memory_mib,
+        first_ready_ms,
+        first_booted,
+        checkpoint_wait_s,
+        restore_create_ms: stats(&create),
+        restore_ready_ms: stats(&ready),
+        booted,
+        exec_rtt_ms,
+        notes,
+    })
+}
+
+pub fn targets(r: &MicrovmReport) -> Vec<Target> {
+    let mut t = vec![Target::at_most(
+        "create from warm checkpoint -> exec p50",
+        r.restore_ready_ms.map(|s| s.p50),
+        150.0,
+        "ms",
+    )];
+    if r.first_booted {
+        t.push(Target::at_most(
+            "cold boot -> first exec",
+            Some(r.first_ready_ms / 1000.0),
+            8.0,
+            "s",
+        ));
+    }
+    t
+}
+
+pub fn print(r: &MicrovmReport) {
+    section(&format!(
+        "microvm: {} creates from the '{}' template's warm checkpoint, {} MiB guests",
+        r.n, r.template, r.memory_mib
+    ));
+    value_row(
+        if r.first_booted {
+            "cold boot -> first exec (ms)"
+        } else {
+            "first create -> first exec (ms, restored)"
+        },
+        format!("{:.0}", r.first_ready_ms),
+    );
+    value_row(
+        "checkpoint ready after (s)",
+        format!("{:.1}", r.checkpoint_wait_s),
+    );
+    stats_header("ms");
+    stats_row("create call (restored)", r.restore_create_ms.as_ref(), 1.0);
+    stats_row(
+        "create -> first exec (restored)",
+        r.restore_ready_ms.as_ref(),
+        1.0,
+    );
+    stats_row("exec round trip (restored VM)", r.exec_rtt_ms.as_ref(), 1.0);
+    if r.booted > 0 {
+        value_row("creates that booted instead", r.booted);
+    }
+    for n in &r.notes {
+        println!("  note: {n}");
+    }
+    print_targets(&targets(r));
+}
