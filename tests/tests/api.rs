@@ -5,7 +5,7 @@
 use base64::Engine;
 use reqwest::Method;
 use serde_json::{Value, json};
-use space_tests::Spaced;
+use space_tests::{Spaced, on_each_runtime};
 
 /// Assert an error response: status and `error.code`, with a non-empty message.
 async fn expect_error(resp: reqwest::Response, status: u16, code: &str) {
@@ -44,9 +44,9 @@ fn stdout_of(events: &[Value]) -> String {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn api_happy_path_and_files() {
-    let s = tokio::task::block_in_place(|| Spaced::start().unwrap());
+on_each_runtime! {
+async fn api_happy_path_and_files(rt) {
+    let s = tokio::task::block_in_place(|| Spaced::start_on(rt).unwrap());
     let r = s.req_anon(Method::GET, "/healthz").send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
 
@@ -193,6 +193,7 @@ async fn api_happy_path_and_files() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 204);
+}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

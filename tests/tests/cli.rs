@@ -5,11 +5,11 @@ use std::process::Stdio;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use space_tests::Spaced;
+use space_tests::{Runtime, Spaced, on_each_runtime};
 
-#[test]
-fn create_exec_inspect_rm() {
-    let s = Spaced::start().unwrap();
+on_each_runtime! {
+fn create_exec_inspect_rm(rt) {
+    let s = Spaced::start_on(rt).unwrap();
     let id = s.create(&["--env", "GREETING=hi there", "--memory", "256"]);
 
     // stdout, stderr and exit codes come through unchanged.
@@ -45,7 +45,12 @@ fn create_exec_inspect_rm() {
     );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "0");
-    assert!(lines[1].contains("space-daemon"), "pid 1 is {}", lines[1]);
+    // (A microvm's daemon is the initramfs's /init, decision 0014.)
+    let daemon = match rt {
+        Runtime::Namespace => "space-daemon",
+        Runtime::Microvm => "/init",
+    };
+    assert!(lines[1].contains(daemon), "pid 1 is {}", lines[1]);
     assert!(!lines[2].is_empty());
 
     // ls and inspect agree.
@@ -76,10 +81,11 @@ fn create_exec_inspect_rm() {
     let out = s.space(&["inspect", &id]);
     assert_eq!(out.status.code(), Some(1));
 }
+}
 
-#[test]
-fn cp_files_and_directories() {
-    let s = Spaced::start().unwrap();
+on_each_runtime! {
+fn cp_files_and_directories(rt) {
+    let s = Spaced::start_on(rt).unwrap();
     let id = s.create(&[]);
     let work = tempfile::tempdir().unwrap();
 
@@ -152,10 +158,11 @@ fn cp_files_and_directories() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
 }
+}
 
-#[test]
-fn stdin_tty_background_and_attach() {
-    let s = Spaced::start().unwrap();
+on_each_runtime! {
+fn stdin_tty_background_and_attach(rt) {
+    let s = Spaced::start_on(rt).unwrap();
     let id = s.create(&[]);
 
     // -i forwards stdin until EOF.
@@ -216,6 +223,7 @@ fn stdin_tty_background_and_attach() {
         String::from_utf8_lossy(&out.stderr).contains("not_found"),
         "{out:?}"
     );
+}
 }
 
 #[test]

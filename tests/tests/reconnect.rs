@@ -5,7 +5,7 @@ use base64::Engine;
 use futures::StreamExt;
 use reqwest::Method;
 use serde_json::{Value, json};
-use space_tests::Spaced;
+use space_tests::{Spaced, on_each_runtime};
 
 fn b64(s: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD.decode(s).unwrap()
@@ -82,9 +82,9 @@ async fn read_output(
     (data, gaps, false)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_clients_get_exactly_the_missed_bytes() {
-    let s = tokio::task::block_in_place(|| Spaced::start().unwrap());
+on_each_runtime! {
+async fn dropped_clients_get_exactly_the_missed_bytes(rt) {
+    let s = tokio::task::block_in_place(|| Spaced::start_on(rt).unwrap());
     let id = tokio::task::block_in_place(|| s.create(&[]));
     // ~490 KB of output, produced in bursts while clients come and go.
     let n = 80_000;
@@ -120,6 +120,7 @@ async fn dropped_clients_get_exactly_the_missed_bytes() {
     let (tail, _, ended) = read_output(&s, &id, pid, (expected.len() - 6) as u64, usize::MAX).await;
     assert!(ended);
     assert_eq!(tail, b"80000\n");
+}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use space_tests::Spaced;
+use space_tests::{Spaced, on_each_runtime};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -17,9 +17,9 @@ fn out(s: &Spaced, id: &str, script: &str) -> String {
     out
 }
 
-#[test]
-fn snapshot_change_rollback_and_tree() {
-    let s = Spaced::start().unwrap();
+on_each_runtime! {
+fn snapshot_change_rollback_and_tree(rt) {
+    let s = Spaced::start_on(rt).unwrap();
     let id = s.create(&[]);
     out(
         &s,
@@ -99,6 +99,7 @@ fn snapshot_change_rollback_and_tree() {
     );
     assert_eq!((st, v["error"]["code"].as_str()), (404, Some("not_found")));
     s.space_ok(&["rm", &id]);
+}
 }
 
 #[test]
