@@ -793,20 +793,28 @@ impl Node {
                     NodeError::Internal(format!("failed to launch sandbox {id}: {e}"))
                 })?,
             };
+        let t_connect = std::time::Instant::now();
         let connected = match self.connector.connect(&plan.channel_socket).await {
-            // A VM's daemon learns its environment and hostname over the channel.
+            // A VM's daemon learns its environment, hostname and identity over the channel.
             Ok(client) if rec.runtime == MICROVM => {
+                let connect = t_connect.elapsed();
                 let mut guest = client.clone();
                 let env = plan.env.iter().cloned().collect();
-                guest
+                let done = guest
                     .personalize(space_proto::PersonalizeRequest {
                         env,
                         hostname: rec.spec.hostname.clone(),
                         ..vm_identity()
                     })
-                    .await
-                    .map(|_| client)
-                    .map_err(|s| s.to_string())
+                    .await;
+                tracing::info!(
+                    id,
+                    restored = was_restored,
+                    connect_ms = connect.as_secs_f64() * 1e3,
+                    personalize_ms = (t_connect.elapsed() - connect).as_secs_f64() * 1e3,
+                    "microvm guest personalized"
+                );
+                done.map(|_| client).map_err(|s| s.to_string())
             }
             Ok(client) => Ok(client),
             Err(e) => Err(e.to_string()),

@@ -5,8 +5,8 @@
 //! checkpoint files) and `disk.ext4`, the disk the checkpointed guest had mounted. The key
 //! (`Runtime::checkpoint_key`) names what a restore must match: accelerator, RAM, vCPUs and
 //! the kernel + initramfs image. It is made by one background task per node, on the first
-//! create that finds none: a builder VM with no user data boots from the template's disk,
-//! runs one command (so the daemon's code and busybox are paged in), is checkpointed, and
+//! create that finds none: a builder VM with no user data boots from the template's disk
+//! and, once its daemon serves the channel (no host ever connects), is checkpointed and
 //! goes; the directory is built aside and renamed into place, so it exists whole or not at
 //! all. A checkpoint a restore refuses (e.g. corrupted) is removed and made again; the create
 //! that found it boots instead.
@@ -207,31 +207,13 @@ impl Node {
                 .await
                 .map_err(|e| NodeError::Internal(format!("boot the builder VM: {e}")))?;
             let booted = t0.elapsed();
-            let made = async {
-                // One command through the channel: the daemon's paths for exec are paged in
-                // and the guest has served a host once, as every restored copy will.
-                let mut guest = self
-                    .connector
-                    .connect(&plan.channel_socket)
-                    .await
-                    .map_err(|e| NodeError::Internal(format!("connect the builder VM: {e}")))?;
-                let warm =
-                    |e: tonic::Status| NodeError::Internal(format!("warm the builder VM: {e}"));
-                let mut events = guest
-                    .exec(space_proto::ExecRequest {
-                        argv: vec!["true".into()],
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(warm)?
-                    .into_inner();
-                while events.message().await.map_err(warm)?.is_some() {}
-                drop(guest);
-                rt.checkpoint(&id, &building, false)
-                    .await
-                    .map_err(|e| NodeError::Internal(format!("checkpoint the builder VM: {e}")))
-            }
-            .await;
+            // No host ever connects to the builder: a restored guest's first session is then
+            // the node's own (a session of the builder's, checkpointed before the guest saw
+            // its host leave, would take the next host's preface for itself).
+            let made = rt
+                .checkpoint(&id, &building, false)
+                .await
+                .map_err(|e| NodeError::Internal(format!("checkpoint the builder VM: {e}")));
             if let Err(e) = rt.destroy(&id, Some(&launched)).await {
                 tracing::warn!(id, error = %e, "destroy of the builder VM failed");
             }
