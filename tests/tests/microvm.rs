@@ -317,3 +317,89 @@ fn microvm_creates_restore_the_templates_warm_checkpoint_with_fresh_identities()
     }
     assert!(s.user_sandbox_dirs().is_empty());
 }
+
+/// `base`'s pool as the node reports it.
+fn base_pool(s: &Spaced) -> serde_json::Value {
+    let (code, body) = s.call(Method::GET, "/v1/templates/base/pool", None);
+    assert_eq!(code, 200, "{body}");
+    body
+}
+
+#[test]
+fn a_microvm_pool_hands_out_restored_vms_with_fresh_identities() {
+    let mut s = Spaced::start().unwrap();
+    // Turning base's pool into a microvm pool retires its namespace members.
+    let (code, body) = s.call(
+        Method::PUT,
+        "/v1/templates/base/pool",
+        Some(json!({"min": 2, "max": 2, "runtime": "microvm"})),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["runtime"], "microvm", "{body}");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while base_pool(&s)["ready"].as_u64().unwrap() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the microvm pool never filled: {}\n{}",
+            base_pool(&s),
+            s.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // Two creates are served by the pool: each its own hostname, env and identity.
+    let mut facts = Vec::new();
+    for (i, host) in ["pooled-a", "pooled-b"].iter().enumerate() {
+        let t = Instant::now();
+        let id = s.create(&[
+            "--runtime",
+            "microvm",
+            "--hostname",
+            host,
+            "--env",
+            &format!("N={i}"),
+        ]);
+        eprintln!("microvm create from the pool: {:?}", t.elapsed());
+        let v = s.inspect(&id);
+        assert_eq!(
+            (v["pooled"].as_bool(), v["runtime"].as_str()),
+            (Some(true), Some("microvm")),
+            "{v}"
+        );
+        let f = out(
+            &s,
+            &id,
+            "hostname; echo $N $SPACE_SANDBOX_ID; cat /etc/machine-id; \
+             ls /root | wc -l; uname -r",
+        );
+        let f: Vec<String> = f.lines().map(str::to_owned).collect();
+        assert_eq!(f[0], *host, "{f:?}");
+        assert_eq!(f[1], format!("{i} {id}"), "{f:?}");
+        assert_eq!(f[3], "0", "a member carries nothing: {f:?}");
+        assert_eq!(f[4], guest_kernel_version());
+        facts.push((id, f[2].clone()));
+    }
+    assert_ne!(facts[0].1, facts[1].1, "machine-ids");
+
+    // Not served by the microvm pool: other limits, and namespace creates.
+    let big = s.create(&["--runtime", "microvm", "--memory", "320"]);
+    assert_eq!(s.inspect(&big)["pooled"], false);
+    let ns = s.create(&["--runtime", "namespace"]);
+    assert_eq!(s.inspect(&ns)["pooled"], false);
+
+    // A pooled VM survives a node restart like any sandbox, and is removed like one.
+    s.kill9();
+    s.spawn().unwrap();
+    assert_eq!(out(&s, &facts[0].0, "echo back"), "back");
+    for id in [&facts[0].0, &facts[1].0, &big, &ns] {
+        s.space_ok(&["rm", id]);
+    }
+    // The pool went back to refilling; turning it off destroys its members.
+    let (code, body) = s.call(
+        Method::PUT,
+        "/v1/templates/base/pool",
+        Some(json!({"min": 0, "runtime": "microvm"})),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert!(s.user_sandbox_dirs().is_empty());
+}

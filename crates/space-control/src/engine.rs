@@ -68,7 +68,11 @@ impl ControlConfig {
             shutdown_timeout: Duration::from_secs(5),
             default_egress: space_api::Egress::Open,
             default_runtime: RUNTIME_NAME.to_owned(),
-            default_pool: Some(space_node::api::PoolConfig { min: 4, max: 32 }),
+            default_pool: Some(space_node::api::PoolConfig {
+                min: 4,
+                max: 32,
+                microvm: false,
+            }),
         }
     }
 }

@@ -16,7 +16,15 @@ use space_node::api::{PoolConfig, PoolStatus};
 use sqlx::Row;
 
 use crate::AppState;
-use crate::engine::{Engine, RUNTIME_NAME};
+use crate::engine::{Engine, RUNTIME_NAME, RUNTIMES};
+
+/// The runtime name of microvm pools.
+const MICROVM: &str = "microvm";
+
+/// The runtime name a pool configuration stores.
+fn runtime_of(cfg: &PoolConfig) -> &'static str {
+    if cfg.microvm { MICROVM } else { RUNTIME_NAME }
+}
 use crate::error::{AppError, AppResult};
 use crate::http::{ApiJson, ApiPath};
 use crate::store::{Store, StoreError, now_ms};
@@ -124,8 +132,9 @@ fn check_template(name: &str) -> AppResult<()> {
     }
 }
 
-/// Checks a request's sizes and runtime; `max` defaults to `min`.
-pub fn validate_set_pool(req: &SetPool) -> AppResult<PoolConfig> {
+/// Checks a request's sizes and runtime; `max` defaults to `min`, the runtime to
+/// `default_runtime` (the node's).
+pub fn validate_set_pool(req: &SetPool, default_runtime: &str) -> AppResult<PoolConfig> {
     let max = req.max.unwrap_or(req.min);
     if req.min > max {
         return Err(AppError::invalid(format!(
@@ -133,14 +142,18 @@ pub fn validate_set_pool(req: &SetPool) -> AppResult<PoolConfig> {
             req.min
         )));
     }
-    if let Some(rt) = &req.runtime
-        && rt != RUNTIME_NAME
-    {
+    let runtime = req.runtime.as_deref().unwrap_or(default_runtime);
+    if !RUNTIMES.contains(&runtime) {
         return Err(AppError::invalid(format!(
-            "runtime {rt:?} is not available on this node (it runs {RUNTIME_NAME:?})"
+            "unknown runtime {runtime:?}: expected one of {}",
+            RUNTIMES.join(", ")
         )));
     }
-    Ok(PoolConfig { min: req.min, max })
+    Ok(PoolConfig {
+        min: req.min,
+        max,
+        microvm: runtime == MICROVM,
+    })
 }
 
 impl Engine {
@@ -159,7 +172,7 @@ impl Engine {
     /// node's view: sizes clamped to its capacity, with a `warning` when they were.
     pub async fn set_pool(&self, template: &str, req: SetPool) -> AppResult<Pool> {
         check_template(template)?;
-        let cfg = validate_set_pool(&req)?;
+        let cfg = validate_set_pool(&req, &self.cfg.default_runtime)?;
         // One writer of pools at a time: a PUT never races the start-up restore.
         let _guard = self.pools_lock.lock().await;
         self.require_template(template).await?;
@@ -178,7 +191,7 @@ impl Engine {
                 template: template.to_string(),
                 min: cfg.min,
                 max: cfg.max,
-                runtime: RUNTIME_NAME.to_string(),
+                runtime: runtime_of(&cfg).to_string(),
                 updated_at: now_ms(),
             })
             .await?;
@@ -242,17 +255,18 @@ impl Engine {
             }
         };
         for row in &rows {
-            if row.runtime != RUNTIME_NAME {
+            if !RUNTIMES.contains(&row.runtime.as_str()) {
                 tracing::warn!(
                     template = %row.template,
                     runtime = %row.runtime,
-                    "warm pool of another runtime skipped (this node runs {RUNTIME_NAME})"
+                    "warm pool of an unknown runtime skipped"
                 );
                 continue;
             }
             let cfg = PoolConfig {
                 min: row.min,
                 max: row.max,
+                microvm: row.runtime == MICROVM,
             };
             self.push_pool(&row.template, cfg, "stored").await;
         }
@@ -324,40 +338,49 @@ mod tests {
     #[test]
     fn sizes_and_runtime_are_validated() {
         let ok = |min, max: Option<u32>| {
-            validate_set_pool(&SetPool {
-                min,
-                max,
-                runtime: None,
-            })
+            validate_set_pool(
+                &SetPool {
+                    min,
+                    max,
+                    runtime: None,
+                },
+                "namespace",
+            )
         };
-        assert_eq!(ok(3, None).unwrap(), PoolConfig { min: 3, max: 3 });
-        assert_eq!(ok(0, None).unwrap(), PoolConfig { min: 0, max: 0 });
-        assert_eq!(ok(2, Some(9)).unwrap(), PoolConfig { min: 2, max: 9 });
+        let cfg = |min, max| PoolConfig {
+            min,
+            max,
+            microvm: false,
+        };
+        assert_eq!(ok(3, None).unwrap(), cfg(3, 3));
+        assert_eq!(ok(0, None).unwrap(), cfg(0, 0));
+        assert_eq!(ok(2, Some(9)).unwrap(), cfg(2, 9));
         let e = ok(5, Some(3)).unwrap_err();
         assert_eq!((e.status.as_u16(), e.code), (400, "invalid_argument"));
         assert!(
             e.message.contains("min (5)") && e.message.contains("max (3)"),
             "{e}"
         );
-        let e = validate_set_pool(&SetPool {
-            min: 1,
-            max: None,
-            runtime: Some("microvm".into()),
-        })
-        .unwrap_err();
+        let with = |rt: Option<&str>, default: &str| {
+            validate_set_pool(
+                &SetPool {
+                    min: 1,
+                    max: None,
+                    runtime: rt.map(str::to_owned),
+                },
+                default,
+            )
+        };
+        let e = with(Some("firecracker"), "namespace").unwrap_err();
         assert_eq!(e.status.as_u16(), 400);
         assert!(
-            e.message.contains("microvm") && e.message.contains("namespace"),
+            e.message.contains("firecracker") && e.message.contains("microvm"),
             "{e}"
         );
-        assert!(
-            validate_set_pool(&SetPool {
-                min: 1,
-                max: None,
-                runtime: Some("namespace".into()),
-            })
-            .is_ok()
-        );
+        assert!(!with(Some("namespace"), "microvm").unwrap().microvm);
+        assert!(with(Some("microvm"), "namespace").unwrap().microvm);
+        assert!(with(None, "microvm").unwrap().microvm);
+        assert!(!with(None, "namespace").unwrap().microvm);
         assert!(check_template("py3.12-slim").is_ok());
         for bad in ["", "Bad", "../x", ".x", &"a".repeat(64)] {
             assert_eq!(

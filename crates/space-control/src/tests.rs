@@ -591,10 +591,12 @@ impl NodeApi for FakeNode {
         template: &str,
         cfg: space_node::api::PoolConfig,
     ) -> Result<space_node::api::PoolStatus, NodeError> {
-        self.calls
-            .lock()
-            .unwrap()
-            .push(format!("pool {template} {} {}", cfg.min, cfg.max));
+        self.calls.lock().unwrap().push(format!(
+            "pool {template} {} {}{}",
+            cfg.min,
+            cfg.max,
+            if cfg.microvm { " microvm" } else { "" }
+        ));
         let known = template == "base"
             || self
                 .imported

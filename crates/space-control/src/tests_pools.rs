@@ -111,11 +111,11 @@ async fn bad_requests_are_refused_with_clear_errors_and_reach_no_node() {
         .error(400, "invalid_argument");
     assert!(msg.contains("min (5)") && msg.contains("max (3)"), "{msg}");
     let msg = h
-        .put_pool("base", r#"{"min": 1, "runtime": "microvm"}"#)
+        .put_pool("base", r#"{"min": 1, "runtime": "firecracker"}"#)
         .await
         .error(400, "invalid_argument");
     assert!(
-        msg.contains("microvm") && msg.contains("namespace"),
+        msg.contains("firecracker") && msg.contains("microvm") && msg.contains("namespace"),
         "{msg}"
     );
     let msg = h
@@ -236,8 +236,14 @@ async fn restore_pushes_stored_pools_and_the_default_only_to_a_base_without_one(
     assert_eq!((p.min, p.max), (4, 32));
 
     // A configured default, or none.
-    let h = harness_with(|c| c.default_pool = Some(space_node::api::PoolConfig { min: 1, max: 2 }))
-        .await;
+    let h = harness_with(|c| {
+        c.default_pool = Some(space_node::api::PoolConfig {
+            min: 1,
+            max: 2,
+            microvm: false,
+        })
+    })
+    .await;
     h.state.engine.restore_pools().await;
     assert_eq!(h.take_pool_calls(), ["pool base 1 2"]);
     let h = harness_with(|c| c.default_pool = None).await;
@@ -256,12 +262,17 @@ async fn restore_failures_are_logged_and_the_rest_still_applied() {
         runtime: runtime.into(),
         updated_at: 1,
     };
-    // A template the node no longer has, and a row of a runtime this node does not run.
+    // A template the node no longer has, a microvm pool, and a row of an unknown runtime.
     store.put_pool(&row("gone", "namespace")).await.unwrap();
     store.put_pool(&row("vm", "microvm")).await.unwrap();
+    store.put_pool(&row("odd", "firecracker")).await.unwrap();
     h.state.engine.restore_pools().await;
-    // "gone" was tried (and failed), "vm" skipped, and base got the default.
-    assert_eq!(h.take_pool_calls(), ["pool gone 1 1", "pool base 4 32"]);
+    // "gone" was tried (and failed), "vm" applied as microvm, "odd" skipped, and base got
+    // the default.
+    assert_eq!(
+        h.take_pool_calls(),
+        ["pool gone 1 1", "pool vm 1 1 microvm", "pool base 4 32"]
+    );
     // A stored pool the node does not keep is still shown, with nothing ready.
     let p: Pool = h.get_pool("gone").await.json();
     assert_eq!((p.min, p.max, p.ready, p.target), (1, 1, 0, 0));

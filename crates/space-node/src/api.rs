@@ -335,6 +335,10 @@ pub struct PoolConfig {
     pub min: u32,
     /// How far the pool may grow while creates outrun it.
     pub max: u32,
+    /// Pool microvm sandboxes (restored from the template's warm checkpoint, default
+    /// limits) instead of namespace ones.
+    #[serde(default)]
+    pub microvm: bool,
 }
 
 /// A template's warm pool as the node holds it.

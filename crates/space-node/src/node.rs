@@ -162,6 +162,8 @@ pub struct Node {
     pools: crate::warm::Pools<Entry>,
     pool_wake: Arc<tokio::sync::Notify>,
     pool_closing: std::sync::atomic::AtomicBool,
+    /// Templates whose pool holds microvm sandboxes (the others: the namespace runtime's).
+    pool_microvm: Mutex<std::collections::HashSet<String>>,
     /// Templates' warm microvm checkpoints being made (`vm_warm.rs`).
     vm_warm: vm_warm::VmWarm,
 }
@@ -276,6 +278,7 @@ impl Node {
             pools: Default::default(),
             pool_wake: Arc::new(tokio::sync::Notify::new()),
             pool_closing: Default::default(),
+            pool_microvm: Default::default(),
             vm_warm: Default::default(),
         });
         node.recover().await?;
@@ -290,7 +293,10 @@ impl Node {
         let layout = self.layout.clone();
         let subvols = self.subvols.clone();
         let (records, members) = blocking(move || load_records(&layout, subvols.as_ref())).await?;
-        if records.iter().any(|r| r.runtime == MICROVM)
+        if records
+            .iter()
+            .chain(members.iter().map(|(_, r)| r))
+            .any(|r| r.runtime == MICROVM)
             && let Err(why) = self.microvm().await
         {
             tracing::error!(
@@ -845,20 +851,24 @@ impl Node {
         let kind = spec.runtime.as_deref().unwrap_or(&self.cfg.default_runtime);
         let mut from = None;
         if kind == MICROVM {
-            match self.microvm().await {
-                Ok(vm) => from = self.template_checkpoint(vm.as_ref(), &tmpl, &spec.limits),
+            let vm = match self.microvm().await {
+                Ok(vm) => vm.clone(),
                 Err(why) => {
                     return Err(NodeError::InvalidArgument(format!(
                         "runtime microvm is not available on this node: {why}"
                     )));
                 }
+            };
+            if let Some(status) = self.create_from_pool(spec, &tmpl, true).await {
+                return Ok(status);
             }
+            from = self.template_checkpoint(vm.as_ref(), &tmpl, &spec.limits);
         } else if kind != self.runtime.kind() && kind != NAMESPACE {
             return Err(NodeError::InvalidArgument(format!(
                 "unknown runtime {kind:?}: expected {} or {MICROVM}",
                 self.runtime.kind()
             )));
-        } else if let Some(status) = self.create_from_pool(spec, &tmpl).await {
+        } else if let Some(status) = self.create_from_pool(spec, &tmpl, false).await {
             return Ok(status);
         }
         let (rec, launched, client) = self.build_new(spec, &tmpl, false, from.as_deref()).await?;

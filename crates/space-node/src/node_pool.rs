@@ -42,6 +42,8 @@ use crate::warm::{self, Job};
 
 /// Refill tasks: two builds at a time keep both cores of a small node busy between bursts.
 const REFILL_TASKS: usize = 2;
+/// QEMU's own memory next to a microvm member's guest RAM, for the pool's capacity.
+const MICROVM_OVERHEAD_MIB: u64 = 64;
 /// Members retired at once at shutdown.
 const RETIRE_PARALLEL: usize = 8;
 
@@ -63,16 +65,23 @@ fn mem_total_bytes() -> Option<u64> {
 }
 
 impl Node {
-    /// How many ready sandboxes all pools together may hold, and what limits it.
-    fn pool_capacity(&self) -> (u64, String) {
+    /// How many ready sandboxes all pools together may hold, and what limits it. A microvm
+    /// member is counted at its guest RAM plus QEMU's overhead.
+    fn pool_capacity(&self, microvm: bool) -> (u64, String) {
         let mut limits: Vec<(u64, String)> = Vec::new();
+        let per_member = if microvm {
+            (crate::runtime::microvm::memory_mib_for(&Limits::default()) + MICROVM_OVERHEAD_MIB)
+                << 20
+        } else {
+            warm::BYTES_PER_MEMBER
+        };
         if let Some(total) = mem_total_bytes() {
             limits.push((
-                total / 2 / warm::BYTES_PER_MEMBER,
+                total / 2 / per_member,
                 format!(
                     "half of the node's {} MiB of memory at {} MiB per ready sandbox",
                     total >> 20,
-                    warm::BYTES_PER_MEMBER >> 20
+                    per_member >> 20
                 ),
             ));
         }
@@ -91,10 +100,23 @@ impl Node {
             .unwrap_or((0, "no capacity".to_owned()))
     }
 
+    /// Whether `template`'s pool holds microvm sandboxes.
+    fn pool_is_microvm(&self, template: &str) -> bool {
+        self.pool_microvm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(template)
+    }
+
     fn pool_status(&self, v: warm::PoolView) -> PoolStatus {
+        let runtime = if self.pool_is_microvm(&v.template) {
+            super::MICROVM.to_owned()
+        } else {
+            self.runtime.kind().to_owned()
+        };
         PoolStatus {
             template: v.template,
-            runtime: self.runtime.kind().to_owned(),
+            runtime,
             min: v.min,
             max: v.max,
             target: v.target,
@@ -124,7 +146,26 @@ impl Node {
                 cfg.min, cfg.max
             )));
         }
-        let (capacity, why) = self.pool_capacity();
+        if cfg.microvm
+            && cfg.max > 0
+            && let Err(why) = self.microvm().await
+        {
+            return Err(NodeError::InvalidArgument(format!(
+                "a microvm pool needs the microvm runtime: {why}"
+            )));
+        }
+        // A pool changing runtime starts over: its members are of the other runtime.
+        if self.pool_is_microvm(template) != cfg.microvm {
+            let old = self.pools.configure(template, 0, 0, None);
+            self.retire_all(old).await;
+            let mut set = self.pool_microvm.lock().unwrap_or_else(|e| e.into_inner());
+            if cfg.microvm {
+                set.insert(template.to_owned());
+            } else {
+                set.remove(template);
+            }
+        }
+        let (capacity, why) = self.pool_capacity(cfg.microvm);
         let left = capacity.saturating_sub(self.pools.reserved_except(template));
         let (min, max, warning) = warm::clamp(cfg.min, cfg.max, left, &why);
         if let Some(w) = &warning {
@@ -219,7 +260,7 @@ impl Node {
                 id: template.to_owned(),
             })?;
         let name = member_name();
-        let spec = SandboxSpec {
+        let mut spec = SandboxSpec {
             id: name.clone(),
             template: template.to_owned(),
             limits: Limits::default(),
@@ -233,7 +274,19 @@ impl Node {
             secrets: Vec::new(),
             runtime: None,
         };
-        let (mut rec, launched, client) = self.build_new(&spec, &tmpl, true, None).await?;
+        let microvm = self.pool_is_microvm(template);
+        let mut from = None;
+        if microvm {
+            spec.runtime = Some(super::MICROVM.to_owned());
+            // Network slots are not given to microvms yet (decision 0014).
+            spec.network = Default::default();
+            let vm = self.microvm().await.map_err(|why| {
+                NodeError::InvalidArgument(format!("microvm pool of {template}: {why}"))
+            })?;
+            from = self.template_checkpoint(vm.as_ref(), &tmpl, &spec.limits);
+        }
+        let (mut rec, launched, client) =
+            self.build_new(&spec, &tmpl, true, from.as_deref()).await?;
         rec.launched = Some(launched);
         // Records the init, so a node restart can kill it (not durable: meaningless after a
         // host reboot anyway).
@@ -262,7 +315,15 @@ impl Node {
         &self,
         spec: &SandboxSpec,
         tmpl: &TemplateInfo,
+        microvm: bool,
     ) -> Option<SandboxStatus> {
+        if self.pool_is_microvm(&spec.template) != microvm {
+            return None;
+        }
+        // A VM's RAM and vCPUs are fixed when it starts: only default limits are pooled.
+        if microvm && spec.limits != Limits::default() {
+            return None;
+        }
         let member = self
             .pools
             .take(&spec.template, tmpl.version, Instant::now());
@@ -341,14 +402,34 @@ impl Node {
         let env: HashMap<String, String> = self.sandbox_env(&rec.spec).into_iter().collect();
         let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
         let (from_name, to_id) = (name.clone(), spec.id.clone());
-        let (personalized, env_set, moved) = tokio::join!(
-            self.rt(&record)
-                .personalize(&name, &launched, limits, &spec.hostname),
-            guest.personalize(PersonalizeRequest {
+        let vm = record.runtime == super::MICROVM;
+        // A microvm's daemon sets its own hostname and takes a fresh identity (a member is a
+        // restored copy of the template's checkpoint); its limits are the pool's.
+        let guest_req = if vm {
+            PersonalizeRequest {
+                env,
+                hostname: spec.hostname.clone(),
+                ..super::vm_identity()
+            }
+        } else {
+            PersonalizeRequest {
                 env,
                 hostname: String::new(),
                 ..Default::default()
-            }),
+            }
+        };
+        let runtime_step = async {
+            if vm {
+                Ok(())
+            } else {
+                self.rt(&record)
+                    .personalize(&name, &launched, limits, &spec.hostname)
+                    .await
+            }
+        };
+        let (personalized, env_set, moved) = tokio::join!(
+            runtime_step,
+            guest.personalize(guest_req),
             blocking(move || {
                 let (from, to) = (layout.sandbox_dir(&from_name), layout.sandbox_dir(&to_id));
                 if to.exists() {

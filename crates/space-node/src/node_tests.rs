@@ -744,11 +744,20 @@ async fn wait_pool_ready(node: &Node, template: &str, n: u32) -> PoolStatus {
 async fn pool_sizes_are_checked_and_clamped_to_capacity() {
     let f = fixture().await;
     assert!(matches!(
-        f.node.set_pool("nope", PoolConfig { min: 1, max: 1 }).await,
+        f.node
+            .set_pool(
+                "nope",
+                PoolConfig {
+                    min: 1,
+                    max: 1,
+                    microvm: false
+                }
+            )
+            .await,
         Err(NodeError::NotFound { .. })
     ));
     assert!(matches!(
-        f.node.set_pool("base", PoolConfig { min: 3, max: 2 }).await,
+        f.node.set_pool("base", PoolConfig { min: 3, max: 2, microvm: false }).await,
         Err(NodeError::InvalidArgument(m)) if m.contains('3') && m.contains('2')
     ));
     let p = f
@@ -758,6 +767,7 @@ async fn pool_sizes_are_checked_and_clamped_to_capacity() {
             PoolConfig {
                 min: 2_000_000_000,
                 max: 2_000_000_000,
+                microvm: false,
             },
         )
         .await
@@ -768,7 +778,14 @@ async fn pool_sizes_are_checked_and_clamped_to_capacity() {
         "{p:?}"
     );
     f.node
-        .set_pool("base", PoolConfig { min: 0, max: 0 })
+        .set_pool(
+            "base",
+            PoolConfig {
+                min: 0,
+                max: 0,
+                microvm: false,
+            },
+        )
         .await
         .unwrap();
     assert!(f.node.pools().is_empty());
@@ -779,7 +796,14 @@ async fn pool_members_are_hidden_and_a_failed_hand_out_falls_back_cold() {
     let f = fixture().await;
     let p = f
         .node
-        .set_pool("base", PoolConfig { min: 2, max: 2 })
+        .set_pool(
+            "base",
+            PoolConfig {
+                min: 2,
+                max: 2,
+                microvm: false,
+            },
+        )
         .await
         .unwrap();
     assert_eq!((p.min, p.max, p.warning), (2, 2, None));

@@ -126,7 +126,11 @@ fn parse_pool(s: &str) -> Result<space_node::api::PoolConfig, String> {
     if min > max {
         return Err(format!("MIN ({min}) must not exceed MAX ({max})"));
     }
-    Ok(space_node::api::PoolConfig { min, max })
+    Ok(space_node::api::PoolConfig {
+        min,
+        max,
+        microvm: false,
+    })
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

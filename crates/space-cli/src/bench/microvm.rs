@@ -12,6 +12,9 @@ use super::report::{Target, print_targets, section, stats_header, stats_row, val
 use super::session::Session;
 use super::stats::{Stats, ms, stats};
 
+/// The most ready VMs `--pool` asks for (each holds a guest's touched RAM).
+const MAX_POOL: usize = 20;
+
 /// How long to wait for the node's template checkpoint after the first create.
 const CHECKPOINT_WAIT: Duration = Duration::from_secs(180);
 
@@ -32,6 +35,12 @@ pub struct MicrovmReport {
     pub booted: usize,
     /// Exec round trip of `true` in a restored VM.
     pub exec_rtt_ms: Option<Stats>,
+    /// With `--pool`: creates served by a microvm pool (default limits), create -> first
+    /// exec, and how many were hits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_ready_ms: Option<Stats>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_hits: Option<usize>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }
@@ -57,7 +66,7 @@ async fn delete(s: &Session, id: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn measure(s: &Session, n: usize, memory_mib: u64) -> Result<MicrovmReport> {
+pub async fn measure(s: &Session, n: usize, memory_mib: u64, pool: bool) -> Result<MicrovmReport> {
     let mut notes = Vec::new();
     // 1. The first create: a cold boot unless the node has the checkpoint already.
     let t0 = Instant::now();
@@ -123,6 +132,42 @@ pub async fn measure(s: &Session, n: usize, memory_mib: u64) -> Result<MicrovmRe
         Some(id) => super::exec::round_trips(s, id, 50).await?,
         None => None,
     };
+    if let Some(id) = keep {
+        delete(s, &id).await?;
+    }
+
+    // 4. With a pool: restored VMs kept ready (default limits), handed out on create.
+    let (mut pool_ready_ms, mut pool_hits) = (None, None);
+    if pool {
+        let want = u32::try_from(n.min(MAX_POOL)).context("n too large")?;
+        let p = s.set_pool_of(want, want, Some("microvm")).await?;
+        if let Some(w) = &p.warning {
+            notes.push(format!("the node clamped the pool: {w}"));
+        }
+        let (now, _) = s
+            .wait_pool_ready(p.min.min(want), Duration::from_secs(600))
+            .await?;
+        let (mut ready, mut hits) = (Vec::new(), 0);
+        for i in 0..now.ready.min(want) {
+            let t = Instant::now();
+            let sb =
+                s.c.create_sandbox(&CreateSandbox {
+                    template: Some(s.template.clone()),
+                    runtime: Some("microvm".into()),
+                    ..Default::default()
+                })
+                .await
+                .with_context(|| format!("pool create #{i}"))?;
+            s.track(&sb.id);
+            s.exec_true(&sb.id).await?;
+            if sb.pooled {
+                hits += 1;
+                ready.push(ms(t.elapsed()));
+            }
+        }
+        pool_ready_ms = stats(&ready);
+        pool_hits = Some(hits);
+    }
     Ok(MicrovmReport {
         n,
         template: s.template.clone(),
@@ -134,6 +179,8 @@ pub async fn measure(s: &Session, n: usize, memory_mib: u64) -> Result<MicrovmRe
         restore_ready_ms: stats(&ready),
         booted,
         exec_rtt_ms,
+        pool_ready_ms,
+        pool_hits,
         notes,
     })
 }
@@ -145,6 +192,14 @@ pub fn targets(r: &MicrovmReport) -> Vec<Target> {
         150.0,
         "ms",
     )];
+    if r.pool_hits.is_some() {
+        t.push(Target::at_most(
+            "pooled (restored) VM create -> exec p50",
+            r.pool_ready_ms.map(|s| s.p50),
+            150.0,
+            "ms",
+        ));
+    }
     if r.first_booted {
         t.push(Target::at_most(
             "cold boot -> first exec",
@@ -183,6 +238,14 @@ pub fn print(r: &MicrovmReport) {
     stats_row("exec round trip (restored VM)", r.exec_rtt_ms.as_ref(), 1.0);
     if r.booted > 0 {
         value_row("creates that booted instead", r.booted);
+    }
+    if let Some(h) = r.pool_hits {
+        stats_row(
+            "create -> first exec (pool hit)",
+            r.pool_ready_ms.as_ref(),
+            1.0,
+        );
+        value_row("pool hits", h);
     }
     for n in &r.notes {
         println!("  note: {n}");

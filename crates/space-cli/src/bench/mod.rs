@@ -153,6 +153,10 @@ pub struct MicrovmArgs {
     /// Guest RAM in MiB (the checkpoint is per size).
     #[arg(long, default_value_t = 256)]
     pub memory: u64,
+    /// Also measure creates served by a microvm pool of the template (n ready VMs, at most
+    /// 20, default limits); the template's pool is put back after.
+    #[arg(long)]
+    pub pool: bool,
     #[command(flatten)]
     pub common: Common,
 }
@@ -407,7 +411,9 @@ pub async fn run(c: Client, cmd: BenchCmd) -> Result<i32> {
                 bail!("--memory {} is out of range: 128 to 65536 MiB", a.memory);
             }
             let s = Session::new(c, &a.common.template);
-            let r = s.guarded(microvm::measure(&s, a.n, a.memory)).await?;
+            let r = s
+                .guarded(microvm::measure(&s, a.n, a.memory, a.pool))
+                .await?;
             emit(a.common.json, &r, microvm::print)
         }
         BenchCmd::Peers(a) => {

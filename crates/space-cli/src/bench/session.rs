@@ -20,6 +20,7 @@ enum SavedPool {
     Some {
         min: u32,
         max: u32,
+        runtime: String,
     },
 }
 
@@ -121,6 +122,11 @@ impl Session {
 
     /// Sets the template's pool, remembering the configuration before the first change.
     pub async fn set_pool(&self, min: u32, max: u32) -> Result<Pool> {
+        self.set_pool_of(min, max, None).await
+    }
+
+    /// [`Session::set_pool`] for the sandboxes of `runtime` (None: the node's default).
+    pub async fn set_pool_of(&self, min: u32, max: u32, runtime: Option<&str>) -> Result<Pool> {
         let saved = self
             .saved_pool
             .lock()
@@ -131,6 +137,7 @@ impl Session {
                 Ok(p) => SavedPool::Some {
                     min: p.min,
                     max: p.max,
+                    runtime: p.runtime,
                 },
                 // No pool for this template (an unknown template fails on the set below).
                 Err(e) if e.status() == Some(404) => SavedPool::None,
@@ -145,7 +152,7 @@ impl Session {
         let req = SetPool {
             min,
             max: Some(max),
-            runtime: None,
+            runtime: runtime.map(str::to_owned),
         };
         self.c
             .set_pool(&self.template, &req)
@@ -160,15 +167,15 @@ impl Session {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        let (min, max) = match saved {
+        let (min, max, runtime) = match saved {
             None => return,
-            Some(SavedPool::None) => (0, 0),
-            Some(SavedPool::Some { min, max }) => (min, max),
+            Some(SavedPool::None) => (0, 0, None),
+            Some(SavedPool::Some { min, max, runtime }) => (min, max, Some(runtime)),
         };
         let req = SetPool {
             min,
             max: Some(max),
-            runtime: None,
+            runtime,
         };
         if let Err(e) = self.c.set_pool(&self.template, &req).await {
             eprintln!(
