@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hyper_util::rt::TokioIo;
-use space_proto::InfoRequest;
 use space_proto::guest_client::GuestClient;
+use space_proto::{InfoRequest, PersonalizeRequest};
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};
 
@@ -14,6 +14,26 @@ use tonic::transport::{Channel, Endpoint};
 #[async_trait]
 pub trait GuestConnector: Send + Sync + 'static {
     async fn connect(&self, socket: &Path) -> Result<GuestClient<Channel>, ChannelError>;
+
+    /// Connects with `Personalize(req)` as the first RPC and readiness check (a microvm's:
+    /// a guest restored from a checkpoint reseeds its RNG there, before anything, `Info`'s
+    /// boot id included, draws from it). Default: `connect`, then `Personalize`.
+    async fn connect_personalized(
+        &self,
+        socket: &Path,
+        req: PersonalizeRequest,
+    ) -> Result<GuestClient<Channel>, ChannelError> {
+        let client = self.connect(socket).await?;
+        client
+            .clone()
+            .personalize(req)
+            .await
+            .map_err(|status| ChannelError::Personalize {
+                path: socket.to_path_buf(),
+                status,
+            })?;
+        Ok(client)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +46,11 @@ pub enum ChannelError {
     },
     #[error("Info on {path} failed: {status}")]
     Info {
+        path: PathBuf,
+        status: tonic::Status,
+    },
+    #[error("Personalize on {path} failed: {status}")]
+    Personalize {
         path: PathBuf,
         status: tonic::Status,
     },
@@ -69,9 +94,14 @@ impl Default for UnixConnector {
     }
 }
 
-#[async_trait]
-impl GuestConnector for UnixConnector {
-    async fn connect(&self, socket: &Path) -> Result<GuestClient<Channel>, ChannelError> {
+impl UnixConnector {
+    /// HTTP/2 over the socket, then `first` (`Info`, or `Personalize` with its request), all
+    /// within `ready_timeout`.
+    async fn connect_with(
+        &self,
+        socket: &Path,
+        first: Option<PersonalizeRequest>,
+    ) -> Result<GuestClient<Channel>, ChannelError> {
         let path = socket.to_path_buf();
         let work = async {
             let p = path.clone();
@@ -89,13 +119,24 @@ impl GuestConnector for UnixConnector {
                         source,
                     })?;
             let mut client = wrap(channel);
-            client
-                .info(InfoRequest {})
-                .await
-                .map_err(|status| ChannelError::Info {
-                    path: path.clone(),
-                    status,
-                })?;
+            match first {
+                None => client
+                    .info(InfoRequest {})
+                    .await
+                    .map(|_| ())
+                    .map_err(|status| ChannelError::Info {
+                        path: path.clone(),
+                        status,
+                    })?,
+                Some(req) => client
+                    .personalize(req)
+                    .await
+                    .map(|_| ())
+                    .map_err(|status| ChannelError::Personalize {
+                        path: path.clone(),
+                        status,
+                    })?,
+            }
             Ok(client)
         };
         match tokio::time::timeout(self.ready_timeout, work).await {
@@ -105,6 +146,21 @@ impl GuestConnector for UnixConnector {
                 timeout: self.ready_timeout,
             }),
         }
+    }
+}
+
+#[async_trait]
+impl GuestConnector for UnixConnector {
+    async fn connect(&self, socket: &Path) -> Result<GuestClient<Channel>, ChannelError> {
+        self.connect_with(socket, None).await
+    }
+
+    async fn connect_personalized(
+        &self,
+        socket: &Path,
+        req: PersonalizeRequest,
+    ) -> Result<GuestClient<Channel>, ChannelError> {
+        self.connect_with(socket, Some(req)).await
     }
 }
 

@@ -800,30 +800,32 @@ impl Node {
                 })?,
             };
         let t_connect = std::time::Instant::now();
-        let connected = match self.connector.connect(&plan.channel_socket).await {
-            // A VM's daemon learns its environment, hostname and identity over the channel.
-            Ok(client) if rec.runtime == MICROVM => {
-                let connect = t_connect.elapsed();
-                let mut guest = client.clone();
-                let env = plan.env.iter().cloned().collect();
-                let done = guest
-                    .personalize(space_proto::PersonalizeRequest {
-                        env,
+        let connected = if rec.runtime == MICROVM {
+            // A VM's daemon learns its environment, hostname and identity over the channel,
+            // in the first RPC: a restored guest reseeds its RNG before anything draws on it.
+            let done = self
+                .connector
+                .connect_personalized(
+                    &plan.channel_socket,
+                    space_proto::PersonalizeRequest {
+                        env: plan.env.iter().cloned().collect(),
                         hostname: rec.spec.hostname.clone(),
                         ..vm_identity()
-                    })
-                    .await;
-                tracing::info!(
-                    id,
-                    restored = was_restored,
-                    connect_ms = connect.as_secs_f64() * 1e3,
-                    personalize_ms = (t_connect.elapsed() - connect).as_secs_f64() * 1e3,
-                    "microvm guest personalized"
-                );
-                done.map(|_| client).map_err(|s| s.to_string())
-            }
-            Ok(client) => Ok(client),
-            Err(e) => Err(e.to_string()),
+                    },
+                )
+                .await;
+            tracing::info!(
+                id,
+                restored = was_restored,
+                connect_ms = t_connect.elapsed().as_secs_f64() * 1e3,
+                "microvm guest connected and personalized"
+            );
+            done.map_err(|e| e.to_string())
+        } else {
+            self.connector
+                .connect(&plan.channel_socket)
+                .await
+                .map_err(|e| e.to_string())
         };
         match connected {
             Ok(client) => Ok((launched, client, was_restored)),

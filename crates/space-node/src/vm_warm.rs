@@ -220,6 +220,11 @@ impl Node {
             made?;
             let (building2, dir2) = (building.clone(), dir.clone());
             blocking(move || {
+                // The builder's uid range is freed now, and may go to a user's sandbox: the
+                // disk it owned goes back to root.
+                let disk = building2.join(SANDBOX_DISK);
+                std::os::unix::fs::chown(&disk, Some(0), Some(0))
+                    .map_err(|e| storage::StorageError::io("chown", &disk, e))?;
                 std::fs::rename(&building2, &dir2)
                     .map_err(|e| storage::StorageError::io("rename", &dir2, e))?;
                 Ok(())
