@@ -168,6 +168,26 @@ fn bad_runtime_requests_get_clear_errors() {
             .contains("--microvm off"),
         "{body}"
     );
+    // A microvm pool on a node without the runtime: refused, the pool left as it was.
+    let (code, body) = s.call(
+        Method::PUT,
+        "/v1/templates/base/pool",
+        Some(json!({"min": 1, "runtime": "microvm"})),
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--microvm off"),
+        "{body}"
+    );
+    let (code, pool) = s.call(Method::GET, "/v1/templates/base/pool", None);
+    assert_eq!(
+        (code, pool["runtime"].as_str()),
+        (200, Some("namespace")),
+        "{pool}"
+    );
     // Nothing was left behind, and namespace sandboxes are unaffected.
     let (code, list) = s.call(Method::GET, "/v1/sandboxes", None);
     assert_eq!(code, 200);

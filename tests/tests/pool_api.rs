@@ -183,9 +183,9 @@ fn bad_pool_requests_get_clear_errors_and_big_ones_are_clamped() {
         ("base", json!({"min": -1}), 400, "invalid JSON body"),
         (
             "base",
-            json!({"min": 1, "runtime": "microvm"}),
+            json!({"min": 1, "runtime": "firecracker"}),
             400,
-            "microvm",
+            "unknown runtime \"firecracker\"",
         ),
         ("Bad..Name", json!({"min": 1}), 400, "invalid template name"),
     ];
