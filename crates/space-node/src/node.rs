@@ -34,7 +34,6 @@ pub const NAMESPACE: &str = "namespace";
 /// A microvm sandbox's disk image in its sandbox dir.
 pub const SANDBOX_DISK: &str = "disk.ext4";
 
-/// The ext4 image of a template version, next to its rootfs subvolume.
 /// A fresh identity for a microvm guest (new RNG seed, machine-id, the host's clock), sent
 /// with every Personalize: a restored or forked guest would otherwise keep its checkpoint's.
 fn vm_identity() -> space_proto::PersonalizeRequest {
@@ -51,6 +50,7 @@ fn vm_identity() -> space_proto::PersonalizeRequest {
     }
 }
 
+/// The ext4 image of a template version, next to its rootfs subvolume.
 fn template_disk(template_rootfs: &Path) -> PathBuf {
     template_rootfs.with_file_name(SANDBOX_DISK)
 }
@@ -921,10 +921,12 @@ impl Node {
                 if rec2.runtime == MICROVM {
                     // The template's ext4 image (made once, next to its rootfs), then a
                     // reflink copy of it: O(1) on btrfs (decision 0014).
-                    // A restore takes the disk the checkpointed guest had mounted.
+                    // A restore takes the disk the checkpointed guest had mounted. (A checkpoint
+                    // discarded meanwhile: the template's; the restore then fails on the
+                    // missing state and the sandbox boots.)
                     let image = match from_disk {
-                        Some(d) => d,
-                        None => {
+                        Some(d) if d.is_file() => d,
+                        _ => {
                             let image = template_disk(&tmpl_path);
                             crate::runtime::microvm::ensure_template_disk(&tmpl_path, &image)
                                 .map_err(|e| NodeError::Internal(format!("template disk: {e}")))?;
