@@ -179,6 +179,38 @@ async fn info_reports_identity() {
     assert!(info.started_unix_ms > 1_600_000_000_000);
 }
 
+/// The host's kernel is not a namespace sandbox's: its daemon refuses the identity fields of
+/// a microvm's Personalize (the clock, RNG and /etc/machine-id here are the host's), and
+/// changes nothing.
+#[tokio::test]
+async fn a_namespace_daemon_refuses_a_vm_identity() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client().await;
+    let before = std::fs::read("/etc/machine-id").ok();
+    for req in [
+        PersonalizeRequest {
+            entropy: vec![1; 16],
+            ..Default::default()
+        },
+        PersonalizeRequest {
+            machine_id: "0123456789abcdef0123456789abcdef".into(),
+            ..Default::default()
+        },
+        PersonalizeRequest {
+            unix_time_ns: 1,
+            env: [("A".to_string(), "b".to_string())].into(),
+            ..Default::default()
+        },
+    ] {
+        let e = c.personalize(req).await.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    }
+    assert_eq!(std::fs::read("/etc/machine-id").ok(), before);
+    // Nothing of the refused call was applied: the environment is still the daemon's.
+    let out = output_bytes(&run(&mut c, req(&["sh", "-c", "echo ${A:-unset}"])).await);
+    assert_eq!(out, b"unset\n");
+}
+
 #[tokio::test]
 async fn exec_streams_started_output_and_exit_codes() {
     let d = Daemon::start(&[]);
