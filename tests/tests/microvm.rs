@@ -21,6 +21,19 @@ fn out(s: &Spaced, id: &str, script: &str) -> String {
     stdout.trim().to_string()
 }
 
+/// QEMUs of template checkpoint builders (`warm-*` runtime names) under this spaced's run dir.
+fn builder_qemus(s: &Spaced) -> Vec<String> {
+    let run = s.run_dir().join("sandboxes").join("warm-");
+    let run = run.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("qemu-system") && c.contains(&run))
+        .collect()
+}
+
 fn pid_alive(pid: u64) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -82,6 +95,8 @@ fn a_microvm_sandbox_runs_its_own_kernel_behind_the_same_api() {
     s.kill9();
     assert!(pid_alive(qemu), "the VM died with spaced");
     s.spawn().unwrap();
+    // A template checkpoint's builder the crash caught mid-way does not outlive it.
+    assert_eq!(builder_qemus(&s), Vec::<String>::new());
     assert_eq!(out(&s, &id, "echo after"), "after");
     let procs = s.space_ok(&["ps", &id]);
     assert!(procs.contains(&pid), "{procs}");
@@ -236,12 +251,18 @@ fn restored(s: &Spaced, id: &str) -> bool {
 
 #[test]
 fn microvm_creates_restore_the_templates_warm_checkpoint_with_fresh_identities() {
-    let s = Spaced::start().unwrap();
+    let mut s = Spaced::start().unwrap();
     // The first create boots and has the node make the template's checkpoint.
     let t0 = Instant::now();
     let first = s.create(&["--runtime", "microvm", "--memory", "256"]);
     eprintln!("first microvm create (boot): {:?}", t0.elapsed());
     assert!(!restored(&s, &first));
+    // A crash while the builder VM may still be at work: none outlives the restart, and
+    // the next create asks for the checkpoint again (if it was not made yet).
+    s.kill9();
+    s.spawn().unwrap();
+    assert_eq!(builder_qemus(&s), Vec::<String>::new());
+    let second = s.create(&["--runtime", "microvm", "--memory", "256"]);
     let ckpt = wait_warm_checkpoint(&s);
     for f in ["state", "state.sha256", "mem", "disk.ext4"] {
         let meta = std::fs::metadata(ckpt.join(f))
@@ -338,7 +359,10 @@ fn microvm_creates_restore_the_templates_warm_checkpoint_with_fresh_identities()
     let redone = s.create(&["--runtime", "microvm", "--memory", "256"]);
     assert!(restored(&s, &redone), "{}", s.log_tail());
 
-    for id in ids.iter().chain([&first, &other, &booted, &redone]) {
+    for id in ids
+        .iter()
+        .chain([&first, &second, &other, &booted, &redone])
+    {
         s.space_ok(&["rm", id]);
     }
     assert!(s.user_sandbox_dirs().is_empty());

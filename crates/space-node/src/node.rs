@@ -605,11 +605,12 @@ impl Node {
         }
     }
 
-    /// Graceful shutdown: destroys the warm pools' ready sandboxes and frees the ready
-    /// (unused) network slots. Sandboxes, their slots and their processes stay, to be adopted
-    /// by the next start.
+    /// Graceful shutdown: destroys the warm pools' ready sandboxes, a template checkpoint's
+    /// builder VM if one is booting, and frees the ready (unused) network slots. Sandboxes,
+    /// their slots and their processes stay, to be adopted by the next start.
     pub async fn shutdown(&self) {
         self.close_pools().await;
+        self.destroy_stale_builders().await;
         if let Some(n) = &self.network {
             n.close().await;
         }

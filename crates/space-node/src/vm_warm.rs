@@ -97,8 +97,9 @@ impl Node {
         None
     }
 
-    /// Kills builder VMs a crash left behind (their run dirs name them; their jail cgroups
-    /// hold their QEMUs) and removes their run dirs. Called before the node serves.
+    /// Kills builder VMs a crash left behind, or one booting at shutdown (their run dirs name
+    /// them; their jail cgroups hold their QEMUs) and removes their run dirs. Called before
+    /// the node serves and when it shuts down.
     pub(super) async fn destroy_stale_builders(&self) {
         let run = self.layout.run_sandboxes();
         let names: Vec<String> = std::fs::read_dir(&run)
