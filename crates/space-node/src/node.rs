@@ -907,49 +907,22 @@ impl Node {
             .allocate()?;
         let mut rec = self.new_record(spec, tmpl.version, uid_base);
         rec.pool_member = pool_member;
-        let tmpl_path = tmpl.path.clone();
-        let from_disk = from.map(|d| d.join(SANDBOX_DISK));
-        let result = async {
-            let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
-            blocking(move || {
-                let dir = layout.sandbox_dir(&rec2.spec.id);
-                if dir.exists() {
-                    // Leftover of a failed create or remove without a table entry.
-                    tracing::warn!(path = %dir.display(), "removing leftover sandbox dir");
-                    remove_sandbox_storage(&layout, subvols.as_ref(), &rec2.spec.id)?;
-                }
-                storage::mkdir_private(&dir)?;
-                if rec2.runtime == MICROVM {
-                    // The template's ext4 image (made once, next to its rootfs), then a
-                    // reflink copy of it: O(1) on btrfs (decision 0014).
-                    // A restore takes the disk the checkpointed guest had mounted. (A checkpoint
-                    // discarded meanwhile: the template's; the restore then fails on the
-                    // missing state and the sandbox boots.)
-                    let image = match from_disk {
-                        Some(d) if d.is_file() => d,
-                        _ => {
-                            let image = template_disk(&tmpl_path);
-                            crate::runtime::microvm::ensure_template_disk(&tmpl_path, &image)
-                                .map_err(|e| NodeError::Internal(format!("template disk: {e}")))?;
-                            image
-                        }
-                    };
-                    let disk = layout.sandbox_dir(&rec2.spec.id).join(SANDBOX_DISK);
-                    crate::runtime::microvm::clone_disk(&image, &disk)
-                        .map_err(|e| StorageError::io("reflink", &disk, e))?;
-                } else {
-                    subvols.snapshot(&tmpl_path, &dir, "rootfs", false)?;
-                }
-                // Atomic but not fsynced here: an fsync costs ~7 ms on the loop image (a flush
-                // is an fsync of the image file). `sync_record_in_background` makes it durable
-                // right after the create answers (decision 0005).
-                storage::write_json_atomic(&layout.sandbox_record(&rec2.spec.id), &rec2, false)?;
+        let mut result = self.build_attempt(&mut rec, &tmpl.path, from).await;
+        if let (Err(e), Some(ckpt)) = (&result, from) {
+            // Restored, but the guest never answered (a checkpoint whose memory is damaged,
+            // say: `mem` has no checksum). Its disk may hold what that guest wrote: start
+            // over from the template's disk, and boot.
+            tracing::warn!(id, checkpoint = %ckpt.display(), error = %e,
+                "the restored guest did not answer: discarding the checkpoint and booting");
+            let ckpt = ckpt.to_path_buf();
+            let _ = blocking(move || {
+                vm_warm::discard_checkpoint(&ckpt);
                 Ok(())
             })
-            .await?;
-            self.launch(&mut rec, from).await
+            .await;
+            rec.restored = false;
+            result = self.build_attempt(&mut rec, &tmpl.path, None).await;
         }
-        .await;
         match result {
             Ok((launched, client)) => Ok((rec, launched, client)),
             Err(err) => {
@@ -958,6 +931,55 @@ impl Node {
                 Err(err)
             }
         }
+    }
+
+    /// One try of [`Node::build_new`]: the sandbox dir (a leftover removed), its rootfs or
+    /// disk (from the checkpoint `from` when given), the record, the launch.
+    async fn build_attempt(
+        &self,
+        rec: &mut SandboxRecord,
+        tmpl_path: &Path,
+        from: Option<&Path>,
+    ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
+        let tmpl_path = tmpl_path.to_path_buf();
+        let from_disk = from.map(|d| d.join(SANDBOX_DISK));
+        let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
+        blocking(move || {
+            let dir = layout.sandbox_dir(&rec2.spec.id);
+            if dir.exists() {
+                // Leftover of a failed create or remove without a table entry.
+                tracing::warn!(path = %dir.display(), "removing leftover sandbox dir");
+                remove_sandbox_storage(&layout, subvols.as_ref(), &rec2.spec.id)?;
+            }
+            storage::mkdir_private(&dir)?;
+            if rec2.runtime == MICROVM {
+                // The template's ext4 image (made once, next to its rootfs), then a reflink
+                // copy of it: O(1) on btrfs (decision 0014). A restore takes the disk the
+                // checkpointed guest had mounted. (A checkpoint discarded meanwhile: the
+                // template's; the restore then fails on the missing state and it boots.)
+                let image = match from_disk {
+                    Some(d) if d.is_file() => d,
+                    _ => {
+                        let image = template_disk(&tmpl_path);
+                        crate::runtime::microvm::ensure_template_disk(&tmpl_path, &image)
+                            .map_err(|e| NodeError::Internal(format!("template disk: {e}")))?;
+                        image
+                    }
+                };
+                let disk = layout.sandbox_dir(&rec2.spec.id).join(SANDBOX_DISK);
+                crate::runtime::microvm::clone_disk(&image, &disk)
+                    .map_err(|e| StorageError::io("reflink", &disk, e))?;
+            } else {
+                subvols.snapshot(&tmpl_path, &dir, "rootfs", false)?;
+            }
+            // Atomic but not fsynced here: an fsync costs ~7 ms on the loop image (a flush is
+            // an fsync of the image file). `sync_record_in_background` makes it durable right
+            // after the create answers (decision 0005).
+            storage::write_json_atomic(&layout.sandbox_record(&rec2.spec.id), &rec2, false)?;
+            Ok(())
+        })
+        .await?;
+        self.launch(rec, from).await
     }
 
     /// The record of a sandbox about to be made (create or fork), not yet launched.
