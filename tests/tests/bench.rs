@@ -233,6 +233,14 @@ fn bench_refuses_parameters_that_would_exhaust_the_machine() {
             &["bench", "density", "--density", "1001"],
             "--density must be between 1 and 1000",
         ),
+        (
+            &["bench", "microvm", "-n", "0"],
+            "-n must be between 1 and 1000",
+        ),
+        (
+            &["bench", "microvm", "--memory", "64"],
+            "--memory 64 is out of range: 128 to 65536 MiB",
+        ),
     ] {
         let out = s.space(args);
         assert!(!out.status.success(), "{args:?} was accepted");
@@ -261,4 +269,35 @@ fn bench_refuses_parameters_that_would_exhaust_the_machine() {
     }
     // No refused run created anything.
     assert!(sandboxes(&s).is_empty(), "{:?}", sandboxes(&s));
+}
+
+/// `space bench microvm` with tiny parameters: a cold boot, restores of the template
+/// checkpoint the node made, a microvm pool; everything deleted and the pool put back.
+#[test]
+fn bench_microvm_measures_boot_restore_and_pool_and_cleans_up() {
+    assert!(
+        qemu_present(),
+        "QEMU and the guest kernel are installed by scripts/test"
+    );
+    let s = Spaced::start().unwrap();
+    let before: Value =
+        serde_json::from_str(&s.space_ok(&["pool", "get", "base", "--json"])).unwrap();
+    let out = s.space_ok(&[
+        "bench", "microvm", "-n", "2", "--pool", "--memory", "256", "--json",
+    ]);
+    let r: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(r["first_booted"], true, "{r}");
+    assert!(r["first_ready_ms"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["restore_ready_ms"]["count"], 2, "{r}");
+    assert_eq!(r["booted"], 0, "{r}");
+    assert_eq!(r["pool_hits"], 2, "{r}");
+    assert_eq!(r["pool_ready_ms"]["count"], 2, "{r}");
+    assert!(r["exec_rtt_ms"]["p50"].as_f64().unwrap() > 0.0, "{r}");
+    // Nothing left, and base's pool is the namespace pool it was.
+    assert!(sandboxes(&s).is_empty(), "{:?}", sandboxes(&s));
+    let after: Value =
+        serde_json::from_str(&s.space_ok(&["pool", "get", "base", "--json"])).unwrap();
+    for k in ["runtime", "min", "max"] {
+        assert_eq!(after[k], before[k], "{k}: {after}");
+    }
 }
