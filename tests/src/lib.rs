@@ -689,8 +689,14 @@ impl Spaced {
                                     let _ = Command::new("kill").args(["-9", p]).status();
                                 }
                             }
-                            std::thread::sleep(Duration::from_millis(50));
-                            let _ = std::fs::remove_dir(e.path());
+                            // A killed QEMU takes a moment to leave its cgroup (its RAM is
+                            // freed first): retry the removal for up to 2 s.
+                            for _ in 0..40 {
+                                std::thread::sleep(Duration::from_millis(50));
+                                if std::fs::remove_dir(e.path()).is_ok() {
+                                    break;
+                                }
+                            }
                         }
                     }
                     let _ = std::fs::remove_dir(&parent);
