@@ -34,6 +34,22 @@ fn builder_qemus(s: &Spaced) -> Vec<String> {
         .collect()
 }
 
+/// Polls `done` every `every` until it holds; fails with `what` (and the log) after `limit`.
+fn wait_until(s: &Spaced, limit: Duration, every: Duration, what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}:\n{}", s.log_tail());
+        std::thread::sleep(every);
+    }
+}
+
+/// Calls the API, checks the answer is a 400, and returns its message.
+fn refused(s: &Spaced, method: Method, path: &str, body: serde_json::Value) -> String {
+    let (code, reply) = s.call(method, path, Some(body));
+    assert_eq!(code, 400, "{reply}");
+    reply["error"]["message"].as_str().unwrap().to_owned()
+}
+
 fn pid_alive(pid: u64) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -159,44 +175,31 @@ fn a_microvm_sandbox_runs_its_own_kernel_behind_the_same_api() {
 #[test]
 fn bad_runtime_requests_get_clear_errors() {
     let s = Spaced::start_with(&["--microvm", "off"]).unwrap();
-    let (code, body) = s.call(
+    let msg = refused(
+        &s,
         Method::POST,
         "/v1/sandboxes",
-        Some(json!({"runtime": "firecracker"})),
+        json!({"runtime": "firecracker"}),
     );
-    assert_eq!(code, 400, "{body}");
-    let msg = body["error"]["message"].as_str().unwrap();
     assert!(
         msg.contains("namespace") && msg.contains("microvm"),
         "{msg}"
     );
-    let (code, body) = s.call(
+    let msg = refused(
+        &s,
         Method::POST,
         "/v1/sandboxes",
-        Some(json!({"runtime": "microvm"})),
+        json!({"runtime": "microvm"}),
     );
-    assert_eq!(code, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--microvm off"),
-        "{body}"
-    );
+    assert!(msg.contains("--microvm off"), "{msg}");
     // A microvm pool on a node without the runtime: refused, the pool left as it was.
-    let (code, body) = s.call(
+    let msg = refused(
+        &s,
         Method::PUT,
         "/v1/templates/base/pool",
-        Some(json!({"min": 1, "runtime": "microvm"})),
+        json!({"min": 1, "runtime": "microvm"}),
     );
-    assert_eq!(code, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--microvm off"),
-        "{body}"
-    );
+    assert!(msg.contains("--microvm off"), "{msg}");
     let (code, pool) = s.call(Method::GET, "/v1/templates/base/pool", None);
     assert_eq!(
         (code, pool["runtime"].as_str()),
@@ -224,18 +227,14 @@ fn warm_checkpoint(s: &Spaced) -> Option<std::path::PathBuf> {
 }
 
 fn wait_warm_checkpoint(s: &Spaced) -> std::path::PathBuf {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(p) = warm_checkpoint(s) {
-            return p;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no template checkpoint was made:\n{}",
-            s.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until(
+        s,
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        "no template checkpoint was made",
+        || warm_checkpoint(s).is_some(),
+    );
+    warm_checkpoint(s).unwrap()
 }
 
 /// Whether the sandbox says its VM was restored from the template checkpoint.
@@ -341,15 +340,13 @@ fn microvm_creates_restore_the_templates_warm_checkpoint_with_fresh_identities()
         "{}",
         s.log_tail()
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !ckpt.join("state").is_file() {
-        assert!(
-            Instant::now() < deadline,
-            "not made again:\n{}",
-            s.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_until(
+        &s,
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        "not made again",
+        || ckpt.join("state").is_file(),
+    );
     let redone = s.create(&["--runtime", "microvm", "--memory", "256"]);
     assert!(restored(&s, &redone), "{}", s.log_tail());
 
@@ -397,16 +394,13 @@ fn a_microvm_pool_hands_out_restored_vms_with_fresh_identities() {
     );
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["runtime"], "microvm", "{body}");
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while base_pool(&s)["ready"].as_u64().unwrap() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the microvm pool never filled: {}\n{}",
-            base_pool(&s),
-            s.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    wait_until(
+        &s,
+        Duration::from_secs(240),
+        Duration::from_millis(250),
+        "the microvm pool never filled",
+        || base_pool(&s)["ready"].as_u64().unwrap() >= 2,
+    );
 
     // Two creates are served by the pool: each its own hostname, env and identity.
     let mut facts = Vec::new();

@@ -30,8 +30,10 @@ use crate::metrics::{Metrics, inc};
 use crate::store::{SandboxRow, SandboxSpecRecord, Store, now_ms};
 
 pub const RUNTIME_NAME: &str = "namespace";
+/// The runtime of a VM per sandbox (decision 0014).
+pub const MICROVM: &str = "microvm";
 /// The runtimes a create may ask for (decision 0014).
-pub const RUNTIMES: [&str; 2] = ["namespace", "microvm"];
+pub const RUNTIMES: [&str; 2] = [RUNTIME_NAME, MICROVM];
 
 /// Settings of the control plane.
 #[derive(Debug, Clone)]

@@ -16,10 +16,7 @@ use space_node::api::{PoolConfig, PoolStatus};
 use sqlx::Row;
 
 use crate::AppState;
-use crate::engine::{Engine, RUNTIME_NAME, RUNTIMES};
-
-/// The runtime name of microvm pools.
-const MICROVM: &str = "microvm";
+use crate::engine::{Engine, MICROVM, RUNTIME_NAME, RUNTIMES};
 
 /// The runtime name a pool configuration stores.
 fn runtime_of(cfg: &PoolConfig) -> &'static str {

@@ -724,8 +724,8 @@ impl Node {
 
     /// Launches the sandbox of `rec` (rootfs and record exist) and connects its channel.
     /// On error nothing of the launch is left running.
-    /// With `from`, a microvm sandbox is restored from that checkpoint instead of booted (a
-    /// restore the runtime refuses discards the checkpoint and boots).
+    /// With `from`, a microvm sandbox is restored from that checkpoint instead of booted
+    /// (`build_new` falls back to a boot when that fails).
     async fn launch(
         &self,
         rec: &mut SandboxRecord,
@@ -741,13 +741,10 @@ impl Node {
                 .await
                 .map_err(|e| net_error(&rec.spec.id, e))?;
         }
-        let result = self
-            .launch_in_slot(rec, from)
-            .await
-            .map(|(launched, client, restored)| {
-                rec.restored = restored;
-                (launched, client)
-            });
+        let result = self.launch_in_slot(rec, from).await;
+        if result.is_ok() {
+            rec.restored = from.is_some();
+        }
         if result.is_err()
             && attached
             && let Some(net) = &self.network
@@ -762,7 +759,7 @@ impl Node {
         &self,
         rec: &SandboxRecord,
         from: Option<&Path>,
-    ) -> Result<(Launched, GuestClient<Channel>, bool), NodeError> {
+    ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
         let id = rec.spec.id.clone();
         // The runtime's init (host uid `uid_base`) attaches the idmapped rootfs at its host
         // path, so it must be able to traverse `sandboxes/<id>`. Owning it (0700) lets it,
@@ -774,28 +771,14 @@ impl Node {
         let plan = self.launch_plan(rec);
         storage::remove_tree(&plan.run_dir)?;
         storage::mkdir_private(&plan.run_dir)?;
-        let restored = match from {
-            Some(ckpt) => match self.rt(rec).restore(&plan, ckpt).await {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::warn!(id, checkpoint = %ckpt.display(), error = %e,
-                        "restore refused: discarding the checkpoint and booting instead");
-                    let (ckpt, run_dir) = (ckpt.to_path_buf(), plan.run_dir.clone());
-                    blocking(move || {
-                        vm_warm::discard_checkpoint(&ckpt);
-                        storage::remove_tree(&run_dir)?;
-                        Ok(storage::mkdir_private(&run_dir)?)
-                    })
-                    .await?;
-                    None
-                }
-            },
-            None => None,
-        };
-        let was_restored = restored.is_some();
         let launched =
-            match restored {
-                Some(l) => l,
+            match from {
+                Some(ckpt) => self.rt(rec).restore(&plan, ckpt).await.map_err(|e| {
+                    NodeError::Internal(format!(
+                        "failed to restore sandbox {id} from {}: {e}",
+                        ckpt.display()
+                    ))
+                })?,
                 None => self.rt(rec).launch(&plan).await.map_err(|e| {
                     NodeError::Internal(format!("failed to launch sandbox {id}: {e}"))
                 })?,
@@ -817,7 +800,7 @@ impl Node {
                 .await;
             tracing::info!(
                 id,
-                restored = was_restored,
+                restored = from.is_some(),
                 connect_ms = t_connect.elapsed().as_secs_f64() * 1e3,
                 "microvm guest connected and personalized"
             );
@@ -829,7 +812,7 @@ impl Node {
                 .map_err(|e| e.to_string())
         };
         match connected {
-            Ok(client) => Ok((launched, client, was_restored)),
+            Ok(client) => Ok((launched, client)),
             Err(e) => {
                 if let Err(d) = self.rt(rec).destroy(&plan.id, Some(&launched)).await {
                     tracing::warn!(id, error = %d, "destroy after failed connect failed");
@@ -875,13 +858,6 @@ impl Node {
             return Ok(status);
         }
         let (rec, launched, client) = self.build_new(spec, &tmpl, false, from.as_deref()).await?;
-        if let Some(refused) = &from
-            && !refused.exists()
-            && let Ok(vm) = self.microvm().await
-        {
-            // The restore refused it (and it was removed): have a new one made.
-            self.template_checkpoint(vm.as_ref(), &tmpl, &spec.limits);
-        }
         let uid_base = rec.uid_base;
         let status = self.register_launched(rec, launched, client).await;
         tracing::info!(id, template = %spec.template, version = tmpl.version, uid_base, "sandbox created");
@@ -909,18 +885,27 @@ impl Node {
         rec.pool_member = pool_member;
         let mut result = self.build_attempt(&mut rec, &tmpl.path, from).await;
         if let (Err(e), Some(ckpt)) = (&result, from) {
-            // Restored, but the guest never answered (a checkpoint whose memory is damaged,
-            // say: `mem` has no checksum). Its disk may hold what that guest wrote: start
-            // over from the template's disk, and boot.
+            // The one fallback for a checkpoint that fails: the runtime refused it (a
+            // corrupted state file), or it restored and the guest never answered (damaged
+            // memory: `mem` has no checksum). It goes, a new one is asked for, and the
+            // sandbox starts over on the template's disk (a broken guest may have written to
+            // the first) and boots.
+            let why = if matches!(e, NodeError::Unavailable { .. }) {
+                "the restored guest did not answer"
+            } else {
+                "restore refused"
+            };
             tracing::warn!(id, checkpoint = %ckpt.display(), error = %e,
-                "the restored guest did not answer: discarding the checkpoint and booting");
+                "{why}: discarding the checkpoint and booting instead");
             let ckpt = ckpt.to_path_buf();
             let _ = blocking(move || {
                 vm_warm::discard_checkpoint(&ckpt);
                 Ok(())
             })
             .await;
-            rec.restored = false;
+            if let Ok(vm) = self.microvm().await {
+                self.template_checkpoint(vm.as_ref(), tmpl, &spec.limits);
+            }
             result = self.build_attempt(&mut rec, &tmpl.path, None).await;
         }
         match result {

@@ -45,12 +45,13 @@ pub struct MicrovmReport {
     pub notes: Vec<String>,
 }
 
-async fn create_vm(s: &Session, memory_mib: u64) -> Result<Sandbox> {
+/// Creates a microvm of the template (`memory_mib` None: default limits) and tracks it.
+async fn create_vm(s: &Session, memory_mib: Option<u64>) -> Result<Sandbox> {
     let sb =
         s.c.create_sandbox(&CreateSandbox {
             template: Some(s.template.clone()),
             runtime: Some("microvm".into()),
-            memory_mib: Some(memory_mib),
+            memory_mib,
             ..Default::default()
         })
         .await?;
@@ -70,7 +71,7 @@ pub async fn measure(s: &Session, n: usize, memory_mib: u64, pool: bool) -> Resu
     let mut notes = Vec::new();
     // 1. The first create: a cold boot unless the node has the checkpoint already.
     let t0 = Instant::now();
-    let first = create_vm(s, memory_mib)
+    let first = create_vm(s, Some(memory_mib))
         .await
         .context("first microvm create")?;
     s.exec_true(&first.id).await?;
@@ -88,7 +89,7 @@ pub async fn measure(s: &Session, n: usize, memory_mib: u64, pool: bool) -> Resu
     // 2. Wait for the checkpoint: create until one restores (each miss boots: seconds).
     let waited = Instant::now();
     loop {
-        let sb = create_vm(s, memory_mib).await?;
+        let sb = create_vm(s, Some(memory_mib)).await?;
         let restored = sb.restored;
         delete(s, &sb.id).await?;
         if restored {
@@ -110,7 +111,7 @@ pub async fn measure(s: &Session, n: usize, memory_mib: u64, pool: bool) -> Resu
     let mut keep = None;
     for i in 0..n {
         let t = Instant::now();
-        let sb = create_vm(s, memory_mib)
+        let sb = create_vm(s, Some(memory_mib))
             .await
             .with_context(|| format!("create #{i}"))?;
         let c = ms(t.elapsed());
@@ -150,15 +151,9 @@ pub async fn measure(s: &Session, n: usize, memory_mib: u64, pool: bool) -> Resu
         let (mut ready, mut hits) = (Vec::new(), 0);
         for i in 0..now.ready.min(want) {
             let t = Instant::now();
-            let sb =
-                s.c.create_sandbox(&CreateSandbox {
-                    template: Some(s.template.clone()),
-                    runtime: Some("microvm".into()),
-                    ..Default::default()
-                })
+            let sb = create_vm(s, None)
                 .await
                 .with_context(|| format!("pool create #{i}"))?;
-            s.track(&sb.id);
             s.exec_true(&sb.id).await?;
             if sb.pooled {
                 hits += 1;

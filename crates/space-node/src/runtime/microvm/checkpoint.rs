@@ -742,17 +742,7 @@ impl MicrovmRuntime {
             tokio::task::spawn_blocking(move || restore_blocking(&rt, &owned, &d, mode))
                 .await
                 .map_err(super::join_error("join the restore task"))??;
-        let old = self
-            .inner
-            .tracked
-            .lock()
-            .unwrap()
-            .insert(plan.id.clone(), tracked);
-        self.inner.reap_exited();
-        if let Some(mut old) = old {
-            let timeout = self.inner.cfg.destroy_timeout;
-            tokio::task::spawn_blocking(move || super::stop_tracked(&mut old, timeout));
-        }
+        self.inner.track(&plan.id, tracked);
         Ok((launched, times))
     }
 

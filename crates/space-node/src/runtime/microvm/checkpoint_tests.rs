@@ -13,22 +13,10 @@ use super::checkpoint::{MEM_FILE, RestoreMode, STATE_FILE, STATE_SUM_FILE};
 use super::*;
 use crate::channel::{GuestConnector, UnixConnector};
 
-fn spec() -> VmSpec {
-    VmSpec {
-        kernel: "/proc/self/exe".into(),
-        initrd: "/proc/self/exe".into(),
-        accel: AccelKind::Tcg,
-        memory_mib: 256,
-        vcpus: 1,
-        disk: "/var/lib/space/sandboxes/abc/disk.ext4".into(),
-        channel_socket: "/run/space/sandboxes/abc/guest.sock".into(),
-        console: "/run/space/sandboxes/abc/console.log".into(),
-        qmp: "/run/space/sandboxes/abc/qmp.sock".into(),
-    }
-}
+use super::tests::strings;
 
-fn strings(a: Vec<std::ffi::OsString>) -> Vec<String> {
-    a.into_iter().map(|s| s.into_string().unwrap()).collect()
+fn spec() -> VmSpec {
+    jail::tests::spec(AccelKind::Tcg)
 }
 
 #[test]
@@ -121,19 +109,7 @@ fn real_vms() -> Option<PathBuf> {
         GuestKernel::locate(Path::new(DEFAULT_VM_DIR)).is_ok(),
         "SPACE_REQUIRE_QEMU=1 but no guest kernel in {DEFAULT_VM_DIR}"
     );
-    let daemon = std::env::var_os("SPACE_DAEMON_STATIC")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../target/x86_64-unknown-linux-gnu/debug/space-daemon")
-        });
-    assert!(
-        daemon.is_file(),
-        "no static daemon at {}: RUSTFLAGS=\"-C target-feature=+crt-static\" cargo build \
-         -p space-daemon --target x86_64-unknown-linux-gnu (or set SPACE_DAEMON_STATIC)",
-        daemon.display()
-    );
-    Some(daemon)
+    Some(super::tests::static_daemon())
 }
 
 /// A disk holding busybox as /bin/sh.

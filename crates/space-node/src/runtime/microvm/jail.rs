@@ -206,10 +206,11 @@ pub fn chown_files(uid: u32, gid: u32, run_dir: &Path, disk: &Path) -> io::Resul
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn spec(accel: AccelKind) -> VmSpec {
+    /// A VM spec of fixed paths, for command-line and jail tests.
+    pub(in crate::runtime::microvm) fn spec(accel: AccelKind) -> VmSpec {
         VmSpec {
             kernel: "/proc/self/exe".into(),
             initrd: "/proc/self/exe".into(),

@@ -241,6 +241,18 @@ impl Inner {
         }
     }
 
+    /// Tracks a QEMU just started for VM `id` (a launch or a restore). A QEMU tracked under
+    /// that id before (a relaunch of a live id) is stopped: it must not linger unowned.
+    fn track(&self, id: &str, tracked: Tracked) {
+        let old = self.tracked.lock().unwrap().insert(id.to_owned(), tracked);
+        // It may have exited before it was tracked (its SIGCHLD found nothing to reap).
+        self.reap_exited();
+        if let Some(mut old) = old {
+            let timeout = self.cfg.destroy_timeout;
+            tokio::task::spawn_blocking(move || stop_tracked(&mut old, timeout));
+        }
+    }
+
     /// Start (once) the task that reaps exited QEMUs on SIGCHLD; it ends with the runtime.
     fn ensure_reaper(self: &Arc<Self>) {
         self.reaper.get_or_init(|| {
@@ -841,19 +853,7 @@ impl Runtime for MicrovmRuntime {
         let (launched, tracked) = tokio::task::spawn_blocking(move || launch_blocking(&rt, &owned))
             .await
             .map_err(join_error("join the launch task"))??;
-        let old = self
-            .inner
-            .tracked
-            .lock()
-            .unwrap()
-            .insert(plan.id.clone(), tracked);
-        // It may have exited before it was tracked (its SIGCHLD found nothing to reap).
-        self.inner.reap_exited();
-        if let Some(mut old) = old {
-            // A relaunch of a live id: the old QEMU must not linger unowned.
-            let timeout = self.inner.cfg.destroy_timeout;
-            tokio::task::spawn_blocking(move || stop_tracked(&mut old, timeout));
-        }
+        self.inner.track(&plan.id, tracked);
         Ok(launched)
     }
 

@@ -25,7 +25,7 @@ fn spec(accel: AccelKind) -> VmSpec {
     }
 }
 
-fn strings(a: Vec<std::ffi::OsString>) -> Vec<String> {
+pub(super) fn strings(a: Vec<std::ffi::OsString>) -> Vec<String> {
     a.into_iter().map(|s| s.into_string().unwrap()).collect()
 }
 
@@ -957,13 +957,9 @@ async fn real_vm_failures_are_reported_and_cleaned_up() {
     assert!(qemus.stdout.is_empty(), "QEMU left running");
 }
 
-/// The real space-daemon as init (its guest-init mode), reached through the node's connector.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_vm_runs_space_daemon_as_init() {
-    if let Some(why) = qemu_missing() {
-        eprintln!("skipping the real space-daemon VM: {why}");
-        return;
-    }
+/// The static space-daemon the real-VM tests boot as init (`SPACE_DAEMON_STATIC`, else the
+/// debug build `scripts/test` makes).
+pub(super) fn static_daemon() -> PathBuf {
     let daemon = std::env::var_os("SPACE_DAEMON_STATIC")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
@@ -976,6 +972,17 @@ async fn real_vm_runs_space_daemon_as_init() {
          -p space-daemon --target x86_64-unknown-linux-gnu (or set SPACE_DAEMON_STATIC)",
         daemon.display()
     );
+    daemon
+}
+
+/// The real space-daemon as init (its guest-init mode), reached through the node's connector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vm_runs_space_daemon_as_init() {
+    if let Some(why) = qemu_missing() {
+        eprintln!("skipping the real space-daemon VM: {why}");
+        return;
+    }
+    let daemon = static_daemon();
     let d = tempfile::tempdir().unwrap();
     let root = d.path().join("rootfs");
     small_rootfs(&root);
