@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use space_tests::netlab::{
     DNS_IP, ECHO_PORT, FAR_IP, META_IP, NODE_IP, NetLab, PRIVATE_IPS, RAW_IP, WEB_IP,
 };
-use space_tests::{NodeNet, Spaced, probe_binary};
+use space_tests::{NodeNet, Spaced, on_each_runtime, probe_binary};
 
 const PROBE: &str = "/tmp/space-probe";
 
@@ -252,10 +252,10 @@ fn lab_answers_from_the_node_side() {
     }
 }
 
-#[test]
-fn egress_none_blocks_everything() {
+on_each_runtime! {
+fn egress_none_blocks_everything(rt) {
     let lab = NetLab::new().unwrap();
-    let s = lab.start_spaced(&[]).unwrap();
+    let s = lab.start_spaced(rt.spaced_args()).unwrap();
     let id = s.create(&["--egress", "none"]);
     install_probe(&s, &id);
     assert_eq!(sandbox_network(&s, &id)["egress"], "none");
@@ -300,11 +300,12 @@ fn egress_none_blocks_everything() {
     assert!(lab.http_hits().is_empty(), "{:?}", lab.http_hits());
     assert!(lab.tcp_hits().is_empty(), "{:?}", lab.tcp_hits());
 }
+}
 
-#[test]
-fn allowlist_admits_exactly_allowed_names_and_cidrs() {
+on_each_runtime! {
+fn allowlist_admits_exactly_allowed_names_and_cidrs(rt) {
     let lab = NetLab::new().unwrap();
-    let s = lab.start_spaced(&[]).unwrap();
+    let s = lab.start_spaced(rt.spaced_args()).unwrap();
     let id = s.create(&[
         "--egress",
         "allowlist",
@@ -406,11 +407,12 @@ fn allowlist_admits_exactly_allowed_names_and_cidrs() {
         "the apex is not under *.example.test: {r}"
     );
 }
+}
 
-#[test]
-fn open_reaches_the_internet_but_not_the_node_or_neighbours() {
+on_each_runtime! {
+fn open_reaches_the_internet_but_not_the_node_or_neighbours(rt) {
     let lab = NetLab::new().unwrap();
-    let s = lab.start_spaced(&[]).unwrap();
+    let s = lab.start_spaced(rt.spaced_args()).unwrap();
     let node = s.net.as_ref().unwrap();
     let a = s.create(&[]);
     let b = s.create(&[]);
@@ -490,11 +492,125 @@ fn open_reaches_the_internet_but_not_the_node_or_neighbours() {
         "node listener",
     );
 }
+}
 
+/// The MAC the node gives the guest NIC of sandbox `id` (`runtime::microvm::mac_for`).
+fn vm_mac(id: &str) -> String {
+    use sha2::Digest;
+    let h = sha2::Sha256::digest(id.as_bytes());
+    format!(
+        "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+        h[0], h[1], h[2], h[3], h[4]
+    )
+}
+
+/// The interfaces in the network namespace of process `pid`.
+fn interfaces_of(pid: u64) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
+        .unwrap()
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(|n| n.trim().to_owned())
+        .collect()
+}
+
+/// What is specific to a microvm: its link, its MAC, a restored guest's network, QEMU's
+/// place in the slot, and a guest root that re-addresses its NIC to get around the policy.
 #[test]
-fn policy_changes_apply_at_once_and_cut_held_connections() {
+fn a_microvm_is_networked_through_its_slot_and_cannot_spoof_its_way_out() {
     let lab = NetLab::new().unwrap();
-    let s = lab.start_spaced(&[]).unwrap();
+    let s = lab.start_spaced(&["--default-runtime", "microvm"]).unwrap();
+    let a = s.create(&[]);
+    // A restored VM (the template's warm checkpoint, made in the background after the first
+    // create) must be networked too: its link came from the checkpoint's builder.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let b = loop {
+        let b = s.create(&[]);
+        if s.inspect(&b)["restored"] == true {
+            break b;
+        }
+        s.space_ok(&["rm", &b]);
+        assert!(Instant::now() < deadline, "no create restored a checkpoint");
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    for id in [&a, &b] {
+        install_probe(&s, id);
+        let (code, o, e) = s.sh(
+            id,
+            "cat /sys/class/net/eth0/address; ip -4 -o addr show dev eth0; ip route; \
+             cat /etc/resolv.conf; test -s /etc/space/ca.pem && echo ca",
+        );
+        assert_eq!(code, 0, "{e}");
+        assert!(o.starts_with(&vm_mac(id)), "{id}: {o}");
+        assert!(o.contains("inet 169.254.0.2/30"), "{o}");
+        assert!(o.contains("default via 169.254.0.1"), "{o}");
+        assert!(o.contains("nameserver 169.254.0.1"), "{o}");
+        assert!(o.trim_end().ends_with("ca"), "{o}");
+        // The sandbox's address outside is its slot's, as for a namespace sandbox.
+        assert!(sandbox_ip(&s, id).to_string().starts_with("10."), "{id}");
+        let r = net(&s, id, &["dns", "api.example.test"]);
+        assert_eq!(r["addrs"], json!([WEB_IP.to_string()]), "{r}");
+        assert_ok(&net(&s, id, &["connect", &addr(RAW_IP, ECHO_PORT)]), "raw");
+        // QEMU lives in the slot: the tap and the slot's veth, nothing of the node's.
+        let qemu = s.inspect(id)["init_pid"].as_u64().unwrap();
+        let mut ifaces = interfaces_of(qemu);
+        ifaces.sort();
+        assert_eq!(ifaces, ["eth0", "lo", "tap0"], "{id}");
+    }
+    assert_ne!(vm_mac(&a), vm_mac(&b));
+
+    // The node's end of the link answers only the redirected DNS and HTTP(S).
+    for port in [22, 53_000, 15001, 7070] {
+        let r = net(
+            &s,
+            &b,
+            &[
+                "connect",
+                &addr(Ipv4Addr::new(169, 254, 0, 1), port),
+                "--no-echo",
+            ],
+        );
+        assert_blocked(&r, &format!("the gateway's port {port}"));
+    }
+
+    // Root in the guest re-addresses its NIC: whatever leaves with another source address
+    // is dropped in the slot, so the policy cannot be sidestepped that way.
+    let hits = lab.tcp_hits().len();
+    let (code, _, e) = s.sh(
+        &b,
+        "ip addr flush dev eth0 && ip addr add 169.254.0.3/30 dev eth0 && \
+         ip route add default via 169.254.0.1",
+    );
+    assert_eq!(code, 0, "{e}");
+    let r = net(&s, &b, &["connect", &addr(RAW_IP, ECHO_PORT)]);
+    assert_blocked(&r, "a spoofed source address");
+    assert_eq!(lab.tcp_hits().len(), hits, "a spoofed packet got out");
+    let (code, _, e) = s.sh(
+        &b,
+        "ip addr flush dev eth0 && ip addr add 169.254.0.2/30 dev eth0 && \
+         ip route add default via 169.254.0.1",
+    );
+    assert_eq!(code, 0, "{e}");
+    assert_ok(&net(&s, &b, &["connect", &addr(RAW_IP, ECHO_PORT)]), "back");
+
+    // The policy applies to a VM as to any sandbox, at once.
+    let (code, body) = s.call(
+        reqwest::Method::PUT,
+        &format!("/v1/sandboxes/{b}/network"),
+        Some(json!({"egress": "none"})),
+    );
+    assert_eq!(code, 200, "{body}");
+    assert_blocked(&net(&s, &b, &["connect", &addr(RAW_IP, ECHO_PORT)]), "none");
+    for id in [&a, &b] {
+        s.space_ok(&["rm", id]);
+    }
+}
+
+on_each_runtime! {
+fn policy_changes_apply_at_once_and_cut_held_connections(rt) {
+    let lab = NetLab::new().unwrap();
+    let s = lab.start_spaced(rt.spaced_args()).unwrap();
     let id = s.create(&[]);
     install_probe(&s, &id);
 
@@ -592,11 +708,12 @@ fn policy_changes_apply_at_once_and_cut_held_connections() {
         "{n}"
     );
 }
+}
 
-#[test]
-fn secrets_reach_only_the_bound_host_and_never_the_sandbox() {
+on_each_runtime! {
+fn secrets_reach_only_the_bound_host_and_never_the_sandbox(rt) {
     let lab = NetLab::new().unwrap();
-    let s = lab.start_spaced(&[]).unwrap();
+    let s = lab.start_spaced(rt.spaced_args()).unwrap();
     let secret = format!("real-secret-{}", random_hex(16));
     let (ok, out) = set_secret(
         &s,
@@ -766,6 +883,7 @@ fn secrets_reach_only_the_bound_host_and_never_the_sandbox() {
         "{events}"
     );
 }
+}
 
 #[test]
 fn bad_network_input_gives_clear_errors() {
@@ -846,10 +964,10 @@ fn bad_network_input_gives_clear_errors() {
     assert_eq!(code, 404);
 }
 
-#[test]
-fn inbound_port_serves_a_server_inside_the_sandbox() {
+on_each_runtime! {
+fn inbound_port_serves_a_server_inside_the_sandbox(rt) {
     let lab = NetLab::new().unwrap();
-    let s = lab.start_spaced(&[]).unwrap();
+    let s = lab.start_spaced(rt.spaced_args()).unwrap();
     // Inbound works whatever the egress policy.
     let id = s.create(&["--egress", "none"]);
     let (code, _, err) = s.sh(
@@ -942,6 +1060,7 @@ fn inbound_port_serves_a_server_inside_the_sandbox() {
     let (code, body) = get(&url2);
     assert_eq!(code, 502, "{body}");
     assert!(body.contains("unavailable"), "{body}");
+}
 }
 
 /// Proxy cost, measured with the same client (the static probe) from two places:

@@ -131,11 +131,16 @@ pub struct Identity {
     pub entropy: Vec<u8>,
     pub machine_id: String,
     pub unix_time_ns: i64,
+    /// The NIC's new MAC address (6 bytes).
+    pub mac: Vec<u8>,
 }
 
 impl Identity {
     pub fn is_empty(&self) -> bool {
-        self.entropy.is_empty() && self.machine_id.is_empty() && self.unix_time_ns == 0
+        self.entropy.is_empty()
+            && self.machine_id.is_empty()
+            && self.unix_time_ns == 0
+            && self.mac.is_empty()
     }
 
     /// Refuses bad fields before anything is changed.
@@ -162,6 +167,14 @@ impl Identity {
         if self.unix_time_ns < 0 {
             return Err(format!("unix time {} ns is negative", self.unix_time_ns));
         }
+        if !self.mac.is_empty()
+            && (self.mac.len() != 6 || self.mac[0] & 1 == 1 || self.mac.iter().all(|&b| b == 0))
+        {
+            return Err(format!(
+                "MAC address {:02x?} is not 6 bytes of a unicast address",
+                self.mac
+            ));
+        }
         Ok(())
     }
 
@@ -177,8 +190,26 @@ impl Identity {
         if !self.machine_id.is_empty() {
             write_machine_id(root, &self.machine_id)?;
         }
+        if let Ok(mac) = <[u8; 6]>::try_from(self.mac.as_slice()) {
+            space_sys::netif::set_mac(space_proto::vm_link::GUEST_IFNAME, mac)?;
+        }
         Ok(())
     }
+}
+
+/// The guest's link (`space_proto::vm_link`): loopback up; the NIC, when there is one, at
+/// the fixed guest address with the node's end as default route. The same in every VM, so
+/// a checkpoint's configuration holds in every copy restored from it.
+pub fn configure_network() -> io::Result<&'static str> {
+    use space_proto::vm_link::{GATEWAY, GUEST, GUEST_IFNAME, PREFIX};
+    space_sys::netif::set_up("lo")?;
+    if !space_sys::netif::exists(GUEST_IFNAME) {
+        return Ok("loopback only (no NIC)");
+    }
+    space_sys::netif::set_ipv4(GUEST_IFNAME, GUEST, PREFIX)?;
+    space_sys::netif::set_up(GUEST_IFNAME)?;
+    space_sys::netif::add_default_route(GATEWAY)?;
+    Ok("loopback and eth0")
 }
 
 /// Writes `<root>/etc/machine-id` (mode 0444) through a temporary file and a rename.
@@ -458,6 +489,11 @@ pub fn setup() -> Result<(), GuestInitError> {
         )
     })?;
     step("switched root", switch_root)?;
+    match configure_network() {
+        Ok(what) => tracing::info!("init: network: {what}"),
+        // Not fatal: the channel does not need it; the user's programs will say so.
+        Err(e) => tracing::warn!(error = %e, "init: the network link could not be configured"),
+    }
     step("/tmp ready", || {
         if !is_mount_point(Path::new("/tmp")) {
             mkdir(Path::new("/tmp"), 0o1777)?;
@@ -617,6 +653,7 @@ mod tests {
             entropy: vec![7; 64],
             machine_id: "0123456789abcdef0123456789abcdef".into(),
             unix_time_ns: 1,
+            mac: vec![0x02, 0x53, 0x50, 0, 0, 1],
         };
         assert!(ok.check().is_ok() && !ok.is_empty());
         assert!(Identity::default().is_empty());
@@ -635,6 +672,18 @@ mod tests {
             },
             Identity {
                 unix_time_ns: -1,
+                ..Default::default()
+            },
+            Identity {
+                mac: vec![0x01, 0, 0, 0, 0, 1],
+                ..Default::default()
+            },
+            Identity {
+                mac: vec![0; 6],
+                ..Default::default()
+            },
+            Identity {
+                mac: vec![0x02; 7],
                 ..Default::default()
             },
         ] {

@@ -302,6 +302,7 @@ impl Guest for GuestService {
             entropy,
             machine_id,
             unix_time_ns,
+            mac,
         } = req.into_inner();
         if let Some(k) = env
             .iter()
@@ -316,6 +317,7 @@ impl Guest for GuestService {
             entropy,
             machine_id,
             unix_time_ns,
+            mac,
         };
         if !identity.is_empty() && !self.cfg.vm_guest {
             return Err(Status::failed_precondition(
@@ -333,6 +335,19 @@ impl Guest for GuestService {
             identity
                 .apply(std::path::Path::new("/"))
                 .map_err(|e| Status::internal(format!("cannot take a fresh identity: {e}")))?;
+        }
+        if self.cfg.vm_guest {
+            // A VM's daemon learns the node's resolver and CA here (a namespace sandbox's
+            // daemon took them from its own environment at start).
+            let (dns, ca) = (env.get("SPACE_DNS"), env.get("SPACE_CA_PEM"));
+            if dns.is_some() || ca.is_some() {
+                crate::netsetup::apply(
+                    std::path::Path::new("/"),
+                    dns.map(String::as_str),
+                    ca.map(String::as_str),
+                )
+                .map_err(|e| Status::internal(format!("cannot write the network settings: {e}")))?;
+            }
         }
         self.cfg
             .base_env

@@ -334,6 +334,17 @@ async fn run() -> Result<()> {
         .await
         .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    // A multicast MAC, and one of the wrong length.
+    for mac in [vec![0x01, 2, 3, 4, 5, 6], vec![0x02, 0, 0]] {
+        let bad = c
+            .personalize(PersonalizeRequest {
+                mac,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    }
     let (before, _) = exec_output(&mut c, &["cat", "/proc/sys/kernel/random/boot_id"]).await?;
     // A clock one day ahead of the host's: the guest steps to whatever it is given.
     let day_ahead = std::time::SystemTime::now()
@@ -341,11 +352,16 @@ async fn run() -> Result<()> {
         .as_secs()
         + 86_400;
     c.personalize(PersonalizeRequest {
-        env: [("PATH".to_string(), "/bin".to_string())].into(),
+        env: [
+            ("PATH".to_string(), "/bin".to_string()),
+            ("SPACE_DNS".to_string(), "169.254.0.1".to_string()),
+        ]
+        .into(),
         hostname: "vm-test".into(),
         entropy: vec![0x5a; 64],
         machine_id: "0123456789abcdef0123456789abcdef".into(),
         unix_time_ns: (day_ahead * 1_000_000_000) as i64,
+        mac: Vec::new(),
     })
     .await?;
     assert_eq!(
@@ -357,7 +373,8 @@ async fn run() -> Result<()> {
         &[
             "sh",
             "-c",
-            "cat /etc/machine-id; date +%s; cat /proc/sys/kernel/random/boot_id",
+            "cat /etc/machine-id; date +%s; cat /proc/sys/kernel/random/boot_id; \
+             grep nameserver /etc/resolv.conf; echo ${SPACE_DNS:-unset}",
         ],
     )
     .await?;
@@ -369,6 +386,8 @@ async fn run() -> Result<()> {
         "guest clock {guest_now}, stepped to {day_ahead}"
     );
     assert_eq!(lines[2], before.trim(), "the same boot");
+    // The resolver from the daemon-only variable, which processes never see.
+    assert_eq!(lines[3..], ["nameserver 169.254.0.1", "unset"], "{out}");
 
     // A background process, followed; the host goes away in the middle of the stream.
     let pid = c

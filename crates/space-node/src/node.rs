@@ -36,7 +36,7 @@ pub const SANDBOX_DISK: &str = "disk.ext4";
 
 /// A fresh identity for a microvm guest (new RNG seed, machine-id, the host's clock), sent
 /// with every Personalize: a restored or forked guest would otherwise keep its checkpoint's.
-fn vm_identity() -> space_proto::PersonalizeRequest {
+fn vm_identity(id: &str) -> space_proto::PersonalizeRequest {
     let mut entropy = vec![0u8; 64];
     rand::Rng::fill(&mut rand::rng(), &mut entropy[..]);
     space_proto::PersonalizeRequest {
@@ -46,6 +46,7 @@ fn vm_identity() -> space_proto::PersonalizeRequest {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as i64)
             .unwrap_or(0),
+        mac: crate::runtime::microvm::mac_for(id).to_vec(),
         ..Default::default()
     }
 }
@@ -629,10 +630,6 @@ impl Node {
         let Some(net) = &self.network else {
             return Ok(false);
         };
-        if rec.runtime == MICROVM {
-            // No network for microvm sandboxes yet (decision 0014).
-            return Ok(false);
-        }
         let id = &rec.spec.id;
         if net.netns(id).is_some() {
             return Ok(false);
@@ -656,7 +653,7 @@ impl Node {
 
     /// The base environment of the sandbox's processes (with the daemon's own settings, which
     /// it strips): for a launch, and for handing out a warm pool's sandbox.
-    fn sandbox_env(&self, spec: &SandboxSpec) -> Vec<(String, String)> {
+    fn sandbox_env(&self, spec: &SandboxSpec, runtime: &str) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), DEFAULT_PATH.into()),
             ("HOME".into(), "/root".into()),
@@ -678,8 +675,14 @@ impl Node {
         if let Some(n) = &self.network
             && n.netns(&spec.id).is_some()
         {
-            // The node's DNS inside the slot, and the CA of intercepted TLS (decision 0012).
-            env.push(("SPACE_DNS".into(), "127.0.0.1".into()));
+            // The node's DNS inside the slot (a VM reaches it through its gateway, decision
+            // 0014), and the CA of intercepted TLS (decision 0012).
+            let dns = if runtime == MICROVM {
+                space_proto::vm_link::GATEWAY
+            } else {
+                std::net::Ipv4Addr::LOCALHOST
+            };
+            env.push(("SPACE_DNS".into(), dns.to_string()));
             env.push(("SPACE_CA_PEM".into(), n.ca_pem()));
             for (k, v) in [
                 ("SSL_CERT_FILE", "/etc/space/ca-bundle.pem"),
@@ -697,7 +700,7 @@ impl Node {
 
     fn launch_plan(&self, rec: &SandboxRecord) -> LaunchPlan {
         let spec = &rec.spec;
-        let env = self.sandbox_env(spec);
+        let env = self.sandbox_env(spec, &rec.runtime);
         let netns = self.network.as_ref().and_then(|n| {
             Some(SlotNetns {
                 ns: n.netns(&spec.id)?,
@@ -732,10 +735,7 @@ impl Node {
         from: Option<&Path>,
     ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
         let attached = self.ensure_slot(rec).await?;
-        if !attached
-            && rec.runtime != MICROVM
-            && let Some(net) = &self.network
-        {
+        if !attached && let Some(net) = &self.network {
             // A restart, rollback or checkpoint restore: the spec may carry a newer policy.
             net.update(&rec.spec.id, &rec.spec.network)
                 .await
@@ -794,7 +794,7 @@ impl Node {
                     space_proto::PersonalizeRequest {
                         env: plan.env.iter().cloned().collect(),
                         hostname: rec.spec.hostname.clone(),
-                        ..vm_identity()
+                        ..vm_identity(&rec.spec.id)
                     },
                 )
                 .await;
@@ -1509,11 +1509,17 @@ impl NodeApi for Node {
         if port == 0 {
             return Err(NodeError::InvalidArgument("port must be 1..=65535".into()));
         }
-        self.running_entry(id)?;
+        let entry = self.running_entry(id)?;
         let Some(net) = &self.network else {
             return Err(NodeError::Conflict("networking is off on this node".into()));
         };
-        net.connect(id, port).await.map_err(|e| match e {
+        // A namespace sandbox listens on the slot's own loopback; a VM behind its tap.
+        let host = if entry.record.runtime == MICROVM {
+            space_proto::vm_link::GUEST
+        } else {
+            std::net::Ipv4Addr::LOCALHOST
+        };
+        net.connect(id, host, port).await.map_err(|e| match e {
             NetError::Setup { source, .. } => NodeError::Unavailable {
                 id: id.to_string(),
                 reason: format!("nothing answers on port {port} inside the sandbox: {source}"),

@@ -17,3 +17,22 @@ pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 
 /// Size of the chunks files and output are streamed in.
 pub const CHUNK_BYTES: usize = 256 * 1024;
+
+/// A microvm guest's link (decision 0014, "Networking"): the same in every VM, so a
+/// checkpoint's network configuration is valid in every copy restored from it. The node's
+/// side of the tap, inside the sandbox's network slot, is the gateway; the slot NATs the
+/// guest to the slot's own address, which is the sandbox's address to the outside.
+pub mod vm_link {
+    use std::net::Ipv4Addr;
+
+    /// The guest's interface (virtio-net).
+    pub const GUEST_IFNAME: &str = "eth0";
+    /// The guest's address on its link.
+    pub const GUEST: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 2);
+    /// The node's end of the link (the tap in the slot): the guest's default route and
+    /// resolver.
+    pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);
+    pub const PREFIX: u8 = 30;
+    /// The tap device's name inside the slot.
+    pub const TAP: &str = "tap0";
+}

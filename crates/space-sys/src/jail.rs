@@ -62,6 +62,12 @@ pub struct JailSpec<'a> {
     pub groups: &'a [u32],
     /// `cgroup.procs` files, opened for writing; the child writes `0` (itself) to each.
     pub cgroup_procs: Vec<OwnedFd>,
+    /// A network namespace the child enters (as root, before anything else); None: it stays
+    /// in the caller's.
+    pub netns: Option<OwnedFd>,
+    /// Descriptors the program inherits, at their current numbers (close-on-exec cleared in
+    /// the child only): a tap device QEMU is told about by number.
+    pub inherit: Vec<OwnedFd>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +102,8 @@ struct Prepared {
     gid: libc::gid_t,
     groups: Vec<libc::gid_t>,
     cgroup_procs: Vec<OwnedFd>,
+    netns: Option<OwnedFd>,
+    inherit: Vec<OwnedFd>,
 }
 
 fn cstr(p: &Path) -> Result<CString, JailError> {
@@ -148,6 +156,8 @@ fn prepare(spec: JailSpec<'_>) -> Result<Prepared, JailError> {
         gid: spec.gid,
         groups: spec.groups.to_vec(),
         cgroup_procs: spec.cgroup_procs,
+        netns: spec.netns,
+        inherit: spec.inherit,
     })
 }
 
@@ -159,10 +169,30 @@ pub fn jail_command(cmd: &mut Command, spec: JailSpec<'_>) -> Result<(), JailErr
     // SAFETY: the hook runs in the forked child before exec. It allocates nothing and takes no
     // lock: it only reads `prepared` (allocated above, moved into the closure, alive in the
     // child's copy of memory) and calls raw syscalls (write, unshare, mount, mkdir, open,
-    // close, symlink, chdir, pivot_root, umount2, setgroups, setresgid, setresuid, prctl),
+    // close, symlink, setns, fcntl, chdir, pivot_root, umount2, setgroups, setresgid, setresuid, prctl),
     // all async-signal-safe. `io::Error::last_os_error()` reads errno without allocating.
     unsafe {
         cmd.pre_exec(move || child_setup(&prepared));
+    }
+    Ok(())
+}
+
+/// Makes `cmd`'s program inherit `fds` at their current numbers, without a jail (they stay
+/// close-on-exec in this process, so no other child gets them).
+pub fn inherit_fds(cmd: &mut Command, fds: Vec<OwnedFd>) {
+    // SAFETY: the hook runs in the forked child before exec and only calls fcntl on fds that
+    // `fds` (moved into the closure, alive in the child's copy of memory) keeps open.
+    unsafe {
+        cmd.pre_exec(move || keep_open(&fds));
+    }
+}
+
+/// Clears close-on-exec on each of `fds` (in a forked child: raw fcntl only).
+fn keep_open(fds: &[OwnedFd]) -> io::Result<()> {
+    for fd in fds {
+        // SAFETY: plain integer arguments on an fd owned by the caller.
+        let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, 0) };
+        step(b"space jail: keep a descriptor open failed\n", cvt(r))?;
     }
     Ok(())
 }
@@ -198,6 +228,12 @@ fn child_setup(p: &Prepared) -> io::Result<()> {
             cvt(if n < 0 { -1 } else { 0 }),
         )?;
     }
+    if let Some(ns) = &p.netns {
+        // SAFETY: plain integer arguments; `ns` is an open fd owned by `p`.
+        let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
+        step(b"space jail: enter the network namespace failed\n", cvt(r))?;
+    }
+    keep_open(&p.inherit)?;
     // SAFETY: plain flag argument; the child is single-threaded after fork.
     let r = unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS) };
     step(b"space jail: unshare failed\n", cvt(r))?;
@@ -321,6 +357,8 @@ mod tests {
             gid: 6,
             groups: &[],
             cgroup_procs: Vec::new(),
+            netns: None,
+            inherit: Vec::new(),
         })
         .unwrap();
         match &p.ops[0] {
@@ -348,6 +386,8 @@ mod tests {
             gid: 1,
             groups: &[],
             cgroup_procs: Vec::new(),
+            netns: None,
+            inherit: Vec::new(),
         })
         .unwrap_err();
         assert!(matches!(e, JailError::Relative(_)), "{e}");
@@ -359,6 +399,8 @@ mod tests {
             gid: 1,
             groups: &[],
             cgroup_procs: Vec::new(),
+            netns: None,
+            inherit: Vec::new(),
         })
         .unwrap_err();
         assert!(matches!(e, JailError::Nul(_)), "{e}");

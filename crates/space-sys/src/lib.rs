@@ -7,6 +7,7 @@ pub mod guest;
 pub mod jail;
 pub mod loopdev;
 pub mod mount;
+pub mod netif;
 pub mod netns;
 pub mod ns;
 pub mod process;

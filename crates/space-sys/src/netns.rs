@@ -70,6 +70,22 @@ pub fn create_pinned(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Creates a new, unpinned network namespace (loopback only, down) and returns it opened: it
+/// lives while that descriptor, a process inside or a device's user keeps it. Runs on a fresh
+/// thread: the caller's thread keeps its namespace.
+pub fn create_anonymous() -> io::Result<std::os::fd::OwnedFd> {
+    std::thread::scope(|s| {
+        s.spawn(|| -> io::Result<std::os::fd::OwnedFd> {
+            // SAFETY: plain integer argument; affects only this (short-lived) thread's
+            // namespaces, as CLONE_NEWNET is per task.
+            cvt(unsafe { libc::unshare(libc::CLONE_NEWNET) })?;
+            Ok(fs::File::open("/proc/thread-self/ns/net")?.into())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("netns thread panicked")))
+    })
+}
+
 /// Unpins a namespace made by [`create_pinned`] (lazy unmount, then unlink). The namespace
 /// itself goes once its last process and socket are gone. A missing path is fine.
 pub fn remove_pinned(path: &Path) -> io::Result<()> {

@@ -577,15 +577,24 @@ impl Network {
         self.home.clone()
     }
 
-    /// A TCP connection to `port` on the sandbox's loopback (made inside its slot).
-    pub async fn connect(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, NetError> {
+    /// A TCP connection to `host:port` made inside the sandbox's slot: its loopback (a
+    /// namespace sandbox) or a microvm guest's link address.
+    pub async fn connect(
+        &self,
+        id: &str,
+        host: Ipv4Addr,
+        port: u16,
+    ) -> Result<tokio::net::TcpStream, NetError> {
         let ns = self
             .netns(id)
             .ok_or_else(|| NetError::NotFound(id.to_owned()))?;
         let step = format!("connect to port {port} in sandbox {id}");
         let stream = tokio::task::spawn_blocking(move || {
             space_sys::netns::run_in(ns.as_fd(), || {
-                let s = std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+                let s = std::net::TcpStream::connect_timeout(
+                    &(host, port).into(),
+                    std::time::Duration::from_secs(5),
+                )?;
                 s.set_nonblocking(true)?;
                 Ok::<_, io::Error>(s)
             })
@@ -995,12 +1004,12 @@ mod tests {
                 })
                 .unwrap()
                 .unwrap();
-                let c = net.connect("a", 7000).await.unwrap();
+                let c = net.connect("a", Ipv4Addr::LOCALHOST, 7000).await.unwrap();
                 assert!(inside.accept().is_ok());
                 drop(c);
-                assert!(net.connect("a", 7001).await.is_err());
+                assert!(net.connect("a", Ipv4Addr::LOCALHOST, 7001).await.is_err());
                 assert!(matches!(
-                    net.connect("zz", 1).await,
+                    net.connect("zz", Ipv4Addr::LOCALHOST, 1).await,
                     Err(NetError::NotFound(_))
                 ));
                 assert!(matches!(

@@ -207,7 +207,14 @@ fn timeout_secs(d: Duration) -> u64 {
 /// `ip daddr 127.0.0.0/8 accept`: a packet redirected by `nat_output` has its new (loopback)
 /// destination but still its original output interface when the filter sees it, so
 /// `oif "lo"` alone would reject the very redirects to the node's DNS and proxy.
+///
+/// The `tap0` rules serve a microvm (decision 0014, "Networking"); in a namespace slot no
+/// such interface exists (the sandbox cannot make one: it has no capability over the slot).
+/// The guest's packets are forwarded through the same `egress` chain as a namespace
+/// sandbox's own output, then NATed to the slot's address; its DNS and HTTP(S) are DNATed
+/// to the node's listeners on the slot's loopback (the tap has `route_localnet`).
 pub fn slot_table(deny: &[Ipv4Net]) -> String {
+    use space_proto::vm_link::{GUEST, TAP};
     let deny = if deny.is_empty() {
         String::new()
     } else {
@@ -220,9 +227,7 @@ pub fn slot_table(deny: &[Ipv4Net]) -> String {
          \tset deny4 {{ type ipv4_addr; flags interval; auto-merge;{deny} }}\n\
          \tset open4 {{ type ipv4_addr; }}\n\
          \tset closed4 {{ type ipv4_addr; }}\n\
-         \tchain output {{\n\
-         \t\ttype filter hook output priority filter; policy drop;\n\
-         \t\toif \"lo\" accept\n\
+         \tchain egress {{\n\
          \t\tip daddr 127.0.0.0/8 accept\n\
          \t\tmeta nfproto ipv6 drop\n\
          \t\tip daddr 169.254.0.0/16 reject with icmp type admin-prohibited\n\
@@ -234,18 +239,46 @@ pub fn slot_table(deny: &[Ipv4Net]) -> String {
          \t\tmeta l4proto tcp reject with tcp reset\n\
          \t\treject with icmp type admin-prohibited\n\
          \t}}\n\
+         \tchain output {{\n\
+         \t\ttype filter hook output priority filter; policy drop;\n\
+         \t\toif \"lo\" accept\n\
+         \t\toifname \"{TAP}\" accept\n\
+         \t\tjump egress\n\
+         \t}}\n\
+         \tchain forward {{\n\
+         \t\ttype filter hook forward priority filter; policy drop;\n\
+         \t\tiifname \"{TAP}\" oifname \"eth0\" ip saddr {GUEST} jump egress\n\
+         \t\tiifname \"eth0\" oifname \"{TAP}\" ct state established,related accept\n\
+         \t}}\n\
          \tchain nat_output {{\n\
          \t\ttype nat hook output priority -100; policy accept;\n\
          \t\tip daddr != 127.0.0.0/8 meta l4proto {{ tcp, udp }} th dport 53 redirect to :53\n\
          \t\tip daddr != 127.0.0.0/8 tcp dport {{ 80, 443 }} redirect to :15001\n\
          \t}}\n\
+         \tchain nat_prerouting {{\n\
+         \t\ttype nat hook prerouting priority -100; policy accept;\n\
+         \t\tiifname \"{TAP}\" meta l4proto {{ tcp, udp }} th dport 53 dnat ip to 127.0.0.1:53\n\
+         \t\tiifname \"{TAP}\" tcp dport {{ 80, 443 }} dnat ip to 127.0.0.1:15001\n\
+         \t}}\n\
+         \tchain nat_postrouting {{\n\
+         \t\ttype nat hook postrouting priority 100; policy accept;\n\
+         \t\toifname \"eth0\" ip saddr {GUEST} masquerade\n\
+         \t}}\n\
          \tchain input {{\n\
          \t\ttype filter hook input priority filter; policy drop;\n\
          \t\tiif \"lo\" accept\n\
          \t\tct state established,related accept\n\
+         \t\tiifname \"{TAP}\" ct status dnat accept\n\
          \t}}\n\
          }}\n"
     )
+}
+
+/// A slot's own addresses in `open4`/`closed4`: the slot's, and a microvm guest's link
+/// address (the guest's packets are filtered when forwarded, before they are NATed to the
+/// slot's address; in a namespace slot nothing has that address).
+fn own(address: Ipv4Addr) -> String {
+    format!("{address}, {}", space_proto::vm_link::GUEST)
 }
 
 /// One transaction replacing the policy sets' contents.
@@ -269,10 +302,10 @@ pub fn set_contents(sets: &SlotSets) -> String {
         let _ = writeln!(s, "add element inet space dns4 {{ {} }}", elements(items));
     }
     if let Some(a) = sets.open4 {
-        let _ = writeln!(s, "add element inet space open4 {{ {a} }}");
+        let _ = writeln!(s, "add element inet space open4 {{ {} }}", own(a));
     }
     if let Some(a) = sets.closed4 {
-        let _ = writeln!(s, "add element inet space closed4 {{ {a} }}");
+        let _ = writeln!(s, "add element inet space closed4 {{ {} }}", own(a));
     }
     s
 }
@@ -313,7 +346,7 @@ pub fn set_changes(old: Option<&SlotSets>, new: &SlotSets, dns_removed: bool) ->
             s.push_str("flush set inet space open4\n");
         }
         if let Some(a) = new.open4 {
-            let _ = writeln!(s, "add element inet space open4 {{ {a} }}");
+            let _ = writeln!(s, "add element inet space open4 {{ {} }}", own(a));
         }
     }
     if old.closed4 != new.closed4 {
@@ -321,7 +354,7 @@ pub fn set_changes(old: Option<&SlotSets>, new: &SlotSets, dns_removed: bool) ->
             s.push_str("flush set inet space closed4\n");
         }
         if let Some(a) = new.closed4 {
-            let _ = writeln!(s, "add element inet space closed4 {{ {a} }}");
+            let _ = writeln!(s, "add element inet space closed4 {{ {} }}", own(a));
         }
     }
     if dns_removed {
@@ -604,14 +637,14 @@ mod tests {
         assert_eq!(
             s,
             "flush set inet space allow4\nflush set inet space dns4\nflush set inet space open4\n\
-             flush set inet space closed4\nadd element inet space closed4 { 10.213.0.6 }\n"
+             flush set inet space closed4\nadd element inet space closed4 { 10.213.0.6, 169.254.0.2 }\n"
         );
 
         let open = SlotSets::for_policy(&pol(Egress::Open, &["192.168.1.0/24"]), ADDR);
         assert_eq!(open.open4, Some(ADDR));
         let s = set_contents(&open);
         assert!(s.contains("add element inet space allow4 { 192.168.1.0/24 }"));
-        assert!(s.contains("add element inet space open4 { 10.213.0.6 }"));
+        assert!(s.contains("add element inet space open4 { 10.213.0.6, 169.254.0.2 }"));
 
         let allow = SlotSets::for_policy(
             &pol(
@@ -646,17 +679,17 @@ mod tests {
         assert_eq!(set_changes(Some(&open), &open, false), "");
         assert_eq!(
             set_changes(Some(&none), &open, false),
-            "add element inet space open4 { 10.213.0.6 }\nflush set inet space closed4\n"
+            "add element inet space open4 { 10.213.0.6, 169.254.0.2 }\nflush set inet space closed4\n"
         );
         // Tightening an open slot (a pooled one, say) only adds elements.
         assert_eq!(
             set_changes(Some(&open), &a1, false),
             "add element inet space allow4 { 198.51.100.0/24 }\n\
-             add element inet space closed4 { 10.213.0.6 }\n"
+             add element inet space closed4 { 10.213.0.6, 169.254.0.2 }\n"
         );
         assert_eq!(
             set_changes(Some(&open), &none, false),
-            "add element inet space closed4 { 10.213.0.6 }\n"
+            "add element inet space closed4 { 10.213.0.6, 169.254.0.2 }\n"
         );
         // Growing: additions only.
         assert_eq!(
@@ -737,7 +770,7 @@ mod tests {
         assert!(fw.apply_policy(&pol(Egress::Open, &[])).await.unwrap());
         let s = rec.taken();
         assert!(!s[0].contains("dns4 {"), "{}", s[0]);
-        assert!(s[0].contains("open4 { 10.213.0.6 }"));
+        assert!(s[0].contains("open4 { 10.213.0.6, 169.254.0.2 }"));
     }
 
     #[tokio::test]

@@ -576,6 +576,7 @@ pub(super) fn restore_blocking(
         memory_file: Some(&mem_file),
         incoming: true,
         private_memory: mode == RestoreMode::Private,
+        tap_fd: None,
     };
     let log = plan.run_dir.join("qemu.log");
     let (pidfd, pid, spawn_took) = match start_qemu(rt, plan, &spec, extras, &log) {

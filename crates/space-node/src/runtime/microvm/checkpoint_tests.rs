@@ -29,6 +29,7 @@ fn file_backed_ram_and_incoming_on_the_command_line() {
         memory_file: Some(mem),
         incoming: true,
         private_memory: false,
+        tap_fd: None,
     }));
     let m = a.iter().position(|x| x == "-M").unwrap();
     assert!(a[m + 1].ends_with(",memory-backend=ram0"), "{}", a[m + 1]);
@@ -43,6 +44,7 @@ fn file_backed_ram_and_incoming_on_the_command_line() {
         memory_file: Some(mem),
         incoming: true,
         private_memory: true,
+        tap_fd: None,
     }));
     let o = p.iter().position(|x| x == "-object").unwrap();
     assert_eq!(

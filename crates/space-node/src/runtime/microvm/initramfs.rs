@@ -8,7 +8,13 @@ use std::path::{Path, PathBuf};
 
 /// Guest modules the VM needs; their dependencies are added from modules.dep. ext4 is built
 /// into Debian's cloud kernel; should it ever be a module, it is loaded too.
-pub const WANTED_MODULES: &[&str] = &["virtio_mmio", "virtio_blk", "virtio_console", "ext4"];
+pub const WANTED_MODULES: &[&str] = &[
+    "virtio_mmio",
+    "virtio_blk",
+    "virtio_console",
+    "virtio_net",
+    "ext4",
+];
 
 /// Where the initramfs lists the module paths, one per line, in load order.
 pub const MODULES_LIST: &str = "etc/space/modules";

@@ -17,9 +17,12 @@
 //! - the sandbox's run dir, read-write (channel socket, QMP socket, console log);
 //! - `/dev/null`, `/dev/urandom`, and `/dev/kvm` under KVM.
 //!
-//! No /proc, no /sys, no /etc beyond the loader cache, no network namespace change (QEMU has
-//! no NIC yet; it stays in the node's namespace), no pid namespace (the node tracks QEMU by
-//! its host pid and start time).
+//! QEMU runs inside the sandbox's network slot (or, without one, a fresh empty namespace),
+//! holding only its tap device (an inherited descriptor; no `/dev/net/tun` in the jail): it
+//! can reach what the guest can, under the slot's policy, and nothing of the node's network.
+//!
+//! No /proc, no /sys, no /etc beyond the loader cache, no pid namespace (the node tracks QEMU
+//! by its host pid and start time).
 
 use std::collections::HashSet;
 use std::fs;
@@ -221,6 +224,7 @@ pub(super) mod tests {
             channel_socket: "/run/space/sandboxes/abc/guest.sock".into(),
             console: "/run/space/sandboxes/abc/console.log".into(),
             qmp: "/run/space/sandboxes/abc/qmp.sock".into(),
+            mac: [0x02, 0, 0, 0, 0, 1],
         }
     }
 

@@ -32,6 +32,9 @@ mod checkpoint_tests;
 mod disk;
 mod initramfs;
 mod jail;
+mod vmnet;
+
+pub use vmnet::mac_for;
 mod qemu;
 mod qmp;
 #[cfg(test)]
@@ -41,7 +44,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -534,6 +537,7 @@ impl MicrovmRuntime {
             channel_socket: plan.channel_socket.clone(),
             console: plan.run_dir.join("console.log"),
             qmp: plan.run_dir.join("qmp.sock"),
+            mac: vmnet::mac_for(&plan.id),
         }
     }
 }
@@ -590,11 +594,28 @@ fn start_qemu(
     log: &Path,
 ) -> Result<(OwnedFd, u32, Duration), RuntimeError> {
     let t0 = Instant::now();
+    let link = vmnet::prepare(plan.netns.as_ref().map(|n| &*n.ns))
+        .map_err(setup("give the VM its network link"))?;
+    tracing::debug!(
+        id = %plan.id,
+        link_us = t0.elapsed().as_micros() as u64,
+        slot = plan.netns.is_some(),
+        "VM network link ready"
+    );
+    let extras = Extras {
+        tap_fd: Some(link.tap.as_raw_fd()),
+        ..extras
+    };
     let spawned = match &rt.inner.jail {
-        Some(j) => spawn_jailed(rt, j, plan, spec, extras, log),
-        None => {
-            qemu::spawn(&rt.inner.qemu, &spec.args_with(extras), log).map_err(setup("start QEMU"))
-        }
+        Some(j) => spawn_jailed(rt, j, plan, spec, extras, link, log),
+        None => qemu::spawn_with(
+            &rt.inner.qemu,
+            &spec.args_with(extras),
+            log,
+            None,
+            vec![link.tap],
+        )
+        .map_err(setup("start QEMU")),
     };
     let spawn_took = t0.elapsed();
     let mut child = spawned?;
@@ -640,6 +661,7 @@ fn launch_blocking(
         memory_file: memory_file.as_deref(),
         incoming: false,
         private_memory: false,
+        tap_fd: None,
     };
     let log = plan.run_dir.join("qemu.log");
     let t0 = Instant::now();
@@ -702,6 +724,7 @@ fn spawn_jailed(
     plan: &LaunchPlan,
     spec: &VmSpec,
     extras: Extras<'_>,
+    link: vmnet::VmLink,
     log: &Path,
 ) -> Result<std::process::Child, RuntimeError> {
     let (uid, gid) = (plan.uid_base, plan.uid_base);
@@ -730,7 +753,10 @@ fn spawn_jailed(
                     gid,
                     groups: &groups,
                     cgroup_procs: procs,
+                    netns: Some(link.netns),
+                    inherit: vec![link.tap],
                 }),
+                Vec::new(),
             )
             .map_err(setup("start QEMU jailed"))
         });
@@ -819,12 +845,14 @@ impl Runtime for MicrovmRuntime {
         "microvm"
     }
 
-    /// `<accel>-<MiB>m-<vCPUs>c-<image id>`: what a restore must match. None without
+    /// `<accel>-<MiB>m-<vCPUs>c-n1-<image id>`: what a restore must match. None without
     /// file-backed RAM (no checkpoints).
     fn checkpoint_key(&self, limits: &Limits) -> Option<String> {
         self.inner.cfg.memory_dir.as_ref()?;
+        // `n1`: the device set (one virtio-net NIC since networking); a checkpoint made with
+        // other devices cannot be restored.
         Some(format!(
-            "{}-{}m-{}c-{}",
+            "{}-{}m-{}c-n1-{}",
             self.inner.accel.as_str(),
             memory_mib_for(limits),
             vcpus_for(limits, self.inner.host_cpus),

@@ -53,6 +53,8 @@ pub struct VmSpec {
     pub channel_socket: PathBuf,
     pub console: PathBuf,
     pub qmp: PathBuf,
+    /// The guest NIC's MAC address (locally administered, from the sandbox id).
+    pub mac: [u8; 6],
 }
 
 /// A path inside a QEMU option string: commas are doubled (QemuOpts' escape).
@@ -85,6 +87,10 @@ pub struct Extras<'a> {
     /// Map `memory_file` privately (`share=off`): guest writes go to the VM's own anonymous
     /// pages and the file (a reflink of a checkpoint's memory) is only read.
     pub private_memory: bool,
+    /// A tap device (an open descriptor QEMU inherits at this number): the guest gets a
+    /// virtio-net NIC on it. Every VM the node starts has one, so checkpoints and the VMs
+    /// restored from them have the same devices.
+    pub tap_fd: Option<std::os::fd::RawFd>,
 }
 
 /// The id of the file memory backend.
@@ -183,6 +189,20 @@ impl VmSpec {
         a.push(
             format!("virtserialport,chardev=ch0,id={PORT_DEVICE_ID},name={CHANNEL_PORT}").into(),
         );
+        if let Some(fd) = extras.tap_fd {
+            push(&mut a, &["-netdev", &format!("tap,id=net0,fd={fd}")]);
+            let m = self.mac;
+            push(
+                &mut a,
+                &[
+                    "-device",
+                    &format!(
+                        "virtio-net-device,netdev=net0,mac={:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+                        m[0], m[1], m[2], m[3], m[4], m[5]
+                    ),
+                ],
+            );
+        }
         // Chardevs rather than -serial file: / -qmp unix:, whose legacy syntax has no escape
         // for commas in paths.
         a.push("-chardev".into());
@@ -205,16 +225,18 @@ impl VmSpec {
 /// not reach it; a node restart leaves it running), stdin from /dev/null, stdout and stderr
 /// appended to `log`.
 pub fn spawn(qemu: &Path, args: &[OsString], log: &Path) -> io::Result<Child> {
-    spawn_with(qemu, args, log, None)
+    spawn_with(qemu, args, log, None, Vec::new())
 }
 
 /// [`spawn`], jailed as `jail` says when given (see `jail.rs`): the environment is cleared
-/// too, so nothing of the node's reaches QEMU.
+/// too, so nothing of the node's reaches QEMU. Unjailed, QEMU inherits `inherit` (jailed,
+/// the jail's own list does).
 pub fn spawn_with(
     qemu: &Path,
     args: &[OsString],
     log: &Path,
     jail: Option<JailSpec<'_>>,
+    inherit: Vec<std::os::fd::OwnedFd>,
 ) -> io::Result<Child> {
     let out = fs::OpenOptions::new()
         .create(true)
@@ -231,6 +253,8 @@ pub fn spawn_with(
         cmd.env_clear();
         space_sys::jail::jail_command(&mut cmd, jail)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    } else if !inherit.is_empty() {
+        space_sys::jail::inherit_fds(&mut cmd, inherit);
     }
     cmd.spawn().map_err(|e| {
         io::Error::new(

@@ -22,6 +22,7 @@ fn spec(accel: AccelKind) -> VmSpec {
         channel_socket: "/run/space/sandboxes/a1/guest.sock".into(),
         console: "/run/space/sandboxes/a1/console.log".into(),
         qmp: "/run/space/sandboxes/a1/qmp.sock".into(),
+        mac: [0x02, 0, 0, 0, 0, 1],
     }
 }
 
@@ -167,12 +168,14 @@ const DEP: &str = "kernel/drivers/virtio/virtio_ring.ko:\n\
     kernel/net/core/failover.ko:\n\
     kernel/drivers/net/virtio_net.ko: kernel/net/core/failover.ko kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko\n";
 
-const ORDER: [&str; 5] = [
+const ORDER: [&str; 7] = [
     "kernel/drivers/virtio/virtio_ring.ko",
     "kernel/drivers/virtio/virtio.ko",
     "kernel/drivers/virtio/virtio_mmio.ko",
     "kernel/drivers/block/virtio_blk.ko",
     "kernel/drivers/char/virtio_console.ko",
+    "kernel/net/core/failover.ko",
+    "kernel/drivers/net/virtio_net.ko",
 ];
 
 #[test]
@@ -1081,12 +1084,30 @@ async fn real_vm_runs_jailed() {
     assert_eq!(fs::metadata(&disk).unwrap().uid(), 1_234_567_000);
     assert_eq!(fs::metadata(&plan.run_dir).unwrap().uid(), 1_234_567_000);
 
-    // Its own mount (and IPC, UTS) namespace, but the node's network namespace.
+    // Its own mount, IPC, UTS and (without a slot: a fresh, empty) network namespace,
+    // holding its tap as an inherited descriptor and no /dev/net/tun.
     let ns = |p: &str, n: &str| fs::read_link(format!("/proc/{p}/ns/{n}")).unwrap();
-    for n in ["mnt", "ipc", "uts"] {
+    for n in ["mnt", "ipc", "uts", "net"] {
         assert_ne!(ns(&pid.to_string(), n), ns("self", n), "{n}");
     }
-    assert_eq!(ns(&pid.to_string(), "net"), ns("self", "net"));
+    let fds: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.unwrap().path()).ok())
+        .map(|l| l.display().to_string())
+        .collect();
+    assert!(fds.iter().any(|l| l == "/dev/net/tun"), "no tap: {fds:?}");
+    let net_dev = fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap();
+    let ifaces: Vec<&str> = net_dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(str::trim)
+        .collect();
+    assert_eq!(ifaces.len(), 2, "only lo and the tap: {net_dev}");
+    assert!(
+        ifaces.contains(&"lo") && ifaces.contains(&"tap0"),
+        "{net_dev}"
+    );
     assert_eq!(ns(&pid.to_string(), "pid"), ns("self", "pid"));
 
     // Only the expected mounts.
