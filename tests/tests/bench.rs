@@ -293,6 +293,9 @@ fn bench_microvm_measures_boot_restore_and_pool_and_cleans_up() {
     assert_eq!(r["pool_hits"], 2, "{r}");
     assert_eq!(r["pool_ready_ms"]["count"], 2, "{r}");
     assert!(r["exec_rtt_ms"]["p50"].as_f64().unwrap() > 0.0, "{r}");
+    // Forks of the running VM restore its memory in the child.
+    assert_eq!(r["fork_ready_ms"]["count"], 2, "{r}");
+    assert_eq!(r["fork_booted"], 0, "{r}");
     // Nothing left, and base's pool is the namespace pool it was.
     assert!(sandboxes(&s).is_empty(), "{:?}", sandboxes(&s));
     let after: Value =

@@ -458,3 +458,140 @@ fn a_microvm_pool_hands_out_restored_vms_with_fresh_identities() {
     assert_eq!(code, 200, "{body}");
     assert!(s.user_sandbox_dirs().is_empty());
 }
+
+fn events(s: &Spaced, id: &str, action: &str) -> Vec<serde_json::Value> {
+    let (code, ev) = s.call(Method::GET, &format!("/v1/sandboxes/{id}/events"), None);
+    assert_eq!(code, 200, "{ev}");
+    ev["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == action)
+        .cloned()
+        .collect()
+}
+
+/// A microvm checkpoint keeps memory: a rollback brings back the processes and the files in
+/// the guest's RAM as they were; a fork of the running VM continues it in a child with a
+/// fresh identity; a corrupted checkpoint is refused with the sandbox left as it is. With
+/// restored VMs' RAM mapped either way (`spaced --microvm-ram`).
+#[test]
+fn a_microvm_checkpoint_keeps_memory_through_rollback_and_fork() {
+    checkpoint_keeps_memory("private");
+}
+
+#[test]
+fn a_microvm_checkpoint_keeps_memory_with_shared_ram() {
+    checkpoint_keeps_memory("shared");
+}
+
+fn checkpoint_keeps_memory(ram: &str) {
+    let s = Spaced::start_with(&["--microvm-ram", ram]).unwrap();
+    let id = s.create(&["--runtime", "microvm"]);
+    // State that lives only in the guest's memory: a file in its tmpfs /tmp and a process.
+    out(&s, &id, "echo before > /tmp/mem");
+    let pid = s
+        .space_ok(&[
+            "exec",
+            "-d",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "while :; do sleep 1; done",
+        ])
+        .trim()
+        .to_string();
+    let t = Instant::now();
+    let cp = s
+        .space_ok(&["snapshot", &id, "--checkpoint"])
+        .trim()
+        .to_string();
+    eprintln!("microvm checkpoint ({ram}): {:?}", t.elapsed());
+    let (code, list) = s.call(Method::GET, &format!("/v1/sandboxes/{id}/snapshots"), None);
+    assert_eq!(code, 200, "{list}");
+    let snap = list["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == cp.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (snap["kind"].as_str(), snap["memory"].as_bool()),
+        (Some("checkpoint"), Some(true)),
+        "{snap}"
+    );
+    // The VM ran on after its checkpoint.
+    out(&s, &id, "echo after > /tmp/mem; echo on-disk > /root/f");
+
+    let t = Instant::now();
+    s.space_ok(&["rollback", &id, &cp]);
+    eprintln!(
+        "microvm rollback to a checkpoint ({ram}): {:?}",
+        t.elapsed()
+    );
+    assert_eq!(s.inspect(&id)["restored"], true);
+    assert_eq!(
+        out(&s, &id, "cat /tmp/mem; ls /root/f 2>&1 | grep -c 'No such'"),
+        "before\n1"
+    );
+    let ps = s.space_ok(&["ps", &id]);
+    assert!(ps.contains(&pid), "the process lives on: {ps}");
+    assert_eq!(events(&s, &id, "memory_restored").len(), 1);
+    assert!(
+        events(&s, &id, "process_restarted").is_empty(),
+        "nothing restarted"
+    );
+
+    // A fork of the running VM (no snapshot named) continues it: memory and processes.
+    out(&s, &id, "echo parent-now > /tmp/mem");
+    let parent_id = out(
+        &s,
+        &id,
+        "cat /etc/machine-id; cat /sys/class/net/eth0/address",
+    );
+    let t = Instant::now();
+    let child = s.space_ok(&["fork", &id]).trim().to_string();
+    eprintln!("microvm fork of a running VM ({ram}): {:?}", t.elapsed());
+    assert_eq!(s.inspect(&child)["restored"], true);
+    let c = out(
+        &s,
+        &child,
+        "cat /tmp/mem; hostname; cat /etc/machine-id; cat /sys/class/net/eth0/address",
+    );
+    let c: Vec<&str> = c.lines().collect();
+    assert_eq!(c[..2], ["parent-now", child.as_str()], "{c:?}");
+    let p: Vec<&str> = parent_id.lines().collect();
+    assert_ne!(c[2], p[0], "the child's machine-id");
+    assert_ne!(c[3], p[1], "the child's MAC");
+    let ps = s.space_ok(&["ps", &child]);
+    assert!(
+        ps.contains(&pid),
+        "the parent's process goes on in the child: {ps}"
+    );
+    // Each its own memory from there.
+    out(&s, &child, "echo child > /tmp/mem");
+    assert_eq!(out(&s, &id, "cat /tmp/mem"), "parent-now");
+    s.space_ok(&["rm", &child]);
+
+    // A corrupted checkpoint: refused; the sandbox keeps running as it was.
+    let qemu = s.inspect(&id)["init_pid"].as_u64().unwrap();
+    let state = s
+        .data_dir()
+        .join(format!("volume/sandboxes/{id}/snapshots/{cp}/vm/state"));
+    let mut bytes = std::fs::read(&state).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&state, &bytes).unwrap();
+    let o = s.space(&["rollback", &id, &cp]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cannot be restored") && err.contains("corrupted"),
+        "{err}"
+    );
+    assert_eq!(s.inspect(&id)["init_pid"].as_u64(), Some(qemu));
+    assert_eq!(out(&s, &id, "cat /tmp/mem"), "parent-now");
+    s.space_ok(&["rm", &id]);
+}

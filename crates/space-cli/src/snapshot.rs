@@ -172,6 +172,9 @@ pub fn render_tree(list: &[Snapshot]) -> String {
             .map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)))
             .unwrap_or_else(|| "-".into());
         let kind = match (&s.processes, s.kind) {
+            (Some(p), SnapshotKind::Checkpoint) if s.memory => {
+                format!("checkpoint({}, memory)", p.len())
+            }
             (Some(p), SnapshotKind::Checkpoint) => format!("checkpoint({})", p.len()),
             (_, k) => k.as_str().to_string(),
         };
@@ -270,7 +273,9 @@ mod tests {
         let mut cp = s("f", None);
         cp.kind = SnapshotKind::Checkpoint;
         cp.processes = Some(vec![space_api::CheckpointProcess::default()]);
-        assert!(render_tree(&[cp]).contains("  checkpoint(1)  "));
+        assert!(render_tree(std::slice::from_ref(&cp)).contains("  checkpoint(1)  "));
+        cp.memory = true;
+        assert!(render_tree(&[cp]).contains("  checkpoint(1, memory)  "));
         assert!(lines[1].starts_with("  b "));
         assert!(lines[2].starts_with("    d "));
         assert!(lines[3].starts_with("  c "));

@@ -2,7 +2,9 @@
 //! a disk snapshot plus the sandbox's spec (every snapshot row keeps it) plus the processes
 //! to restart. Memory is not kept: after a rollback, a recovery or a fork from a checkpoint
 //! each recorded process is started again from scratch (guest `Start`, in the background),
-//! with an event `process_restarted` per process. `memory` is there for the microvm runtime.
+//! with an event `process_restarted` per process. A microvm's checkpoint keeps its memory
+//! (`memory: true`, decision 0014): its rollback or fork brings the processes back as they
+//! were (event `memory_restored`), unless that restore failed and the node booted the disk.
 
 use std::collections::HashMap;
 
@@ -149,9 +151,14 @@ impl Engine {
 
     /// After sandbox `id` came up again from snapshot `snap`: when it is a checkpoint, starts
     /// its recorded processes again, each fresh, and records `process_restarted` per process
-    /// (detail: argv[0] only). Failures are events, never errors of the caller.
-    pub(crate) async fn restart_checkpoint_processes(&self, id: &str, snap: &str) {
+    /// (detail: argv[0] only). Failures are events, never errors of the caller. Not when the
+    /// node brought the checkpoint's memory back (`restored`): the processes never stopped.
+    pub(crate) async fn restart_checkpoint_processes(&self, id: &str, snap: &str, restored: bool) {
         let checkpoint = match self.store.get_checkpoint(snap).await {
+            Ok(Some(c)) if c.memory && restored => {
+                self.event(id, "memory_restored", "ok", snap);
+                return;
+            }
             Ok(Some(c)) => c,
             Ok(None) => return,
             Err(e) => {

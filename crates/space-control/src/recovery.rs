@@ -135,7 +135,7 @@ impl Engine {
                 }
                 self.write_status(id, SandboxState::Running, None).await?;
                 if let Some(snap) = &newest {
-                    self.restart_checkpoint_processes(id, &snap.id).await;
+                    self.restart_checkpoint_processes(id, &snap.id, false).await;
                 }
                 let ms = started.elapsed().as_millis();
                 tracing::info!(

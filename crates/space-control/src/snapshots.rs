@@ -280,21 +280,35 @@ impl Engine {
         row: &SandboxRow,
         label: Option<String>,
     ) -> AppResult<SnapshotRow> {
-        self.snapshot_locked_as(row, label, None).await
+        self.snapshot_locked_as(row, label, None)
+            .await
+            .map(|(s, _)| s)
     }
 
-    /// Takes a snapshot, a checkpoint when `checkpoint` is given (recorded with it).
-    async fn snapshot_locked_as(
+    /// Takes a snapshot, a checkpoint when `checkpoint` is given (recorded with it, `memory`
+    /// as the node kept it); returns the checkpoint as recorded.
+    pub(crate) async fn snapshot_locked_as(
         &self,
         row: &SandboxRow,
         label: Option<String>,
         checkpoint: Option<&Checkpoint>,
-    ) -> AppResult<SnapshotRow> {
+    ) -> AppResult<(SnapshotRow, Option<Checkpoint>)> {
         let start = std::time::Instant::now();
         let id = &row.id;
         let snap = new_id();
         let parent = self.store.snapshot_head(id).await?;
-        let info = self.node.snapshot_sandbox(id, &snap).await?;
+        // A checkpoint keeps the memory where the runtime can (a microvm), so its processes
+        // come back as they were instead of being started again.
+        let info = if checkpoint.is_some() {
+            self.node.checkpoint_sandbox(id, &snap).await?
+        } else {
+            self.node.snapshot_sandbox(id, &snap).await?
+        };
+        let checkpoint = checkpoint.map(|c| Checkpoint {
+            memory: info.memory,
+            ..c.clone()
+        });
+        let checkpoint = checkpoint.as_ref();
         let srow = SnapshotRow {
             id: snap.clone(),
             sandbox_id: id.clone(),
@@ -324,7 +338,7 @@ impl Engine {
             return Err(e.into());
         }
         self.metrics.snapshot_seconds.since(start);
-        Ok(srow)
+        Ok((srow, checkpoint.cloned()))
     }
 
     pub async fn create_snapshot(&self, id: &str, req: CreateSnapshot) -> AppResult<Snapshot> {
@@ -348,7 +362,7 @@ impl Engine {
                 Some(self.checkpoint_state(id).await?)
             }
         };
-        let s = self
+        let (s, checkpoint) = self
             .snapshot_locked_as(&row, req.label, checkpoint.as_ref())
             .await?;
         let mut dto = snapshot_dto(&s, None);
@@ -420,7 +434,8 @@ impl Engine {
         };
         self.write_status(id, SandboxState::Running, None).await?;
         self.store.set_snapshot_head(id, &snap.id).await?;
-        self.restart_checkpoint_processes(id, &snap.id).await;
+        self.restart_checkpoint_processes(id, &snap.id, status.restored)
+            .await;
         let row = SandboxRow {
             state: SandboxState::Running,
             error: None,
@@ -437,6 +452,15 @@ impl Engine {
         check_lifecycle(&row, Action::Fork)?;
         let snap = match &req.snapshot {
             Some(s) => self.own_snapshot(id, s).await?,
+            // A running microvm forks as it is, processes and memory: a checkpoint.
+            None if row.spec.runtime.as_deref() == Some(crate::engine::MICROVM)
+                && row.state == SandboxState::Running =>
+            {
+                let c = self.checkpoint_state(id).await?;
+                self.snapshot_locked_as(&row, Some("fork".into()), Some(&c))
+                    .await?
+                    .0
+            }
             None => self.snapshot_locked(&row, Some("fork".into())).await?,
         };
         let mut out = Vec::with_capacity(count as usize);
@@ -471,7 +495,8 @@ impl Engine {
             Ok(status) => {
                 self.write_status(&id, SandboxState::Running, None).await?;
                 self.store.set_snapshot_head(&id, snap).await?;
-                self.restart_checkpoint_processes(&id, snap).await;
+                self.restart_checkpoint_processes(&id, snap, status.restored)
+                    .await;
                 let row = SandboxRow {
                     state: SandboxState::Running,
                     ..row

@@ -335,6 +335,9 @@ struct FakeNode {
     ports: Mutex<HashMap<u16, std::net::SocketAddr>>,
     /// Warm pools as set (clamped to `FAKE_POOL_CAPACITY`), by template.
     pools: Mutex<BTreeMap<String, space_node::api::PoolStatus>>,
+    /// Acts as a node whose checkpoints keep memory (a microvm's) and whose rollbacks and
+    /// forks restore it.
+    vm_memory: std::sync::atomic::AtomicBool,
 }
 
 /// How many sandboxes the fake node can keep in a warm pool.
@@ -360,6 +363,13 @@ impl FakeNode {
     }
 
     /// The status of a sandbox started from `spec`, with its network.
+    /// `started`, with `restored` as a node that restores memory says.
+    fn restored(&self, spec: &SandboxSpec) -> SandboxStatus {
+        let mut st = self.started(spec);
+        st.restored = self.vm_memory.load(std::sync::atomic::Ordering::Relaxed);
+        st
+    }
+
     fn started(&self, spec: &SandboxSpec) -> SandboxStatus {
         self.specs
             .lock()
@@ -478,7 +488,7 @@ impl NodeApi for FakeNode {
             .lock()
             .unwrap()
             .push(format!("fork {source} {snap} {}", spec.id));
-        Ok(self.started(spec))
+        Ok(self.restored(spec))
     }
 
     async fn remove_sandbox(&self, id: &str) -> Result<(), NodeError> {
@@ -545,6 +555,7 @@ impl NodeApi for FakeNode {
             created_unix_ms: 1000,
             size_bytes: None,
             path: PathBuf::from("/s"),
+            memory: false,
         })
     }
 
@@ -565,7 +576,30 @@ impl NodeApi for FakeNode {
             .lock()
             .unwrap()
             .push(format!("rollback {} {snap}", spec.id));
-        Ok(self.started(spec))
+        Ok(self.restored(spec))
+    }
+
+    async fn checkpoint_sandbox(
+        &self,
+        id: &str,
+        snap: &str,
+    ) -> Result<space_node::api::SnapshotInfo, NodeError> {
+        let memory = self.vm_memory.load(std::sync::atomic::Ordering::Relaxed);
+        if !memory {
+            return self.snapshot_sandbox(id, snap).await;
+        }
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("checkpoint {id} {snap}"));
+        Ok(space_node::api::SnapshotInfo {
+            id: snap.into(),
+            sandbox_id: id.into(),
+            created_unix_ms: 1000,
+            size_bytes: None,
+            path: PathBuf::from("/s"),
+            memory: true,
+        })
     }
 
     async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
@@ -697,6 +731,7 @@ async fn harness_with(cfg: impl FnOnce(&mut ControlConfig)) -> Harness {
         specs: Mutex::default(),
         ports: Mutex::default(),
         pools: Mutex::default(),
+        vm_memory: Default::default(),
     });
     let mut c = ControlConfig::new(dir.path().join("data"));
     cfg(&mut c);
@@ -1963,3 +1998,89 @@ mod net;
 
 #[path = "tests_pools.rs"]
 mod pools;
+
+#[tokio::test]
+async fn memory_checkpoints_are_not_restarted_and_running_microvms_fork_from_one() {
+    let h = harness().await;
+    h.node
+        .vm_memory
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let r = h
+        .call(Method::POST, "/v1/sandboxes", r#"{"runtime":"microvm"}"#)
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let vm: Sandbox = r.json();
+    let base = format!("/v1/sandboxes/{}", vm.id);
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/snapshots"),
+            r#"{"kind":"checkpoint"}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let cp: space_api::Snapshot = r.json();
+    assert!(cp.memory, "the node kept the memory");
+    let calls = h.node.calls.lock().unwrap().clone();
+    assert!(
+        calls.contains(&format!("checkpoint {} {}", vm.id, cp.id)),
+        "{calls:?}"
+    );
+    // Listed with its memory flag too.
+    let r = h.call(Method::GET, &format!("{base}/snapshots"), "").await;
+    let list: space_api::SnapshotList = r.json();
+    assert!(list.snapshots.iter().any(|s| s.id == cp.id && s.memory));
+
+    // A rollback that restored the memory restarts nothing.
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/rollback"),
+            format!(r#"{{"snapshot":"{}"}}"#, cp.id),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = h.call(Method::GET, &format!("{base}/events"), "").await;
+    let body = String::from_utf8_lossy(&r.body).to_string();
+    assert!(body.contains("memory_restored"), "{body}");
+    assert!(!body.contains("process_restarted"), "{body}");
+    let calls = h.guest.calls.lock().unwrap().clone();
+    assert!(!calls.iter().any(|c| c.starts_with("start ")), "{calls:?}");
+
+    // A running microvm forks from a checkpoint; a namespace sandbox from a disk snapshot.
+    let r = h.call(Method::POST, &format!("{base}/fork"), "{}").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let n_checkpoints = |h: &Harness, id: &str| {
+        h.node
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.starts_with(&format!("checkpoint {id} ")))
+            .count()
+    };
+    assert_eq!(n_checkpoints(&h, &vm.id), 2);
+    let ns = h.create().await;
+    let r = h
+        .call(Method::POST, &format!("/v1/sandboxes/{}/fork", ns.id), "{}")
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(n_checkpoints(&h, &ns.id), 0);
+
+    // Where the node could not restore the memory (it booted the disk), the processes are
+    // started again.
+    h.node
+        .vm_memory
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/rollback"),
+            format!(r#"{{"snapshot":"{}"}}"#, cp.id),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = h.call(Method::GET, &format!("{base}/events"), "").await;
+    let body = String::from_utf8_lossy(&r.body).to_string();
+    assert!(body.contains("process_restarted"), "{body}");
+}

@@ -20,9 +20,17 @@
 //! discards input up to the HTTP/2 client preface ([`PREFACE`]), which starts every client
 //! connection. The service (and the process table) is shared by all sessions.
 //!
-//! A race remains when a host disconnects and the next one connects before the guest noticed:
-//! the old session may read the new client's first bytes (it then fails, and that client
-//! must reconnect) or write its last frames to the new client (which then fails the same way).
+//! A host may also take over before the guest saw the last one leave: a disconnect and a
+//! connect in quick succession, or a VM restored from a memory checkpoint, whose guest was in
+//! the middle of a session with the host of the checkpoint (after the restore QEMU tells the
+//! guest "connected", never "gone"). So a session also watches its input frame by frame: a
+//! frame header starting with `P` (a length of at least 5 MiB, which no client may send: the
+//! server's `SETTINGS_MAX_FRAME_SIZE` is h2's 16 KiB) is the first byte of a new client's
+//! preface. The session then ends (EOF to the server), hands the bytes from there on to the
+//! next session, and drops whatever the server still writes (meant for the last host).
+//! A race remains only when the switch falls in the middle of a frame (the old host's last
+//! frame cut off): the new client's first bytes are then taken for that frame's, it fails,
+//! and must reconnect.
 
 use std::fs;
 use std::future::Future;
@@ -366,6 +374,64 @@ impl Preface {
     }
 }
 
+/// Follows the frames a client sends after its preface, to see a new client's preface begin
+/// where the next frame header should (see the module's doc).
+#[derive(Debug)]
+struct Frames {
+    /// Bytes of the preface still to pass.
+    skip: usize,
+    /// Header bytes of the current frame seen so far.
+    header: [u8; 9],
+    have: usize,
+    /// Payload bytes of the current frame still to pass.
+    left: usize,
+}
+
+impl Frames {
+    fn new() -> Self {
+        Self {
+            skip: PREFACE.len(),
+            header: [0; 9],
+            have: 0,
+            left: 0,
+        }
+    }
+
+    /// Passes `data` (the next bytes to the server); returns the offset in it where a new
+    /// client's preface starts, if it does.
+    fn scan(&mut self, data: &[u8]) -> Option<usize> {
+        let mut i = 0;
+        while i < data.len() {
+            if self.skip > 0 || self.left > 0 {
+                let pending = if self.skip > 0 {
+                    &mut self.skip
+                } else {
+                    &mut self.left
+                };
+                let n = (*pending).min(data.len() - i);
+                *pending -= n;
+                i += n;
+                continue;
+            }
+            if self.have == 0 && data[i] == PREFACE[0] {
+                return Some(i);
+            }
+            self.header[self.have] = data[i];
+            self.have += 1;
+            i += 1;
+            if self.have == self.header.len() {
+                let h = self.header;
+                self.left = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+                self.have = 0;
+            }
+        }
+        None
+    }
+}
+
+/// Bytes one session read that belong to the next one (a new client's preface onwards).
+pub type Carry = std::sync::Arc<std::sync::Mutex<Vec<u8>>>;
+
 /// One HTTP/2 session's byte stream: input before the client preface is dropped (see the
 /// module's doc); tells [`sessions`] when tonic drops it, and whether the host hung up (EOF,
 /// or a reset) before.
@@ -373,7 +439,11 @@ impl Preface {
 pub struct Session<T> {
     io: T,
     preface: Preface,
+    frames: Frames,
     host_gone: bool,
+    /// A new client's preface came in: EOF to the server, its writes dropped.
+    superseded: bool,
+    carry: Carry,
     /// Bytes passed to and from the server, for the log.
     read: u64,
     written: u64,
@@ -381,14 +451,43 @@ pub struct Session<T> {
 }
 
 impl<T> Session<T> {
-    fn new(io: T, ended: oneshot::Sender<bool>) -> Self {
+    fn new(io: T, ended: oneshot::Sender<bool>, carry: Carry) -> Self {
+        let mut preface = Preface::new();
+        let carried = std::mem::take(&mut *carry.lock().unwrap_or_else(|e| e.into_inner()));
+        if !carried.is_empty() {
+            preface.feed(&carried);
+        }
         Self {
             io,
-            preface: Preface::new(),
+            preface,
+            frames: Frames::new(),
             host_gone: false,
+            superseded: false,
+            carry,
             read: 0,
             written: 0,
             ended: Some(ended),
+        }
+    }
+
+    /// Checks `data`, about to go to the server, for a new client's preface at a frame
+    /// boundary; returns how many of its bytes go to the server (the rest is carried to
+    /// the next session, and this one is superseded).
+    fn pass(&mut self, data: &[u8]) -> usize {
+        match self.frames.scan(data) {
+            None => data.len(),
+            Some(at) => {
+                tracing::warn!(
+                    carried = data.len() - at,
+                    "a new host's preface arrived in the middle of a session: ending it"
+                );
+                self.carry
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend_from_slice(&data[at..]);
+                self.superseded = true;
+                at
+            }
         }
     }
 }
@@ -407,14 +506,28 @@ impl<T: AsyncRead + Unpin> AsyncRead for Session<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
+        if this.superseded {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             match &mut this.preface {
                 Preface::Done => break,
                 Preface::Replay(bytes) => {
                     let n = bytes.len().min(buf.remaining());
-                    buf.put_slice(&bytes[..n]);
-                    bytes.drain(..n);
-                    if bytes.is_empty() {
+                    let chunk: Vec<u8> = bytes.drain(..n).collect();
+                    let keep = this.pass(&chunk);
+                    buf.put_slice(&chunk[..keep]);
+                    if matches!(&this.preface, Preface::Replay(b) if b.is_empty())
+                        || this.superseded
+                    {
+                        if this.superseded
+                            && let Preface::Replay(rest) = &mut this.preface
+                        {
+                            this.carry
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .append(rest);
+                        }
                         this.preface = Preface::Done;
                     }
                     return Poll::Ready(Ok(()));
@@ -438,11 +551,14 @@ impl<T: AsyncRead + Unpin> AsyncRead for Session<T> {
         }
         let before = buf.filled().len();
         let wanted = buf.remaining() > 0;
-        let r = ready!(Pin::new(&mut self.io).poll_read(cx, buf));
-        self.read += (buf.filled().len() - before) as u64;
+        let r = ready!(Pin::new(&mut this.io).poll_read(cx, buf));
+        let got = buf.filled()[before..].to_vec();
+        let keep = this.pass(&got);
+        buf.set_filled(before + keep);
+        this.read += keep as u64;
         match &r {
-            Ok(()) if wanted && buf.filled().len() == before => self.host_gone = true,
-            Err(e) if is_hangup(e) => self.host_gone = true,
+            Ok(()) if wanted && got.is_empty() => this.host_gone = true,
+            Err(e) if is_hangup(e) => this.host_gone = true,
             _ => {}
         }
         Poll::Ready(r)
@@ -455,6 +571,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Session<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.superseded {
+            // Meant for the last host: never for the new one.
+            return Poll::Ready(Ok(buf.len()));
+        }
         let r = ready!(Pin::new(&mut self.io).poll_write(cx, buf));
         if let Ok(n) = &r {
             self.written += *n as u64;
@@ -483,6 +603,7 @@ impl<T> Drop for Session<T> {
             read = self.read,
             written = self.written,
             preface_seen = !matches!(self.preface, Preface::Seeking { .. }),
+            superseded = self.superseded,
             "session closed"
         );
         if let Some(tx) = self.ended.take() {
@@ -503,11 +624,13 @@ pub fn sessions<P: Port>(port: P) -> impl Stream<Item = io::Result<Session<P::Io
         port: P,
         previous: Option<(oneshot::Receiver<bool>, Instant)>,
         count: u64,
+        carry: Carry,
     }
     let state = State {
         port,
         previous: None,
         count: 0,
+        carry: Carry::default(),
     };
     futures::stream::unfold(state, |mut st| async move {
         if let Some((ended, since)) = st.previous.take() {
@@ -526,7 +649,8 @@ pub fn sessions<P: Port>(port: P) -> impl Stream<Item = io::Result<Session<P::Io
                     tracing::info!(session = st.count, "host connected");
                     let (tx, rx) = oneshot::channel();
                     st.previous = Some((rx, Instant::now()));
-                    return Some((Ok(Session::new(io, tx)), st));
+                    let session = Session::new(io, tx, st.carry.clone());
+                    return Some((Ok(session), st));
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot wait for the host; retrying in 1 s");

@@ -123,8 +123,11 @@ pub struct SnapshotInfo {
     /// Bytes referenced by the snapshot's files, once computed (lazily; see
     /// docs/decisions/0007-snapshots.md).
     pub size_bytes: Option<u64>,
-    /// Host path of the read-only rootfs subvolume.
+    /// Host path of the read-only rootfs subvolume (a microvm's: its disk image).
     pub path: PathBuf,
+    /// Whether the running VM's memory (its processes as they were) was kept with it: a
+    /// microvm checkpoint (decision 0014, "Memory snapshots"). Rollback and fork restore it.
+    pub memory: bool,
 }
 
 /// Errors of the node API. `code()` is the stable machine-readable name the control plane
@@ -231,6 +234,12 @@ pub trait NodeApi: Send + Sync {
         Err(NodeError::Internal(
             "snapshots are not supported by this node".into(),
         ))
+    }
+    /// A snapshot that also keeps the running sandbox's memory where its runtime can (a
+    /// microvm: its RAM and device state, `memory: true`); elsewhere the same as
+    /// `snapshot_sandbox`. Idempotent on `snap`.
+    async fn checkpoint_sandbox(&self, id: &str, snap: &str) -> Result<SnapshotInfo, NodeError> {
+        self.snapshot_sandbox(id, snap).await
     }
     /// The sandbox's snapshots (oldest first), with sizes when `with_size` (computed once
     /// per snapshot, then cached).

@@ -1394,7 +1394,11 @@ impl NodeApi for Node {
 
     #[tracing::instrument(name = "node.snapshot", skip_all, fields(sandbox = id, snapshot = snap))]
     async fn snapshot_sandbox(&self, id: &str, snap: &str) -> Result<SnapshotInfo, NodeError> {
-        self.snapshot_impl(id, snap).await
+        self.snapshot_impl(id, snap, false).await
+    }
+
+    async fn checkpoint_sandbox(&self, id: &str, snap: &str) -> Result<SnapshotInfo, NodeError> {
+        self.snapshot_impl(id, snap, true).await
     }
 
     async fn diff_sandbox(

@@ -19,6 +19,9 @@ use rand::Rng;
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 use serde::{Deserialize, Serialize};
 
+use space_proto::guest_client::GuestClient;
+use tonic::transport::Channel;
+
 use super::{Entry, Node, blocking, check_spec};
 use crate::api::{NodeError, SandboxSpec, SandboxStatus, SnapshotInfo};
 use crate::ids;
@@ -38,6 +41,9 @@ pub(crate) struct SnapshotRecord {
     /// so the figure never changes).
     #[serde(default)]
     pub size_bytes: Option<u64>,
+    /// A microvm checkpoint: `vm/` holds the VM's device state and RAM (decision 0014).
+    #[serde(default)]
+    pub memory: bool,
 }
 
 pub(crate) fn snapshots_dir(layout: &Layout, id: &str) -> PathBuf {
@@ -57,6 +63,12 @@ pub(crate) fn snapshot_disk(layout: &Layout, id: &str, snap: &str) -> PathBuf {
     snapshot_dir(layout, id, snap).join(super::SANDBOX_DISK)
 }
 
+/// A microvm checkpoint's VM state next to its disk image: `state`, `state.sha256` and
+/// `mem` (or the RAM in `state`), as `runtime::microvm::checkpoint` writes them.
+pub(crate) fn snapshot_vm_dir(layout: &Layout, id: &str, snap: &str) -> PathBuf {
+    snapshot_dir(layout, id, snap).join("vm")
+}
+
 /// What a snapshot holds: its rootfs subvolume, or for a microvm sandbox its disk image.
 fn snapshot_payload(layout: &Layout, id: &str, snap: &str) -> PathBuf {
     let disk = snapshot_disk(layout, id, snap);
@@ -74,6 +86,7 @@ fn info_of(layout: &Layout, rec: &SnapshotRecord) -> SnapshotInfo {
         created_unix_ms: rec.created_unix_ms,
         size_bytes: rec.size_bytes,
         path: snapshot_payload(layout, &rec.sandbox_id, &rec.id),
+        memory: rec.memory,
     }
 }
 
@@ -240,10 +253,13 @@ impl Node {
         }
     }
 
+    /// A snapshot of sandbox `id`; with `memory`, a running (or paused) microvm's memory is
+    /// kept too (a checkpoint, `vm/`).
     pub(super) async fn snapshot_impl(
         &self,
         id: &str,
         snap: &str,
+        memory: bool,
     ) -> Result<SnapshotInfo, NodeError> {
         ids::validate_sandbox_id(id)?;
         ids::validate_sandbox_id(snap)?;
@@ -259,11 +275,13 @@ impl Node {
         {
             return Ok(info_of(&self.layout, &rec));
         }
+        let keep_memory = memory && vm && self.is_running(&entry.record);
         let rec = SnapshotRecord {
             id: snap.to_string(),
             sandbox_id: id.to_string(),
             created_unix_ms: now_unix_ms(),
             size_bytes: None,
+            memory: keep_memory,
         };
         // Freeze so that every process's writes so far are in and none is half done
         // across files; a sandbox that is paused already stays as it is.
@@ -286,6 +304,9 @@ impl Node {
                     reason: "the guest did not flush its disk for the snapshot".into(),
                 });
             }
+        }
+        if keep_memory {
+            return self.snapshot_with_memory(&entry, rec, freeze).await;
         }
         if freeze {
             self.rt(&entry.record)
@@ -324,6 +345,65 @@ impl Node {
         }
         res?;
         tracing::info!(id, snapshot = snap, "snapshot taken");
+        Ok(info_of(&self.layout, &rec))
+    }
+
+    /// A microvm checkpoint: the VM is stopped by the runtime's checkpoint (device state and
+    /// RAM into `vm/`), its disk reflinked while it stands still, then resumed when `running`
+    /// (a paused VM stays paused). The node's channel to the guest stays connected.
+    async fn snapshot_with_memory(
+        &self,
+        entry: &Entry,
+        rec: SnapshotRecord,
+        running: bool,
+    ) -> Result<SnapshotInfo, NodeError> {
+        let (id, snap) = (rec.sandbox_id.clone(), rec.id.clone());
+        let name = entry.record.runtime_name().to_owned();
+        let t0 = std::time::Instant::now();
+        let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
+        blocking(move || {
+            let (id, snap) = (&rec2.sandbox_id, &rec2.id);
+            remove_snapshot_storage(&layout, subvols.as_ref(), id, snap)?;
+            storage::mkdir_p(&snapshots_dir(&layout, id), 0o700)?;
+            let dir = snapshot_dir(&layout, id, snap);
+            storage::mkdir_private(&dir)?;
+            storage::write_json_atomic(&dir.join(SNAPSHOT_RECORD), &rec2, false)?;
+            Ok(())
+        })
+        .await?;
+        let vm_dir = snapshot_vm_dir(&self.layout, &id, &snap);
+        let saved = self
+            .rt(&entry.record)
+            .checkpoint(&name, &vm_dir, false)
+            .await
+            .map_err(internal("checkpoint the VM"));
+        let t_saved = t0.elapsed();
+        let res = match saved {
+            Ok(()) => {
+                let disk = self.layout.sandbox_dir(&id).join(super::SANDBOX_DISK);
+                let to = snapshot_disk(&self.layout, &id, &snap);
+                blocking(move || Ok(clone_file_atomic(&disk, &to)?)).await
+            }
+            Err(e) => Err(e),
+        };
+        if running && let Err(e) = self.rt(&entry.record).set_frozen(&name, false).await {
+            tracing::error!(id, error = %e, "failed to resume the VM after its checkpoint");
+            if res.is_ok() {
+                return Err(internal("resume the VM after its checkpoint")(e));
+            }
+        }
+        if let Err(e) = res {
+            let dir = snapshot_dir(&self.layout, &id, &snap);
+            let _ = storage::remove_tree(&dir);
+            return Err(e);
+        }
+        tracing::info!(
+            id,
+            snapshot = snap,
+            saved_ms = t_saved.as_secs_f64() * 1e3,
+            total_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "checkpoint taken (memory and disk)"
+        );
         Ok(info_of(&self.layout, &rec))
     }
 
@@ -380,8 +460,18 @@ impl Node {
                 }
                 if with_size && rec.size_bytes.is_none() {
                     let size = if rootfs.is_file() {
+                        // A microvm's disk image, and its checkpoint's state and RAM.
+                        let vm = snapshot_vm_dir(&layout, &id, &rec.id);
+                        let vm_bytes: u64 = std::fs::read_dir(&vm)
+                            .map(|rd| {
+                                rd.flatten()
+                                    .filter_map(|e| e.metadata().ok())
+                                    .map(|m| m.blocks() * 512)
+                                    .sum()
+                            })
+                            .unwrap_or(0);
                         std::fs::metadata(&rootfs)
-                            .map(|m| m.blocks() * 512)
+                            .map(|m| m.blocks() * 512 + vm_bytes)
                             .map_err(|e| StorageError::io("stat", &rootfs, e))
                     } else {
                         referenced_bytes(&rootfs)
@@ -422,6 +512,53 @@ impl Node {
         .await
     }
 
+    /// The VM checkpoint of snapshot `snap` of `owner` when it has one (a microvm's memory
+    /// snapshot), checked as a restore for `limits` would check it: a corrupted or
+    /// mismatched one is refused before anything is stopped.
+    fn memory_of(
+        &self,
+        rec: &super::SandboxRecord,
+        owner: &str,
+        snap: &str,
+        limits: &crate::api::Limits,
+    ) -> Result<Option<PathBuf>, NodeError> {
+        let dir = snapshot_vm_dir(&self.layout, owner, snap);
+        if rec.runtime != super::MICROVM || !dir.join("state").exists() {
+            return Ok(None);
+        }
+        self.rt(rec).verify_checkpoint(&dir, limits).map_err(|e| {
+            NodeError::Conflict(format!(
+                "the memory of snapshot {snap} cannot be restored ({e}); nothing was changed"
+            ))
+        })?;
+        Ok(Some(dir))
+    }
+
+    /// Launches `rec` from the VM checkpoint `memory` when given; if that restore fails
+    /// (QEMU refuses the stream, or the guest does not answer), boots the same disk instead,
+    /// so the sandbox runs with the snapshot's files but fresh processes (`restored: false`).
+    async fn launch_from(
+        &self,
+        rec: &mut super::SandboxRecord,
+        memory: Option<&Path>,
+    ) -> Result<(crate::runtime::Launched, GuestClient<Channel>), NodeError> {
+        let Some(dir) = memory else {
+            return self.launch(rec, None).await;
+        };
+        match self.launch(rec, Some(dir)).await {
+            Ok(x) => Ok(x),
+            Err(e) => {
+                tracing::warn!(
+                    id = %rec.spec.id,
+                    checkpoint = %dir.display(),
+                    error = %e,
+                    "restoring the VM's memory failed: booting its disk instead"
+                );
+                self.launch(rec, None).await
+            }
+        }
+    }
+
     pub(super) async fn rollback_impl(
         &self,
         spec: &SandboxSpec,
@@ -435,6 +572,7 @@ impl Node {
         let mut entry = self.require_entry(&id)?;
         let vm = entry.record.runtime == super::MICROVM;
         let source = self.require_snapshot(&id, snap)?;
+        let memory = self.memory_of(&entry.record, &id, snap, &spec.limits)?;
         self.rt(&entry.record)
             .destroy(entry.record.runtime_name(), entry.record.launched.as_ref())
             .await
@@ -471,7 +609,9 @@ impl Node {
         })
         .await?;
         self.persist(&id, false).await?;
-        let (launched, client) = self.launch(&mut entry.record, None).await?;
+        let (launched, client) = self
+            .launch_from(&mut entry.record, memory.as_deref())
+            .await?;
         entry.record.launched = Some(launched);
         entry.client = Some(client);
         let status = self.status_of(&entry.record);
@@ -480,7 +620,12 @@ impl Node {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.clone(), entry);
         self.persist(&id, false).await?;
-        tracing::info!(id, snapshot = snap, "sandbox rolled back");
+        tracing::info!(
+            id,
+            snapshot = snap,
+            memory = status.restored,
+            "sandbox rolled back"
+        );
         Ok(status)
     }
 
@@ -502,6 +647,7 @@ impl Node {
         let src = self.require_entry(source)?;
         let vm = src.record.runtime == super::MICROVM;
         let src_rootfs = self.require_snapshot(source, snap)?;
+        let memory = self.memory_of(&src.record, source, snap, &spec.limits)?;
         let uid_base = self
             .uids
             .lock()
@@ -520,8 +666,8 @@ impl Node {
                 }
                 storage::mkdir_private(&dir)?;
                 if vm {
-                    // Its hostname comes with Personalize at boot; the image's
-                    // /etc/machine-id stays the source's (decision 0014).
+                    // Its hostname and a fresh identity (machine-id included) come with
+                    // Personalize when it starts (decision 0014).
                     clone_file_atomic(&src_rootfs, &dir.join(super::SANDBOX_DISK))?;
                 } else {
                     subvols.snapshot(&src_rootfs, &dir, "rootfs", false)?;
@@ -531,7 +677,7 @@ impl Node {
                 Ok(())
             })
             .await?;
-            self.launch(&mut rec, None).await
+            self.launch_from(&mut rec, memory.as_deref()).await
         }
         .await;
         match result {

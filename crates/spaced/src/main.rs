@@ -107,6 +107,12 @@ struct Args {
     /// warning), kvm or tcg.
     #[arg(long, default_value = "auto")]
     microvm_accel: space_node::runtime::microvm::Accel,
+    /// How a microvm restored from a checkpoint maps its RAM: private (nothing written to
+    /// disk while it runs; its checkpoints and forks carry its RAM in their stream) or shared
+    /// (its RAM is a file on the node's volume, written back as the guest dirties it; its
+    /// checkpoints and forks reflink the file). Decision 0014, "Memory snapshots".
+    #[arg(long, default_value = "private", value_name = "private|shared")]
+    microvm_ram: space_node::runtime::microvm::RestoredRam,
     /// The runtime of sandboxes created without one: namespace or microvm.
     #[arg(long, default_value = "namespace", value_parser = ["namespace", "microvm"])]
     default_runtime: String,
@@ -295,6 +301,7 @@ async fn main() -> Result<()> {
         },
         microvm: (args.microvm == OnOff::On).then(|| space_node::runtime::microvm::MicrovmConfig {
             accel: args.microvm_accel,
+            restored_ram: args.microvm_ram,
             // The jailed QEMUs' cgroups: next to the sandboxes', `space-vm` by default.
             cgroup_parent: format!("{}-vm", args.cgroup_parent),
             ..Default::default()

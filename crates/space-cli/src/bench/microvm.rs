@@ -1,12 +1,13 @@
 //! The microvm runtime (issue 6): cold boot to first exec, then creates that restore the
 //! template's warm checkpoint (the node makes it after the first create), each to its first
-//! exec, and exec round trips in a restored VM.
+//! exec, exec round trips in a restored VM, and forks of that running VM (a memory
+//! checkpoint and a restore) to the first exec in the child.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use space_api::{CreateSandbox, Sandbox};
+use space_api::{CreateSandbox, ForkRequest, Sandbox};
 
 use super::report::{Target, print_targets, section, stats_header, stats_row, value_row};
 use super::session::Session;
@@ -35,6 +36,12 @@ pub struct MicrovmReport {
     pub booted: usize,
     /// Exec round trip of `true` in a restored VM.
     pub exec_rtt_ms: Option<Stats>,
+    /// Forks of that running VM (no snapshot named: a memory checkpoint, then a restore):
+    /// the fork call alone, and fork -> first exec in the child; forks whose child booted
+    /// instead of restoring the memory.
+    pub fork_call_ms: Option<Stats>,
+    pub fork_ready_ms: Option<Stats>,
+    pub fork_booted: usize,
     /// With `--pool`: creates served by a microvm pool (default limits), create -> first
     /// exec, and how many were hits.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -133,6 +140,31 @@ pub async fn measure(s: &Session, n: usize, memory_mib: u64, pool: bool) -> Resu
         Some(id) => super::exec::round_trips(s, id, 50).await?,
         None => None,
     };
+    let (mut fork_call, mut fork_ready, mut fork_booted) = (Vec::new(), Vec::new(), 0);
+    if let Some(id) = &keep {
+        for i in 0..n {
+            let t = Instant::now();
+            let children =
+                s.c.fork(id, &ForkRequest::default())
+                    .await
+                    .with_context(|| format!("fork #{i}"))?;
+            let c = ms(t.elapsed());
+            let child = children
+                .into_iter()
+                .next()
+                .context("a fork made no child")?;
+            s.track(&child.id);
+            s.exec_true(&child.id).await?;
+            let r = ms(t.elapsed());
+            if child.restored {
+                fork_call.push(c);
+                fork_ready.push(r);
+            } else {
+                fork_booted += 1;
+            }
+            delete(s, &child.id).await?;
+        }
+    }
     if let Some(id) = keep {
         delete(s, &id).await?;
     }
@@ -174,6 +206,9 @@ pub async fn measure(s: &Session, n: usize, memory_mib: u64, pool: bool) -> Resu
         restore_ready_ms: stats(&ready),
         booted,
         exec_rtt_ms,
+        fork_call_ms: stats(&fork_call),
+        fork_ready_ms: stats(&fork_ready),
+        fork_booted,
         pool_ready_ms,
         pool_hits,
         notes,
@@ -187,6 +222,12 @@ pub fn targets(r: &MicrovmReport) -> Vec<Target> {
         150.0,
         "ms",
     )];
+    t.push(Target::at_most(
+        "fork of a running VM -> exec in the child p50",
+        r.fork_ready_ms.map(|s| s.p50),
+        200.0,
+        "ms",
+    ));
     if r.pool_hits.is_some() {
         t.push(Target::at_most(
             "pooled (restored) VM create -> exec p50",
@@ -231,8 +272,17 @@ pub fn print(r: &MicrovmReport) {
         1.0,
     );
     stats_row("exec round trip (restored VM)", r.exec_rtt_ms.as_ref(), 1.0);
+    stats_row("fork call (running VM)", r.fork_call_ms.as_ref(), 1.0);
+    stats_row(
+        "fork -> first exec in the child",
+        r.fork_ready_ms.as_ref(),
+        1.0,
+    );
     if r.booted > 0 {
         value_row("creates that booted instead", r.booted);
+    }
+    if r.fork_booted > 0 {
+        value_row("forks whose child booted instead", r.fork_booted);
     }
     if let Some(h) = r.pool_hits {
         stats_row(

@@ -182,3 +182,67 @@ async fn one_session_at_a_time_each_from_its_preface() {
     assert_eq!(&b2, b"ok");
     assert!(!s2.host_gone);
 }
+
+/// A SETTINGS frame with an empty payload, and a DATA frame whose payload holds `P`s.
+const SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+const DATA_WITH_P: &[u8] = &[0, 0, 3, 0, 0, 0, 0, 0, 1, b'P', b'P', b'P'];
+
+#[test]
+fn a_new_preface_is_seen_only_where_a_frame_header_would_start() {
+    let mut f = Frames::new();
+    // The preface itself, then frames whose payload holds `P`: nothing.
+    assert_eq!(f.scan(PREFACE), None);
+    assert_eq!(f.scan(SETTINGS), None);
+    assert_eq!(f.scan(DATA_WITH_P), None);
+    // Byte by byte across a header, then a new preface at the boundary.
+    let mut f2 = Frames::new();
+    let all = [PREFACE, DATA_WITH_P, SETTINGS].concat();
+    for b in all.chunks(1) {
+        assert_eq!(f2.scan(b), None);
+    }
+    assert_eq!(f2.scan(&[SETTINGS, PREFACE].concat()), Some(SETTINGS.len()));
+}
+
+#[tokio::test]
+async fn a_host_taking_over_mid_session_gets_a_fresh_session() {
+    let (tx, hosts) = mpsc::unbounded_channel();
+    let mut sessions = Box::pin(sessions(FakePort { hosts }));
+    let (guest, mut host) = UnixStream::pair().unwrap();
+    tx.send(guest).unwrap();
+    let mut s1 = sessions.next().await.unwrap().unwrap();
+    // The old client's frames, then (no hang-up seen) a new client's preface and frame.
+    host.write_all(&[PREFACE, DATA_WITH_P, PREFACE, SETTINGS].concat())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 64];
+    loop {
+        let n = s1.read(&mut b).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(
+        got,
+        [PREFACE, DATA_WITH_P].concat(),
+        "only the old client's bytes"
+    );
+    // What the old session still writes never reaches the new client.
+    s1.write_all(b"old answer").await.unwrap();
+    drop(s1);
+    let (guest2, _host2) = UnixStream::pair().unwrap();
+    tx.send(guest2).unwrap();
+    let mut s2 = sessions.next().await.unwrap().unwrap();
+    let mut b2 = vec![0u8; PREFACE.len() + SETTINGS.len()];
+    s2.read_exact(&mut b2).await.unwrap();
+    assert_eq!(
+        b2,
+        [PREFACE, SETTINGS].concat(),
+        "the new client's, carried over"
+    );
+    // s1 is gone, so its end is closed: the host reads EOF and nothing before it.
+    let mut leaked = Vec::new();
+    host.read_to_end(&mut leaked).await.unwrap();
+    assert!(leaked.is_empty(), "the old session wrote: {leaked:?}");
+}

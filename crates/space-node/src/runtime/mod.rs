@@ -122,6 +122,15 @@ pub trait Runtime: Send + Sync {
     async fn checkpoint(&self, id: &str, _dir: &Path, _resume: bool) -> Result<(), RuntimeError> {
         Err(unsupported(self.kind(), "checkpoint", id))
     }
+    /// Checks the checkpoint in `dir` (its files, sizes and checksums) without starting
+    /// anything: a restore of it for a sandbox with `limits` would get that far.
+    fn verify_checkpoint(&self, dir: &Path, _limits: &Limits) -> Result<(), RuntimeError> {
+        Err(unsupported(
+            self.kind(),
+            "verify a checkpoint",
+            &dir.display().to_string(),
+        ))
+    }
     /// Starts sandbox `plan` from the checkpoint in `dir` instead of booting it.
     async fn restore(&self, plan: &LaunchPlan, _dir: &Path) -> Result<Launched, RuntimeError> {
         Err(unsupported(self.kind(), "restore", &plan.id))

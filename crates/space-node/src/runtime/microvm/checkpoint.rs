@@ -9,6 +9,10 @@
 //! - `state.sha256`: the state file's SHA-256 (hex), checked before a restore starts QEMU;
 //! - `mem`: the guest RAM, a copy of the memory file taken while the VM was paused.
 //!
+//! A VM whose RAM is mapped privately ([`RestoreMode::Private`]) has no file that is its RAM:
+//! its checkpoint has no `mem`, and `state` carries the RAM (QEMU asked which through QOM).
+//! A restore of such a checkpoint loads it into a fresh shared memory file.
+//!
 //! The migration stream goes over a unix socket in the VM's run dir (QEMU's seccomp sandbox
 //! denies `exec:` and QEMU 7.2 has no `file:` URI): on save QEMU connects to a socket the
 //! node listens on; on restore QEMU listens (`migrate-incoming`) and the node feeds it.
@@ -48,7 +52,8 @@ pub const MEM_FILE: &str = "mem";
 pub const STATE_SUM_FILE: &str = "state.sha256";
 /// How long a checkpoint may take from `stop` to the state file written.
 pub const SAVE_TIMEOUT: Duration = Duration::from_secs(30);
-/// The largest state file a restore accepts (device state is tens of KiB; RAM is not in it).
+/// The largest state file a restore accepts when RAM is not in it (device state is tens of
+/// KiB); a stream with the RAM may hold the guest's RAM size on top.
 pub const MAX_STATE_BYTES: u64 = 64 << 20;
 /// The HTTP/2 client connection preface.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -62,6 +67,9 @@ pub enum MemoryCopy {
     Reflink,
     /// A byte copy (the source is on tmpfs or another filesystem).
     Copy,
+    /// No memory file: the RAM is in the state stream (a VM whose RAM is mapped privately
+    /// cannot leave it out; see [`RestoreMode::Private`]).
+    InStream,
 }
 
 /// What a checkpoint wrote and what it cost.
@@ -170,15 +178,41 @@ fn qmp_err(step: &'static str) -> impl Fn(QmpError) -> RuntimeError {
     move |e| setup_msg(step, io::ErrorKind::Other, e.to_string())
 }
 
-/// Sets `x-ignore-shared` (RAM in a shared file stays out of the stream; both ends need it).
-fn ignore_shared(q: &mut Qmp, deadline: Instant) -> Result<(), QmpError> {
+/// Sets `x-ignore-shared` on or off (on: RAM in a shared file stays out of the stream; both
+/// ends need it). Set either way: a restored QEMU keeps what its incoming migration used.
+fn set_ignore_shared(q: &mut Qmp, on: bool, deadline: Instant) -> Result<(), QmpError> {
     q.execute(
         "migrate-set-capabilities",
-        Some(json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]})),
+        Some(json!({"capabilities": [{"capability": "x-ignore-shared", "state": on}]})),
         deadline,
     )
     .map(|_| ())
 }
+
+/// The file the guest's RAM lives in and whether it is mapped shared (QOM properties of the
+/// memory backend); None: anonymous RAM.
+fn ram_backing(q: &mut Qmp, deadline: Instant) -> Result<Option<(PathBuf, bool)>, QmpError> {
+    let path = format!("/objects/{}", qemu::MEMORY_BACKEND_ID);
+    let file = match q.execute(
+        "qom-get",
+        Some(json!({"path": path, "property": "mem-path"})),
+        deadline,
+    ) {
+        Ok(Value::String(f)) => PathBuf::from(f),
+        Ok(_) | Err(QmpError::Command { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let share = q.execute(
+        "qom-get",
+        Some(json!({"path": path, "property": "share"})),
+        deadline,
+    )?;
+    Ok(Some((file, share == Value::Bool(true))))
+}
+
+/// Bytes per second a migration with the RAM in its stream may use (QEMU's cap, set high:
+/// the stream goes to a local file).
+const MAX_STREAM_BANDWIDTH: u64 = 64 << 30;
 
 /// Polls `query-migrate` until the migration completes. Err: its failure, or the deadline.
 fn wait_migrated(
@@ -302,12 +336,6 @@ pub(super) fn checkpoint_blocking(
         return Err(bad(io::ErrorKind::NotFound, format!("no VM {id:?}")));
     };
     let run_dir = qmp_path.parent().map(Path::to_path_buf).unwrap_or_default();
-    if !mem_file.is_file() {
-        return Err(bad(
-            io::ErrorKind::NotFound,
-            format!("VM {id} has no memory file at {}", mem_file.display()),
-        ));
-    }
     fs::create_dir_all(dir).map_err(setup("create the checkpoint dir"))?;
     let (state, mem) = (dir.join(STATE_FILE), dir.join(MEM_FILE));
     for p in [&state, &mem, &dir.join(STATE_SUM_FILE)] {
@@ -325,6 +353,14 @@ pub(super) fn checkpoint_blocking(
     let deadline = t0 + SAVE_TIMEOUT;
     let mut q = Qmp::connect(&qmp_path, super::QMP_TIMEOUT).map_err(qmp_err(step))?;
     let was = q.status(deadline).map_err(qmp_err(step))?;
+    // A VM whose RAM is a shared file (booted in `memory_dir`, or restored `SharedFile`):
+    // the stream leaves RAM out and the file is copied (reflinked where it can be). Else
+    // (restored `Private`): the RAM goes into the stream. QEMU says which.
+    let backing = ram_backing(&mut q, deadline).map_err(qmp_err(step))?;
+    let (shared, mem_file) = match backing {
+        Some((path, true)) => (true, path),
+        _ => (false, mem_file),
+    };
     if was == super::POSTMIGRATE {
         return Err(bad(
             io::ErrorKind::Other,
@@ -340,7 +376,16 @@ pub(super) fn checkpoint_blocking(
     let result = (|| {
         q.execute("stop", None, deadline).map_err(qmp_err(step))?;
         let pause = t0.elapsed();
-        ignore_shared(&mut q, deadline).map_err(qmp_err(step))?;
+        set_ignore_shared(&mut q, shared, deadline).map_err(qmp_err(step))?;
+        if !shared {
+            // QEMU's default cap (32 MiB/s in 7.2) would make a RAM stream take seconds.
+            q.execute(
+                "migrate-set-parameters",
+                Some(json!({"max-bandwidth": MAX_STREAM_BANDWIDTH})),
+                deadline,
+            )
+            .map_err(qmp_err(step))?;
+        }
         let sock = run_dir.join("migrate-out.sock");
         remove_if_exists(&sock).map_err(setup("remove a stale migration socket"))?;
         let listener = UnixListener::bind(&sock).map_err(setup("listen for the migration"))?;
@@ -380,11 +425,16 @@ pub(super) fn checkpoint_blocking(
         let state_bytes = received.map_err(setup("receive the device state"))?;
         let save = t_save.elapsed();
         let t_mem = Instant::now();
-        let mem_copy = copy_memory(&mem_file, &mem).map_err(setup("copy the memory file"))?;
+        let (mem_copy, mem_bytes) = if shared {
+            let how = copy_memory(&mem_file, &mem).map_err(setup("copy the memory file"))?;
+            let len = fs::metadata(&mem)
+                .map_err(setup("stat the memory copy"))?
+                .len();
+            (how, len)
+        } else {
+            (MemoryCopy::InStream, 0)
+        };
         let mem_d = t_mem.elapsed();
-        let mem_bytes = fs::metadata(&mem)
-            .map_err(setup("stat the memory copy"))?
-            .len();
         Ok(CheckpointInfo {
             state_bytes,
             mem_bytes,
@@ -464,17 +514,17 @@ fn wait_serving(channel: &Path, deadline: Instant, pidfd: &OwnedFd) -> Result<()
 }
 
 /// Opens the state file after checking its size and its SHA-256 against `state.sha256`.
-fn open_state(dir: &Path) -> Result<(fs::File, u64), RuntimeError> {
+fn open_state(dir: &Path, max: u64) -> Result<(fs::File, u64), RuntimeError> {
     let bad = |kind: io::ErrorKind, what: String| setup_msg("read the checkpoint", kind, what);
     let path = dir.join(STATE_FILE);
     let f = fs::File::open(&path)
         .map_err(|e| bad(e.kind(), format!("cannot open {}: {e}", path.display())))?;
     let len = f.metadata().map_err(setup("stat the state file"))?.len();
-    if len == 0 || len > MAX_STATE_BYTES {
+    if len == 0 || len > max {
         return Err(bad(
             io::ErrorKind::InvalidData,
             format!(
-                "{} holds {len} bytes; a state file holds 1 to {MAX_STATE_BYTES}",
+                "{} holds {len} bytes; this state file may hold 1 to {max}",
                 path.display()
             ),
         ));
@@ -501,6 +551,37 @@ fn open_state(dir: &Path) -> Result<(fs::File, u64), RuntimeError> {
     Ok((f, len))
 }
 
+/// Checks the checkpoint in `dir` for a VM of `memory_mib` as a restore would, before
+/// starting anything: the state file's size and SHA-256, and the memory file's size (when
+/// the RAM is not in the stream).
+pub fn verify(dir: &Path, memory_mib: u64) -> Result<(), RuntimeError> {
+    let mem = dir.join(MEM_FILE);
+    let want = memory_mib << 20;
+    let in_stream = !mem.exists();
+    let max = if in_stream {
+        MAX_STATE_BYTES + want
+    } else {
+        MAX_STATE_BYTES
+    };
+    open_state(dir, max)?;
+    if !in_stream {
+        let len = fs::metadata(&mem)
+            .map_err(setup("stat the checkpoint's memory"))?
+            .len();
+        if len != want {
+            return Err(setup_msg(
+                "read the checkpoint",
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} holds {len} bytes, not the {memory_mib} MiB of the VM",
+                    mem.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Where a restored VM's RAM lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RestoreMode {
@@ -514,6 +595,11 @@ pub enum RestoreMode {
     /// answer on its channel: the caller's first connection is that check (the node's
     /// connect has its own deadline), which saves a second HTTP/2 session per restore.
     Private,
+    /// Like [`RestoreMode::Private`] (a reflink next to the disk, returns at `cont`), but
+    /// mapped `share=on`: the guest's writes go to the file, so the VM can be checkpointed
+    /// with `x-ignore-shared` and its file reflinked (O(1) on btrfs after writing back its
+    /// dirty pages), at the price of that writeback while it runs.
+    SharedFile,
 }
 
 /// A privately mapped VM's memory file, in the directory of its disk.
@@ -531,7 +617,9 @@ pub(super) fn restore_blocking(
     let spec = rt.spec(plan, disk);
     let mem_file = match mode {
         RestoreMode::Shared => rt.memory_file(&plan.id),
-        RestoreMode::Private => disk.parent().map(|d| d.join(PRIVATE_MEM_FILE)),
+        RestoreMode::Private | RestoreMode::SharedFile => {
+            disk.parent().map(|d| d.join(PRIVATE_MEM_FILE))
+        }
     };
     let Some(mem_file) = mem_file else {
         return Err(bad(
@@ -539,10 +627,32 @@ pub(super) fn restore_blocking(
             "restores need file-backed guest RAM (MicrovmConfig::memory_dir)".to_owned(),
         ));
     };
-    let (mut state, _) = open_state(dir)?;
     let mem_src = dir.join(MEM_FILE);
     let want = spec.memory_mib << 20;
+    // No memory file: the RAM is in the stream; the VM gets a fresh memory file of its own
+    // in `memory_dir` (shared, so it can be checkpointed without RAM in the stream again).
+    let in_stream = !mem_src.exists() && dir.join(STATE_FILE).exists();
+    let (private, mem_file) = if in_stream {
+        match rt.memory_file(&plan.id) {
+            Some(m) => (false, m),
+            None => {
+                return Err(bad(
+                    io::ErrorKind::Unsupported,
+                    "restores need file-backed guest RAM (MicrovmConfig::memory_dir)".to_owned(),
+                ));
+            }
+        }
+    } else {
+        (mode == RestoreMode::Private, mem_file)
+    };
+    let max_state = if in_stream {
+        MAX_STATE_BYTES + want
+    } else {
+        MAX_STATE_BYTES
+    };
+    let (mut state, _) = open_state(dir, max_state)?;
     match fs::metadata(&mem_src) {
+        _ if in_stream => {}
         Ok(m) if m.len() == want => {}
         Ok(m) => {
             return Err(bad(
@@ -569,13 +679,17 @@ pub(super) fn restore_blocking(
     }
     remove_if_exists(&mem_file).map_err(setup("remove a stale memory file"))?;
     let t_mem = Instant::now();
-    let mem_copy =
-        copy_memory(&mem_src, &mem_file).map_err(setup("copy the checkpoint's memory"))?;
+    let mem_copy = if in_stream {
+        fresh_memory_file(&mem_file, spec.memory_mib)?;
+        MemoryCopy::InStream
+    } else {
+        copy_memory(&mem_src, &mem_file).map_err(setup("copy the checkpoint's memory"))?
+    };
     let mem_d = t_mem.elapsed();
     let extras = Extras {
         memory_file: Some(&mem_file),
         incoming: true,
-        private_memory: mode == RestoreMode::Private,
+        private_memory: private,
         tap_fd: None,
     };
     let log = plan.run_dir.join("qemu.log");
@@ -615,7 +729,7 @@ pub(super) fn restore_blocking(
     let qmp_ready = t0.elapsed();
     let sock = plan.run_dir.join("migrate-in.sock");
     let _ = remove_if_exists(&sock);
-    let started = ignore_shared(&mut q, deadline).and_then(|()| {
+    let started = set_ignore_shared(&mut q, !in_stream, deadline).and_then(|()| {
         q.execute(
             "migrate-incoming",
             Some(json!({"uri": format!("unix:{}", sock.display())})),

@@ -9,7 +9,9 @@ use tonic::transport::Channel;
 
 use sha2::Digest;
 
-use super::checkpoint::{MEM_FILE, RestoreMode, STATE_FILE, STATE_SUM_FILE};
+use super::checkpoint::{
+    MAX_STATE_BYTES, MEM_FILE, PRIVATE_MEM_FILE, RestoreMode, STATE_FILE, STATE_SUM_FILE,
+};
 use super::*;
 use crate::channel::{GuestConnector, UnixConnector};
 
@@ -360,6 +362,65 @@ async fn real_vm_checkpoint_forks_and_refuses_corrupt_state() {
         assert_ne!(code, 0, "fork2 sees fork1's file");
     }
 
+    // A VM restored with its RAM mapped privately cannot leave RAM out of its checkpoint:
+    // the RAM goes into the stream, and a restore of that gets a memory file of its own.
+    let priv_dir = d.path().join("priv");
+    fs::create_dir_all(&priv_dir).unwrap();
+    let pp = plan(
+        d.path(),
+        "priv",
+        copy_disk(
+            forks[0].0.disk.as_deref().unwrap(),
+            &priv_dir.join("disk.ext4"),
+        ),
+        256,
+    );
+    let (pl, _) = rt
+        .restore_timed(&pp, &ck, RestoreMode::Private)
+        .await
+        .unwrap();
+    assert!(priv_dir.join(PRIVATE_MEM_FILE).exists());
+    assert!(!rt.memory_file_of("priv").unwrap().exists());
+    let mut c = client(&pp.channel_socket).await;
+    wait_counter_moves(&mut c).await;
+    let ck2 = d.path().join("ck-in-stream");
+    let ci2 = rt.checkpoint("priv", &ck2, true).await.unwrap();
+    eprintln!("checkpoint of a privately mapped VM: {ci2:?}");
+    assert_eq!(ci2.mem_copy, MemoryCopy::InStream);
+    assert!(!ck2.join(MEM_FILE).exists());
+    assert!(
+        ci2.state_bytes > 4 << 20 && ci2.state_bytes < (256 << 20) + MAX_STATE_BYTES,
+        "RAM in the stream: {} bytes",
+        ci2.state_bytes
+    );
+    let pp2 = plan(
+        d.path(),
+        "priv2",
+        copy_disk(pp.disk.as_deref().unwrap(), &d.path().join("priv2.ext4")),
+        256,
+    );
+    let (pl2, t2) = rt
+        .restore_timed(&pp2, &ck2, RestoreMode::Shared)
+        .await
+        .unwrap();
+    eprintln!("restore of a stream with RAM: {t2:?}");
+    assert_eq!(t2.mem_copy, MemoryCopy::InStream);
+    assert!(
+        rt.memory_file_of("priv2").unwrap().exists(),
+        "a memory file of its own"
+    );
+    drop(c);
+    let mut c = client(&pp2.channel_socket).await;
+    assert_eq!(running(&mut c, "/counter").await, vec![started]);
+    wait_counter_moves(&mut c).await;
+    drop(c);
+    // And that one leaves RAM out of its own checkpoint again.
+    let ck3 = d.path().join("ck3");
+    let ci3 = rt.checkpoint("priv2", &ck3, true).await.unwrap();
+    assert_ne!(ci3.mem_copy, MemoryCopy::InStream);
+    rt.destroy("priv", Some(&pl)).await.unwrap();
+    rt.destroy("priv2", Some(&pl2)).await.unwrap();
+
     // A corrupted state file: refused by its checksum before any QEMU starts.
     let bad = d.path().join("bad");
     fs::create_dir_all(&bad).unwrap();
@@ -400,7 +461,7 @@ async fn real_vm_checkpoint_forks_and_refuses_corrupt_state() {
     // Truncated to nothing: refused before any QEMU starts.
     fs::write(bad.join(STATE_FILE), b"").unwrap();
     let e = rt.restore(&p, &bad).await.unwrap_err().to_string();
-    assert!(e.contains("a state file holds 1 to"), "{e}");
+    assert!(e.contains("this state file may hold 1 to"), "{e}");
     // A plan with another memory size.
     let p2 = plan(d.path(), "other", p.disk.clone().unwrap(), 512);
     let e = rt.restore(&p2, &ck).await.unwrap_err().to_string();

@@ -152,6 +152,34 @@ pub struct MicrovmConfig {
     /// default): anonymous RAM, and checkpoints are refused. See decision 0014, "Memory
     /// checkpoints", for where the directory should live.
     pub memory_dir: Option<PathBuf>,
+    /// How a VM the node restores from a checkpoint (`Runtime::restore`) maps its RAM, a
+    /// reflink of the checkpoint's next to its disk: privately (the default: writes stay in
+    /// QEMU's anonymous memory, nothing reaches the disk while it runs; its own checkpoints
+    /// carry the RAM in their stream) or shared (its writes go to the file, written back to
+    /// the node's disk; its checkpoints and forks reflink the file). Decision 0014, "Memory
+    /// snapshots".
+    pub restored_ram: RestoredRam,
+}
+
+/// See [`MicrovmConfig::restored_ram`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RestoredRam {
+    #[default]
+    Private,
+    Shared,
+}
+
+impl std::str::FromStr for RestoredRam {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "private" => Ok(RestoredRam::Private),
+            "shared" => Ok(RestoredRam::Shared),
+            _ => Err(format!(
+                "unknown RAM mapping {s:?}: expected private or shared"
+            )),
+        }
+    }
 }
 
 impl Default for MicrovmConfig {
@@ -169,6 +197,7 @@ impl Default for MicrovmConfig {
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             cgroup_parent: jail::DEFAULT_CGROUP_PARENT.to_owned(),
             memory_dir: None,
+            restored_ram: RestoredRam::Private,
         }
     }
 }
@@ -866,12 +895,18 @@ impl Runtime for MicrovmRuntime {
             .map(|_| ())
     }
 
+    fn verify_checkpoint(&self, dir: &Path, limits: &Limits) -> Result<(), RuntimeError> {
+        checkpoint::verify(dir, memory_mib_for(limits))
+    }
+
     /// Private RAM (a reflink of the checkpoint's, `share=off`): the node restores
     /// templates' warm checkpoints, which many VMs start from (decision 0014).
     async fn restore(&self, plan: &LaunchPlan, dir: &Path) -> Result<Launched, RuntimeError> {
-        self.restore_timed(plan, dir, checkpoint::RestoreMode::Private)
-            .await
-            .map(|(l, _)| l)
+        let mode = match self.inner.cfg.restored_ram {
+            RestoredRam::Private => checkpoint::RestoreMode::Private,
+            RestoredRam::Shared => checkpoint::RestoreMode::SharedFile,
+        };
+        self.restore_timed(plan, dir, mode).await.map(|(l, _)| l)
     }
 
     async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError> {
