@@ -593,5 +593,37 @@ fn checkpoint_keeps_memory(ram: &str) {
     );
     assert_eq!(s.inspect(&id)["init_pid"].as_u64(), Some(qemu));
     assert_eq!(out(&s, &id, "cat /tmp/mem"), "parent-now");
+
+    // One that passes the check but that QEMU refuses (cut short, its checksum rewritten):
+    // the snapshot's disk boots instead, and the checkpoint's process is started again.
+    bytes[mid] ^= 0xff;
+    bytes.truncate(mid);
+    std::fs::write(&state, &bytes).unwrap();
+    let sum: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    std::fs::write(state.with_file_name("state.sha256"), format!("{sum}\n")).unwrap();
+    s.space_ok(&["rollback", &id, &cp]);
+    assert_eq!(s.inspect(&id)["restored"], false);
+    assert_eq!(
+        out(
+            &s,
+            &id,
+            "ls /tmp/mem 2>&1 | grep -c 'No such'; ls /root/f 2>&1 | grep -c 'No such'"
+        ),
+        "1\n1",
+        "a fresh boot of the snapshot's disk"
+    );
+    wait_until(
+        &s,
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        "the checkpoint's process was not started again",
+        || !events(&s, &id, "process_restarted").is_empty(),
+    );
     s.space_ok(&["rm", &id]);
 }

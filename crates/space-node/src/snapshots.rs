@@ -535,12 +535,15 @@ impl Node {
     }
 
     /// Launches `rec` from the VM checkpoint `memory` when given; if that restore fails
-    /// (QEMU refuses the stream, or the guest does not answer), boots the same disk instead,
-    /// so the sandbox runs with the snapshot's files but fresh processes (`restored: false`).
+    /// (QEMU refuses the stream, or the guest does not answer), boots a fresh reflink of the
+    /// snapshot's disk `snapshot_disk` instead (the failed guest may have written to the
+    /// first), so the sandbox runs with the snapshot's files but fresh processes
+    /// (`restored: false`).
     async fn launch_from(
         &self,
         rec: &mut super::SandboxRecord,
         memory: Option<&Path>,
+        snapshot_disk: &Path,
     ) -> Result<(crate::runtime::Launched, GuestClient<Channel>), NodeError> {
         let Some(dir) = memory else {
             return self.launch(rec, None).await;
@@ -554,6 +557,12 @@ impl Node {
                     error = %e,
                     "restoring the VM's memory failed: booting its disk instead"
                 );
+                let src = snapshot_disk.to_path_buf();
+                let dst = self
+                    .layout
+                    .sandbox_dir(&rec.spec.id)
+                    .join(super::SANDBOX_DISK);
+                blocking(move || Ok(clone_file_atomic(&src, &dst)?)).await?;
                 self.launch(rec, None).await
             }
         }
@@ -572,6 +581,7 @@ impl Node {
         let mut entry = self.require_entry(&id)?;
         let vm = entry.record.runtime == super::MICROVM;
         let source = self.require_snapshot(&id, snap)?;
+        let snap_disk = source.clone();
         let memory = self.memory_of(&entry.record, &id, snap, &spec.limits)?;
         self.rt(&entry.record)
             .destroy(entry.record.runtime_name(), entry.record.launched.as_ref())
@@ -610,7 +620,7 @@ impl Node {
         .await?;
         self.persist(&id, false).await?;
         let (launched, client) = self
-            .launch_from(&mut entry.record, memory.as_deref())
+            .launch_from(&mut entry.record, memory.as_deref(), &snap_disk)
             .await?;
         entry.record.launched = Some(launched);
         entry.client = Some(client);
@@ -647,6 +657,7 @@ impl Node {
         let src = self.require_entry(source)?;
         let vm = src.record.runtime == super::MICROVM;
         let src_rootfs = self.require_snapshot(source, snap)?;
+        let snap_disk = src_rootfs.clone();
         let memory = self.memory_of(&src.record, source, snap, &spec.limits)?;
         let uid_base = self
             .uids
@@ -677,7 +688,8 @@ impl Node {
                 Ok(())
             })
             .await?;
-            self.launch_from(&mut rec, memory.as_deref()).await
+            self.launch_from(&mut rec, memory.as_deref(), &snap_disk)
+                .await
         }
         .await;
         match result {
