@@ -627,3 +627,51 @@ fn checkpoint_keeps_memory(ram: &str) {
     );
     s.space_ok(&["rm", &id]);
 }
+
+/// A template's runtime setting is the default of its creates (and a create's own wins).
+#[test]
+fn a_templates_runtime_is_the_default_of_its_creates() {
+    let s = Spaced::start().unwrap();
+    let fails = |args: &[&str], needle: &str| {
+        let o = s.space(args);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(
+            !o.status.success() && err.contains(needle),
+            "{args:?}: {err}"
+        );
+    };
+    fails(
+        &["template", "set", "base", "--runtime", "firecracker"],
+        "unknown runtime",
+    );
+    fails(
+        &["template", "set", "nope", "--runtime", "microvm"],
+        "not found",
+    );
+    fails(
+        &["template", "set", "Bad..Name", "--runtime", "microvm"],
+        "invalid template name",
+    );
+    let msg = refused(
+        &s,
+        Method::PUT,
+        "/v1/templates/base/settings",
+        json!({"runtime": "microvm", "cpu": 2}),
+    );
+    assert!(msg.contains("cpu"), "{msg}");
+
+    s.space_ok(&["template", "set", "base", "--runtime", "microvm"]);
+    let list: serde_json::Value =
+        serde_json::from_str(&s.space_ok(&["template", "ls", "--json"])).unwrap();
+    assert_eq!(list["templates"][0]["runtime"], "microvm", "{list}");
+    let vm = s.create(&[]);
+    assert_eq!(s.inspect(&vm)["runtime"], "microvm");
+    let ns = s.create(&["--runtime", "namespace"]);
+    assert_eq!(s.inspect(&ns)["runtime"], "namespace");
+    s.space_ok(&["template", "set", "base", "--runtime", "default"]);
+    let again = s.create(&[]);
+    assert_eq!(s.inspect(&again)["runtime"], "namespace");
+    for id in [&vm, &ns, &again] {
+        s.space_ok(&["rm", id]);
+    }
+}

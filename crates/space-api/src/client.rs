@@ -502,6 +502,19 @@ impl Client {
         Ok(list.templates)
     }
 
+    /// `PUT /v1/templates/{name}/settings`: replaces the template's settings.
+    pub async fn set_template_settings(
+        &self,
+        name: &str,
+        req: &crate::SetTemplateSettings,
+    ) -> Result<Template> {
+        self.json(Self::with_json(
+            self.request(Method::PUT, &format!("/v1/templates/{name}/settings")),
+            req,
+        ))
+        .await
+    }
+
     /// Imports a template from a tar archive body (optionally gzip-compressed).
     pub async fn import_template(
         &self,

@@ -600,6 +600,19 @@ pub struct Template {
     /// Host path of the template's read-only root filesystem (for operators and benchmarks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// The runtime creates of this template get when they name none (absent: the node's
+    /// default). Set with `PUT /v1/templates/{name}/settings`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+}
+
+/// `PUT /v1/templates/{name}/settings`: the template's settings, replaced whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetTemplateSettings {
+    /// "namespace" or "microvm"; null or absent: the node's default.
+    #[serde(default)]
+    pub runtime: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -183,6 +183,13 @@ enum TemplateCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Set a template's settings: the runtime its creates get when they name none
+    /// (`default`: the node's).
+    Set {
+        name: String,
+        #[arg(long, value_name = "namespace|microvm|default")]
+        runtime: String,
+    },
 }
 
 pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -409,11 +416,32 @@ async fn run(cli: Cli) -> Result<i32> {
             if json {
                 print_json(&space_api::TemplateList { templates: list })?;
             } else {
-                println!("{:<20}  {:>7}  CREATED", "NAME", "VERSION");
+                println!(
+                    "{:<20}  {:>7}  {:<9}  CREATED",
+                    "NAME", "VERSION", "RUNTIME"
+                );
                 for t in list {
-                    println!("{:<20}  {:>7}  {}", t.name, t.version, t.created_at);
+                    println!(
+                        "{:<20}  {:>7}  {:<9}  {}",
+                        t.name,
+                        t.version,
+                        t.runtime.as_deref().unwrap_or("default"),
+                        t.created_at
+                    );
                 }
             }
+            Ok(0)
+        }
+        Command::Template(TemplateCmd::Set { name, runtime }) => {
+            let req = space_api::SetTemplateSettings {
+                runtime: (runtime != "default").then_some(runtime),
+            };
+            let t = client()?.set_template_settings(&name, &req).await?;
+            println!(
+                "{} runtime {}",
+                t.name,
+                t.runtime.as_deref().unwrap_or("default")
+            );
             Ok(0)
         }
         Command::Bench(c) => bench::run(client()?, c).await,

@@ -387,6 +387,7 @@ pub fn template_dto(t: &TemplateInfo) -> Template {
         version: t.version,
         created_at: rfc3339_from_unix_ms(t.created_unix_ms as i64),
         path: Some(t.path.display().to_string()),
+        runtime: None,
     }
 }
 
@@ -585,8 +586,9 @@ impl Engine {
         let snapshot_policy = crate::snapshot_policy::policy_from_create(&req, &id, now)?;
         let secret_names = req.secrets.clone();
         let mut spec = validate_create_with(req, &id, self.cfg.default_egress)?;
-        spec.runtime
-            .get_or_insert_with(|| self.cfg.default_runtime.clone());
+        if spec.runtime.is_none() {
+            spec.runtime = Some(self.default_runtime_of(&spec.template).await?);
+        }
         spec.secrets = self.vault.bind(&secret_names, &spec.env).await?;
         self.node
             .validate_network(&crate::net::node_network(&spec.network))?;
@@ -1014,7 +1016,14 @@ impl Engine {
 
     pub async fn list_templates(&self) -> AppResult<Vec<Template>> {
         let list = self.node.list_templates().await?;
-        Ok(list.iter().map(template_dto).collect())
+        let runtimes = self.store.template_runtimes().await?;
+        Ok(list
+            .iter()
+            .map(|t| Template {
+                runtime: runtimes.get(&t.name).cloned(),
+                ..template_dto(t)
+            })
+            .collect())
     }
 
     /// Streams a tar archive to a temporary file under the data dir, imports it, and

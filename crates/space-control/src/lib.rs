@@ -24,6 +24,7 @@ pub mod secrets;
 pub mod snapshot_policy;
 pub mod snapshots;
 pub mod store;
+pub mod template_settings;
 
 use std::future::Future;
 use std::path::PathBuf;

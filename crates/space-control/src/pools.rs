@@ -130,7 +130,7 @@ fn check_template(name: &str) -> AppResult<()> {
 }
 
 /// Checks a request's sizes and runtime; `max` defaults to `min`, the runtime to
-/// `default_runtime` (the node's).
+/// `default_runtime` (the template's, else the node's).
 pub fn validate_set_pool(req: &SetPool, default_runtime: &str) -> AppResult<PoolConfig> {
     let max = req.max.unwrap_or(req.min);
     if req.min > max {
@@ -169,7 +169,7 @@ impl Engine {
     /// node's view: sizes clamped to its capacity, with a `warning` when they were.
     pub async fn set_pool(&self, template: &str, req: SetPool) -> AppResult<Pool> {
         check_template(template)?;
-        let cfg = validate_set_pool(&req, &self.cfg.default_runtime)?;
+        let cfg = validate_set_pool(&req, &self.default_runtime_of(template).await?)?;
         // One writer of pools at a time: a PUT never races the start-up restore.
         let _guard = self.pools_lock.lock().await;
         self.require_template(template).await?;

@@ -2084,3 +2084,74 @@ async fn memory_checkpoints_are_not_restarted_and_running_microvms_fork_from_one
     let body = String::from_utf8_lossy(&r.body).to_string();
     assert!(body.contains("process_restarted"), "{body}");
 }
+
+#[tokio::test]
+async fn a_templates_runtime_is_the_default_of_its_creates_and_its_pool() {
+    let h = harness().await;
+    let set = |body: &'static str| {
+        let h = &h;
+        async move {
+            h.call(Method::PUT, "/v1/templates/base/settings", body)
+                .await
+        }
+    };
+    // Bad input: runtime, fields, template name, unknown template.
+    set(r#"{"runtime":"firecracker"}"#)
+        .await
+        .error(400, "invalid_argument");
+    set(r#"{"runtime":"microvm","x":1}"#)
+        .await
+        .error(400, "invalid_argument");
+    h.call(
+        Method::PUT,
+        "/v1/templates/Bad..Name/settings",
+        r#"{"runtime":"microvm"}"#,
+    )
+    .await
+    .error(400, "invalid_argument");
+    h.call(
+        Method::PUT,
+        "/v1/templates/nope/settings",
+        r#"{"runtime":"microvm"}"#,
+    )
+    .await
+    .error(404, "not_found");
+
+    let r = set(r#"{"runtime":"microvm"}"#).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let t: space_api::Template = r.json();
+    assert_eq!(t.runtime.as_deref(), Some("microvm"));
+    let r = h.call(Method::GET, "/v1/templates", "").await;
+    let list: space_api::TemplateList = r.json();
+    assert_eq!(list.templates[0].runtime.as_deref(), Some("microvm"));
+    // Creates that name no runtime get the template's; a create's own wins.
+    let runtime_of = |id: &str| h.node.specs.lock().unwrap()[id].runtime.clone();
+    let sb = h.create().await;
+    assert_eq!(runtime_of(&sb.id).as_deref(), Some("microvm"));
+    let r = h
+        .call(Method::POST, "/v1/sandboxes", r#"{"runtime":"namespace"}"#)
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let own = r.json::<Sandbox>();
+    assert_eq!(runtime_of(&own.id).as_deref(), Some("namespace"));
+    // So does a pool set without one.
+    let r = h
+        .call(Method::PUT, "/v1/templates/base/pool", r#"{"min":1}"#)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        h.node
+            .calls
+            .lock()
+            .unwrap()
+            .contains(&"pool base 1 1 microvm".to_string()),
+        "{:?}",
+        h.node.calls.lock().unwrap()
+    );
+    // null: the node's default again.
+    let r = set(r#"{"runtime":null}"#).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json::<space_api::Template>().runtime, None);
+    let again = h.create().await;
+    assert_eq!(runtime_of(&again.id).as_deref(), Some("namespace"));
+}
