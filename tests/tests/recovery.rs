@@ -4,16 +4,16 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use space_tests::Spaced;
+use space_tests::{Spaced, on_each_runtime};
 
 fn state_of(s: &Spaced, id: &str) -> String {
     let v: Value = serde_json::from_str(&s.space_ok(&["inspect", id])).unwrap();
     v["state"].as_str().unwrap_or("").to_string()
 }
 
-#[test]
-fn kill9_and_graceful_restart_keep_sandboxes() {
-    let mut s = Spaced::start().unwrap();
+on_each_runtime! {
+fn kill9_and_graceful_restart_keep_sandboxes(rt) {
+    let mut s = Spaced::start_on(rt).unwrap();
     let id = s.create(&[]);
     let pid = s.space_ok(&[
         "exec",
@@ -52,6 +52,7 @@ fn kill9_and_graceful_restart_keep_sandboxes() {
         "kept\n"
     );
     s.space_ok(&["kill", &id, &pid]);
+}
 }
 
 fn init_pid(s: &Spaced, id: &str) -> u64 {
