@@ -74,6 +74,8 @@ pub enum GuestInitError {
          virtio_blk in {MODULES_LIST}?)"
     )]
     NoRootDevice { path: PathBuf, waited: Duration },
+    #[error("{}: {why}", space_proto::GUEST_NO_TIMER)]
+    NoTimer { why: String },
     #[error("switching root to {NEW_ROOT}: {step} failed")]
     SwitchRoot {
         step: &'static str,
@@ -458,6 +460,7 @@ pub fn setup() -> Result<(), GuestInitError> {
             )
         },
     )?;
+    step("timer interrupts seen", check_timer_interrupts)?;
     let list = Path::new(MODULES_LIST);
     let modules = match fs::read_to_string(list) {
         Ok(text) => parse_modules_list(list, &text)?,
@@ -523,6 +526,35 @@ pub fn setup() -> Result<(), GuestInitError> {
         "init: set up"
     );
     Ok(())
+}
+
+/// The local timer interrupts counted in `/proc/interrupts` (`LOC:`, every CPU); None when
+/// the kernel shows no such line.
+pub fn local_timer_interrupts(proc_interrupts: &str) -> Option<u64> {
+    let line = proc_interrupts
+        .lines()
+        .find(|l| l.trim_start().starts_with("LOC:"))?;
+    Some(
+        line.trim_start()["LOC:".len()..]
+            .split_whitespace()
+            .map_while(|w| w.parse::<u64>().ok())
+            .sum(),
+    )
+}
+
+/// Refuses a guest whose kernel has no timer interrupt (see `space_proto::GUEST_NO_TIMER`):
+/// by the time init runs, a working LAPIC timer has ticked hundreds of times.
+fn check_timer_interrupts() -> Result<(), GuestInitError> {
+    let text = fs::read_to_string("/proc/interrupts").map_err(|e| GuestInitError::NoTimer {
+        why: format!("cannot read /proc/interrupts ({e})"),
+    })?;
+    match local_timer_interrupts(&text) {
+        Some(0) => Err(GuestInitError::NoTimer {
+            why: "the kernel disabled its APIC timer (calibration at boot, on a starved host)"
+                .to_owned(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// busybox `switch_root`: move the kernel filesystems under the new root, free the
@@ -645,6 +677,18 @@ mod tests {
             .collect();
         assert_eq!(left, vec![OsString::from("newroot")]);
         assert!(d.join("newroot/keep").exists());
+    }
+
+    #[test]
+    fn local_timer_interrupts_are_counted_over_every_cpu() {
+        let one = "           CPU0\n 48:   0   IO-APIC   9-edge  ACPI:Ged\n\
+                   LOC:        522   Local timer interrupts\nSPU:   0   Spurious\n";
+        assert_eq!(local_timer_interrupts(one), Some(522));
+        let two = "       CPU0  CPU1\nLOC:   10   32   Local timer interrupts\n";
+        assert_eq!(local_timer_interrupts(two), Some(42));
+        let dead = "       CPU0\nLOC:          0   Local timer interrupts\n";
+        assert_eq!(local_timer_interrupts(dead), Some(0));
+        assert_eq!(local_timer_interrupts("no such line\n"), None);
     }
 
     #[test]

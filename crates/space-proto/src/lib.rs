@@ -36,3 +36,9 @@ pub mod vm_link {
     /// The tap device's name inside the slot.
     pub const TAP: &str = "tap0";
 }
+
+/// What a microvm guest's init says (in its fatal console line) when the kernel has no timer
+/// interrupt: it disabled the LAPIC timer after a boot-time calibration that measured it
+/// "too slow" (seen under TCG on a starved host). Nothing would ever tick in that guest, so
+/// its init refuses to go on and the node boots the VM again (decision 0014, "Readiness").
+pub const GUEST_NO_TIMER: &str = "no local timer interrupts since boot";

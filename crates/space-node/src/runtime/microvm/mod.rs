@@ -80,6 +80,8 @@ pub const MIN_MEMORY_MIB: u64 = 128;
 pub const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// QEMU's status of a VM left paused by a checkpoint (its state saved); `cont` resumes it.
 const POSTMIGRATE: &str = "postmigrate";
+/// Boots of one launch when the guest kernel comes up without a timer interrupt.
+const BOOT_ATTEMPTS: u32 = 3;
 /// How long a QMP round trip outside launch may take (pause, resume, status, quit).
 const QMP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -913,9 +915,28 @@ impl Runtime for MicrovmRuntime {
         self.inner.ensure_reaper();
         let rt = self.clone();
         let owned = plan.clone();
-        let (launched, tracked) = tokio::task::spawn_blocking(move || launch_blocking(&rt, &owned))
-            .await
-            .map_err(join_error("join the launch task"))??;
+        let (launched, tracked) = tokio::task::spawn_blocking(move || {
+            // A guest whose kernel came up without a timer interrupt refuses to go on
+            // (`space_proto::GUEST_NO_TIMER`): a matter of that boot, so boot again.
+            let mut attempt = 1;
+            loop {
+                match launch_blocking(&rt, &owned) {
+                    Err(RuntimeError::NotReady(why))
+                        if why.contains(space_proto::GUEST_NO_TIMER) && attempt < BOOT_ATTEMPTS =>
+                    {
+                        tracing::warn!(
+                            id = %owned.id,
+                            attempt,
+                            "the guest kernel came up without a timer interrupt: booting again"
+                        );
+                        attempt += 1;
+                    }
+                    r => return r,
+                }
+            }
+        })
+        .await
+        .map_err(join_error("join the launch task"))??;
         self.inner.track(&plan.id, tracked);
         Ok(launched)
     }

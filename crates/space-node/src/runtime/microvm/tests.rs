@@ -946,6 +946,35 @@ async fn real_vm_failures_are_reported_and_cleaned_up() {
     assert!(rt.boot_times("bad").is_none());
     assert!(!p.channel_socket.exists());
 
+    // A kernel that came up without a timer interrupt (its init refuses): booted again. The
+    // stand-in refuses on its first boot only (a mark on its disk); one that always refuses
+    // fails the launch after three boots, quoting why.
+    let mount = r#"$b mount -t ext4 /dev/vda /newroot || fail "mount /dev/vda""#;
+    assert!(SHELL_INIT.contains(mount));
+    let refuse = format!(
+        "echo 'space-daemon: fatal: guest setup failed: {}: test'>/dev/console; \
+         $b poweroff -f",
+        space_proto::GUEST_NO_TIMER
+    );
+    let once = SHELL_INIT.replace(
+        mount,
+        &format!(
+            "{mount}\nif [ ! -e /newroot/booted ]; then echo x >/newroot/booted; \
+             $b umount /newroot; {refuse}; fi"
+        ),
+    );
+    let rt = shell_runtime(&d.path().join("t"), &once, Duration::from_secs(60));
+    let p = plan(d.path(), "notimer", Some(disk.clone()));
+    let l = rt.launch(&p).await.unwrap();
+    assert!(rt.alive(&l));
+    rt.destroy("notimer", Some(&l)).await.unwrap();
+    let never = SHELL_INIT.replace(mount, &format!("{mount}\n{refuse}"));
+    let rt = shell_runtime(&d.path().join("u"), &never, Duration::from_secs(60));
+    let p = plan(d.path(), "notimer2", Some(disk.clone()));
+    let e = rt.launch(&p).await.unwrap_err().to_string();
+    assert!(e.contains(space_proto::GUEST_NO_TIMER), "{e}");
+    assert!(!p.channel_socket.exists());
+
     // A guest that never reports: launch gives up at the boot timeout and kills QEMU.
     let rt = shell_runtime(&d.path().join("b"), SHELL_INIT, Duration::from_millis(300));
     let p = plan(d.path(), "slow", Some(disk));
