@@ -235,6 +235,9 @@ pub struct Spaced {
     http: reqwest::Client,
 }
 
+/// The longest one CLI call of a test may take (`space bench microvm` takes minutes).
+pub const CLI_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// The isolation runtime a test runs its sandboxes on (issue 6: the same integration tests
 /// run against both; see [`on_each_runtime`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -518,9 +521,48 @@ impl Spaced {
         c
     }
 
-    /// Run the CLI; returns its output whatever the exit code.
+    /// Run the CLI; returns its output whatever the exit code. A call that runs past
+    /// [`CLI_TIMEOUT`] is killed and fails the test with the node's log, rather than leaving
+    /// CI waiting on a sandbox that will never answer.
     pub fn space(&self, args: &[&str]) -> Output {
-        self.cli().args(args).output().expect("run space")
+        let mut child = self
+            .cli()
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run space");
+        let (mut out, mut err) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+        let out_reader = std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut out, &mut b);
+            b
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut err, &mut b);
+            b
+        });
+        let deadline = std::time::Instant::now() + CLI_TIMEOUT;
+        let status = loop {
+            if let Some(st) = child.try_wait().expect("wait for space") {
+                break st;
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "space {args:?} still ran after {CLI_TIMEOUT:?}: killed\nspaced log:\n{}",
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        };
+        Output {
+            status,
+            stdout: out_reader.join().unwrap_or_default(),
+            stderr: err_reader.join().unwrap_or_default(),
+        }
     }
 
     /// Run the CLI and require success; returns stdout.
