@@ -119,7 +119,7 @@ pub fn pool_dto(s: PoolStatus) -> Pool {
     }
 }
 
-fn check_template(name: &str) -> AppResult<()> {
+pub(crate) fn check_template(name: &str) -> AppResult<()> {
     if is_valid_template_name(name) {
         Ok(())
     } else {
@@ -304,7 +304,7 @@ impl Engine {
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct TemplatePath {
-    name: String,
+    pub(crate) name: String,
 }
 
 pub(crate) async fn http_list(State(s): State<AppState>) -> Result<Json<PoolList>, AppError> {

@@ -93,11 +93,7 @@ impl Engine {
         name: &str,
         req: SetTemplateSettings,
     ) -> AppResult<Template> {
-        if !space_api::is_valid_template_name(name) {
-            return Err(AppError::invalid(format!(
-                "invalid template name {name:?}: expected [a-z0-9][a-z0-9._-]{{0,62}}"
-            )));
-        }
+        crate::pools::check_template(name)?;
         if let Some(r) = &req.runtime
             && !RUNTIMES.contains(&r.as_str())
         {
@@ -124,14 +120,9 @@ impl Engine {
     }
 }
 
-#[derive(Debug, serde::Deserialize)]
-pub(crate) struct TemplatePath {
-    name: String,
-}
-
 pub(crate) async fn http_set(
     State(s): State<AppState>,
-    ApiPath(p): ApiPath<TemplatePath>,
+    ApiPath(p): ApiPath<crate::pools::TemplatePath>,
     ApiJson(req): ApiJson<SetTemplateSettings>,
 ) -> Result<Json<Template>, AppError> {
     Ok(Json(s.engine.set_template_settings(&p.name, req).await?))

@@ -199,19 +199,19 @@ impl Identity {
     }
 }
 
-/// The guest's link (`space_proto::vm_link`): loopback up; the NIC, when there is one, at
-/// the fixed guest address with the node's end as default route. The same in every VM, so
-/// a checkpoint's configuration holds in every copy restored from it.
+/// The guest's link (`space_proto::vm_link`): the NIC, when there is one, at the fixed guest
+/// address with the node's end as default route (loopback is the daemon's, as in every
+/// sandbox). The same in every VM, so a checkpoint's configuration holds in every copy
+/// restored from it.
 pub fn configure_network() -> io::Result<&'static str> {
     use space_proto::vm_link::{GATEWAY, GUEST, GUEST_IFNAME, PREFIX};
-    space_sys::netif::set_up("lo")?;
     if !space_sys::netif::exists(GUEST_IFNAME) {
-        return Ok("loopback only (no NIC)");
+        return Ok("no NIC");
     }
     space_sys::netif::set_ipv4(GUEST_IFNAME, GUEST, PREFIX)?;
     space_sys::netif::set_up(GUEST_IFNAME)?;
     space_sys::netif::add_default_route(GATEWAY)?;
-    Ok("loopback and eth0")
+    Ok("eth0")
 }
 
 /// Writes `<root>/etc/machine-id` (mode 0444) through a temporary file and a rename.

@@ -513,23 +513,22 @@ impl<T: AsyncRead + Unpin> AsyncRead for Session<T> {
             match &mut this.preface {
                 Preface::Done => break,
                 Preface::Replay(bytes) => {
-                    let n = bytes.len().min(buf.remaining());
-                    let chunk: Vec<u8> = bytes.drain(..n).collect();
+                    let mut rest = std::mem::take(bytes);
+                    let chunk: Vec<u8> = rest.drain(..rest.len().min(buf.remaining())).collect();
                     let keep = this.pass(&chunk);
                     buf.put_slice(&chunk[..keep]);
-                    if matches!(&this.preface, Preface::Replay(b) if b.is_empty())
-                        || this.superseded
-                    {
-                        if this.superseded
-                            && let Preface::Replay(rest) = &mut this.preface
-                        {
-                            this.carry
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .append(rest);
-                        }
-                        this.preface = Preface::Done;
-                    }
+                    this.preface = if this.superseded {
+                        // What the replay still held belongs to the new client too.
+                        this.carry
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .append(&mut rest);
+                        Preface::Done
+                    } else if rest.is_empty() {
+                        Preface::Done
+                    } else {
+                        Preface::Replay(rest)
+                    };
                     return Poll::Ready(Ok(()));
                 }
                 Preface::Seeking { .. } => {

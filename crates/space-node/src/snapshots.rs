@@ -275,7 +275,8 @@ impl Node {
         {
             return Ok(info_of(&self.layout, &rec));
         }
-        let keep_memory = memory && vm && self.is_running(&entry.record);
+        let running = self.is_running(&entry.record);
+        let keep_memory = memory && vm && running;
         let rec = SnapshotRecord {
             id: snap.to_string(),
             sandbox_id: id.to_string(),
@@ -286,7 +287,7 @@ impl Node {
         // Freeze so that every process's writes so far are in and none is half done
         // across files; a sandbox that is paused already stays as it is.
         let name = entry.record.runtime_name().to_owned();
-        let freeze = self.is_running(&entry.record) && !self.rt(&entry.record).is_frozen(&name);
+        let freeze = running && !self.rt(&entry.record).is_frozen(&name);
         if freeze
             && vm
             && let Some(mut guest) = entry.client.clone()
@@ -305,17 +306,9 @@ impl Node {
                 });
             }
         }
-        if keep_memory {
-            return self.snapshot_with_memory(&entry, rec, freeze).await;
-        }
-        if freeze {
-            self.rt(&entry.record)
-                .set_frozen(&name, true)
-                .await
-                .map_err(internal("freeze the sandbox for a snapshot"))?;
-        }
+        let t0 = std::time::Instant::now();
         let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
-        let res = blocking(move || {
+        blocking(move || {
             let (id, snap) = (&rec2.sandbox_id, &rec2.id);
             // Leftover of an interrupted snapshot with this id.
             remove_snapshot_storage(&layout, subvols.as_ref(), id, snap)?;
@@ -324,85 +317,70 @@ impl Node {
             storage::mkdir_private(&dir)?;
             // Written first: the snapshot ioctl commits the btrfs transaction, which makes
             // this record durable together with the snapshot, at no extra flush.
-            storage::write_json_atomic(&dir.join(SNAPSHOT_RECORD), &rec2, false)?;
-            let r = if vm {
-                // The VM is stopped: its image is consistent; a reflink is O(1).
-                let disk = layout.sandbox_dir(id).join(super::SANDBOX_DISK);
-                clone_file_atomic(&disk, &snapshot_disk(&layout, id, snap))
-            } else {
-                subvols.snapshot(&layout.sandbox_rootfs(id), &dir, "rootfs", true)
-            };
-            if r.is_err() {
-                let _ = storage::remove_tree(&dir);
-            }
-            Ok(r?)
-        })
-        .await;
-        if freeze && let Err(e) = self.rt(&entry.record).set_frozen(&name, false).await {
-            tracing::error!(id, error = %e, "failed to thaw the sandbox after a snapshot");
-            res?;
-            return Err(internal("thaw the sandbox after a snapshot")(e));
-        }
-        res?;
-        tracing::info!(id, snapshot = snap, "snapshot taken");
-        Ok(info_of(&self.layout, &rec))
-    }
-
-    /// A microvm checkpoint: the VM is stopped by the runtime's checkpoint (device state and
-    /// RAM into `vm/`), its disk reflinked while it stands still, then resumed when `running`
-    /// (a paused VM stays paused). The node's channel to the guest stays connected.
-    async fn snapshot_with_memory(
-        &self,
-        entry: &Entry,
-        rec: SnapshotRecord,
-        running: bool,
-    ) -> Result<SnapshotInfo, NodeError> {
-        let (id, snap) = (rec.sandbox_id.clone(), rec.id.clone());
-        let name = entry.record.runtime_name().to_owned();
-        let t0 = std::time::Instant::now();
-        let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
-        blocking(move || {
-            let (id, snap) = (&rec2.sandbox_id, &rec2.id);
-            remove_snapshot_storage(&layout, subvols.as_ref(), id, snap)?;
-            storage::mkdir_p(&snapshots_dir(&layout, id), 0o700)?;
-            let dir = snapshot_dir(&layout, id, snap);
-            storage::mkdir_private(&dir)?;
-            storage::write_json_atomic(&dir.join(SNAPSHOT_RECORD), &rec2, false)?;
-            Ok(())
+            Ok(storage::write_json_atomic(
+                &dir.join(SNAPSHOT_RECORD),
+                &rec2,
+                false,
+            )?)
         })
         .await?;
-        let vm_dir = snapshot_vm_dir(&self.layout, &id, &snap);
-        let saved = self
-            .rt(&entry.record)
-            .checkpoint(&name, &vm_dir, false)
-            .await
-            .map_err(internal("checkpoint the VM"));
-        let t_saved = t0.elapsed();
-        let res = match saved {
+        // Stop the sandbox: a microvm checkpoint stops the VM itself (device state and RAM
+        // into `vm/`, the channel to the guest stays connected); else the freezer.
+        let rt = self.rt(&entry.record);
+        let stopped = if keep_memory {
+            rt.checkpoint(&name, &snapshot_vm_dir(&self.layout, id, snap), false)
+                .await
+                .map_err(internal("checkpoint the VM"))
+        } else if freeze {
+            rt.set_frozen(&name, true)
+                .await
+                .map_err(internal("freeze the sandbox for a snapshot"))
+        } else {
+            Ok(())
+        };
+        let res = match stopped {
             Ok(()) => {
-                let disk = self.layout.sandbox_dir(&id).join(super::SANDBOX_DISK);
-                let to = snapshot_disk(&self.layout, &id, &snap);
-                blocking(move || Ok(clone_file_atomic(&disk, &to)?)).await
+                let (layout, subvols, id2, snap2) = (
+                    self.layout.clone(),
+                    self.subvols.clone(),
+                    id.to_owned(),
+                    snap.to_owned(),
+                );
+                blocking(move || {
+                    if vm {
+                        // The VM is stopped: its image is consistent; a reflink is O(1).
+                        let disk = layout.sandbox_dir(&id2).join(super::SANDBOX_DISK);
+                        Ok(clone_file_atomic(
+                            &disk,
+                            &snapshot_disk(&layout, &id2, &snap2),
+                        )?)
+                    } else {
+                        let dir = snapshot_dir(&layout, &id2, &snap2);
+                        Ok(subvols.snapshot(&layout.sandbox_rootfs(&id2), &dir, "rootfs", true)?)
+                    }
+                })
+                .await
             }
             Err(e) => Err(e),
         };
-        if running && let Err(e) = self.rt(&entry.record).set_frozen(&name, false).await {
-            tracing::error!(id, error = %e, "failed to resume the VM after its checkpoint");
+        // A checkpoint leaves the VM stopped; thawing a frozen sandbox or a stopped VM is
+        // the same call.
+        if freeze && let Err(e) = rt.set_frozen(&name, false).await {
+            tracing::error!(id, error = %e, "failed to thaw the sandbox after a snapshot");
             if res.is_ok() {
-                return Err(internal("resume the VM after its checkpoint")(e));
+                return Err(internal("thaw the sandbox after a snapshot")(e));
             }
         }
         if let Err(e) = res {
-            let dir = snapshot_dir(&self.layout, &id, &snap);
-            let _ = storage::remove_tree(&dir);
+            let _ = storage::remove_tree(&snapshot_dir(&self.layout, id, snap));
             return Err(e);
         }
         tracing::info!(
             id,
             snapshot = snap,
-            saved_ms = t_saved.as_secs_f64() * 1e3,
-            total_ms = t0.elapsed().as_secs_f64() * 1e3,
-            "checkpoint taken (memory and disk)"
+            memory = keep_memory,
+            ms = t0.elapsed().as_secs_f64() * 1e3,
+            "snapshot taken"
         );
         Ok(info_of(&self.layout, &rec))
     }
@@ -523,7 +501,8 @@ impl Node {
         limits: &crate::api::Limits,
     ) -> Result<Option<PathBuf>, NodeError> {
         let dir = snapshot_vm_dir(&self.layout, owner, snap);
-        if rec.runtime != super::MICROVM || !dir.join("state").exists() {
+        if rec.runtime != super::MICROVM || !dir.join(crate::runtime::microvm::STATE_FILE).exists()
+        {
             return Ok(None);
         }
         self.rt(rec).verify_checkpoint(&dir, limits).map_err(|e| {

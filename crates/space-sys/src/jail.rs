@@ -65,9 +65,6 @@ pub struct JailSpec<'a> {
     /// A network namespace the child enters (as root, before anything else); None: it stays
     /// in the caller's.
     pub netns: Option<OwnedFd>,
-    /// Descriptors the program inherits, at their current numbers (close-on-exec cleared in
-    /// the child only): a tap device QEMU is told about by number.
-    pub inherit: Vec<OwnedFd>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +100,6 @@ struct Prepared {
     groups: Vec<libc::gid_t>,
     cgroup_procs: Vec<OwnedFd>,
     netns: Option<OwnedFd>,
-    inherit: Vec<OwnedFd>,
 }
 
 fn cstr(p: &Path) -> Result<CString, JailError> {
@@ -157,7 +153,6 @@ fn prepare(spec: JailSpec<'_>) -> Result<Prepared, JailError> {
         groups: spec.groups.to_vec(),
         cgroup_procs: spec.cgroup_procs,
         netns: spec.netns,
-        inherit: spec.inherit,
     })
 }
 
@@ -169,7 +164,7 @@ pub fn jail_command(cmd: &mut Command, spec: JailSpec<'_>) -> Result<(), JailErr
     // SAFETY: the hook runs in the forked child before exec. It allocates nothing and takes no
     // lock: it only reads `prepared` (allocated above, moved into the closure, alive in the
     // child's copy of memory) and calls raw syscalls (write, unshare, mount, mkdir, open,
-    // close, symlink, setns, fcntl, chdir, pivot_root, umount2, setgroups, setresgid, setresuid, prctl),
+    // close, symlink, setns, chdir, pivot_root, umount2, setgroups, setresgid, setresuid, prctl),
     // all async-signal-safe. `io::Error::last_os_error()` reads errno without allocating.
     unsafe {
         cmd.pre_exec(move || child_setup(&prepared));
@@ -177,8 +172,9 @@ pub fn jail_command(cmd: &mut Command, spec: JailSpec<'_>) -> Result<(), JailErr
     Ok(())
 }
 
-/// Makes `cmd`'s program inherit `fds` at their current numbers, without a jail (they stay
-/// close-on-exec in this process, so no other child gets them).
+/// Makes `cmd`'s program inherit `fds` at their current numbers (close-on-exec is cleared in
+/// the child only, so no other child gets them). Works with or without [`jail_command`]: a
+/// jail changes neither the descriptors nor the right to clear that flag on them.
 pub fn inherit_fds(cmd: &mut Command, fds: Vec<OwnedFd>) {
     // SAFETY: the hook runs in the forked child before exec and only calls fcntl on fds that
     // `fds` (moved into the closure, alive in the child's copy of memory) keeps open.
@@ -233,7 +229,6 @@ fn child_setup(p: &Prepared) -> io::Result<()> {
         let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
         step(b"space jail: enter the network namespace failed\n", cvt(r))?;
     }
-    keep_open(&p.inherit)?;
     // SAFETY: plain flag argument; the child is single-threaded after fork.
     let r = unsafe { libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS) };
     step(b"space jail: unshare failed\n", cvt(r))?;
@@ -358,7 +353,6 @@ mod tests {
             groups: &[],
             cgroup_procs: Vec::new(),
             netns: None,
-            inherit: Vec::new(),
         })
         .unwrap();
         match &p.ops[0] {
@@ -387,7 +381,6 @@ mod tests {
             groups: &[],
             cgroup_procs: Vec::new(),
             netns: None,
-            inherit: Vec::new(),
         })
         .unwrap_err();
         assert!(matches!(e, JailError::Relative(_)), "{e}");
@@ -400,7 +393,6 @@ mod tests {
             groups: &[],
             cgroup_procs: Vec::new(),
             netns: None,
-            inherit: Vec::new(),
         })
         .unwrap_err();
         assert!(matches!(e, JailError::Nul(_)), "{e}");

@@ -4,7 +4,8 @@
 //! on the network namespace of the calling thread.
 //!
 //! The classic `SIOC*` ioctls cover exactly what is needed (flags, one IPv4 address, a
-//! default route, a MAC address); `rtnetlink` does the rest of the node's networking.
+//! default route, a MAC address); `rtnetlink` does the rest of the node's networking. Every
+//! sandbox's loopback is brought up here too ([`crate::process::set_loopback_up`]).
 
 use std::io;
 use std::net::Ipv4Addr;
@@ -97,16 +98,20 @@ pub fn exists(name: &str) -> bool {
     ioctl(libc::SIOCGIFINDEX, &mut req).is_ok()
 }
 
-/// Brings interface `name` up.
-pub fn set_up(name: &str) -> io::Result<()> {
+/// Brings interface `name` up. Returns whether it was down (false: it was up already).
+pub fn set_up(name: &str) -> io::Result<bool> {
     let mut req = ifreq(name)?;
     ioctl(libc::SIOCGIFFLAGS, &mut req)
         .map_err(|e| io::Error::new(e.kind(), format!("read the flags of {name}: {e}")))?;
     // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
     let flags = unsafe { req.ifr_ifru.ifru_flags };
+    if flags & libc::IFF_UP as libc::c_short != 0 {
+        return Ok(false);
+    }
     req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
     ioctl(libc::SIOCSIFFLAGS, &mut req)
-        .map_err(|e| io::Error::new(e.kind(), format!("bring {name} up: {e}")))
+        .map_err(|e| io::Error::new(e.kind(), format!("bring {name} up: {e}")))?;
+    Ok(true)
 }
 
 /// Gives interface `name` the IPv4 address `addr/prefix` (replacing the one it had).

@@ -105,29 +105,7 @@ pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
 /// Bring the loopback interface `lo` up in the current network namespace.
 /// Returns `Ok(true)` if it was down and is now up, `Ok(false)` if it was already up.
 pub fn set_loopback_up() -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
-    let sock = rustix::net::socket(
-        rustix::net::AddressFamily::UNIX,
-        rustix::net::SocketType::DGRAM,
-        None,
-    )?;
-    // SAFETY: ifreq is plain old data; all-zero is a valid value.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: `sock` is an open socket; SIOCGIFFLAGS reads the name from and writes the flags
-    // into `ifr`, which is a valid, exclusively borrowed ifreq for the whole call.
-    cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) } as libc::c_long)?;
-    // SAFETY: SIOCGIFFLAGS filled the `ifru_flags` member of the union.
-    let flags = unsafe { ifr.ifr_ifru.ifru_flags };
-    if flags & libc::IFF_UP as libc::c_short != 0 {
-        return Ok(false);
-    }
-    ifr.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
-    // SAFETY: as above; SIOCSIFFLAGS only reads `ifr`.
-    cvt(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) } as libc::c_long)?;
-    Ok(true)
+    crate::netif::set_up("lo")
 }
 
 /// Send signal `sig` (0..=64; 0 only checks existence) to process `pid`, or to its whole

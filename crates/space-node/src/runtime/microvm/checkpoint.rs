@@ -555,6 +555,12 @@ fn open_state(dir: &Path, max: u64) -> Result<(fs::File, u64), RuntimeError> {
 /// starting anything: the state file's size and SHA-256, and the memory file's size (when
 /// the RAM is not in the stream).
 pub fn verify(dir: &Path, memory_mib: u64) -> Result<(), RuntimeError> {
+    open_checkpoint(dir, memory_mib).map(drop)
+}
+
+/// [`verify`], returning the state file (checked, at its start) and whether the RAM is in it
+/// (no `mem`).
+fn open_checkpoint(dir: &Path, memory_mib: u64) -> Result<(fs::File, bool), RuntimeError> {
     let mem = dir.join(MEM_FILE);
     let want = memory_mib << 20;
     let in_stream = !mem.exists();
@@ -563,23 +569,30 @@ pub fn verify(dir: &Path, memory_mib: u64) -> Result<(), RuntimeError> {
     } else {
         MAX_STATE_BYTES
     };
-    open_state(dir, max)?;
+    let (state, _) = open_state(dir, max)?;
     if !in_stream {
         let len = fs::metadata(&mem)
-            .map_err(setup("stat the checkpoint's memory"))?
+            .map_err(|e| {
+                setup_msg(
+                    "read the checkpoint",
+                    e.kind(),
+                    format!("cannot stat {}: {e}", mem.display()),
+                )
+            })?
             .len();
         if len != want {
             return Err(setup_msg(
                 "read the checkpoint",
-                io::ErrorKind::InvalidData,
+                io::ErrorKind::InvalidInput,
                 format!(
-                    "{} holds {len} bytes, not the {memory_mib} MiB of the VM",
+                    "{} holds {len} bytes but the plan gives the guest {memory_mib} MiB: a \
+                     restore needs the checkpointed VM's memory size",
                     mem.display()
                 ),
             ));
         }
     }
-    Ok(())
+    Ok((state, in_stream))
 }
 
 /// Where a restored VM's RAM lives.
@@ -628,10 +641,9 @@ pub(super) fn restore_blocking(
         ));
     };
     let mem_src = dir.join(MEM_FILE);
-    let want = spec.memory_mib << 20;
     // No memory file: the RAM is in the stream; the VM gets a fresh memory file of its own
     // in `memory_dir` (shared, so it can be checkpointed without RAM in the stream again).
-    let in_stream = !mem_src.exists() && dir.join(STATE_FILE).exists();
+    let (mut state, in_stream) = open_checkpoint(dir, spec.memory_mib)?;
     let (private, mem_file) = if in_stream {
         match rt.memory_file(&plan.id) {
             Some(m) => (false, m),
@@ -645,34 +657,6 @@ pub(super) fn restore_blocking(
     } else {
         (mode == RestoreMode::Private, mem_file)
     };
-    let max_state = if in_stream {
-        MAX_STATE_BYTES + want
-    } else {
-        MAX_STATE_BYTES
-    };
-    let (mut state, _) = open_state(dir, max_state)?;
-    match fs::metadata(&mem_src) {
-        _ if in_stream => {}
-        Ok(m) if m.len() == want => {}
-        Ok(m) => {
-            return Err(bad(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{} holds {} bytes but the plan gives the guest {} MiB: a restore needs the \
-                     checkpointed VM's memory size",
-                    mem_src.display(),
-                    m.len(),
-                    spec.memory_mib
-                ),
-            ));
-        }
-        Err(e) => {
-            return Err(bad(
-                e.kind(),
-                format!("cannot stat {}: {e}", mem_src.display()),
-            ));
-        }
-    }
     prepare_dirs(plan, &spec)?;
     if let Some(d) = mem_file.parent() {
         fs::create_dir_all(d).map_err(setup("create the memory file directory"))?;

@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use space_sys::ns;
 
-pub use self::checkpoint::{CheckpointInfo, MemoryCopy, RestoreTimes};
+pub use self::checkpoint::{CheckpointInfo, MemoryCopy, RestoreTimes, STATE_FILE};
 pub use self::disk::{HEADROOM_BYTES, clone_disk, ensure_template_disk};
 use self::initramfs::ExtraFile;
 pub use self::initramfs::{Cpio, GuestKernel, InitramfsError, MODULES_LIST, WANTED_MODULES};
@@ -785,9 +785,8 @@ fn spawn_jailed(
                     groups: &groups,
                     cgroup_procs: procs,
                     netns: Some(link.netns),
-                    inherit: vec![link.tap],
                 }),
-                Vec::new(),
+                vec![link.tap],
             )
             .map_err(setup("start QEMU jailed"))
         });

@@ -229,8 +229,7 @@ pub fn spawn(qemu: &Path, args: &[OsString], log: &Path) -> io::Result<Child> {
 }
 
 /// [`spawn`], jailed as `jail` says when given (see `jail.rs`): the environment is cleared
-/// too, so nothing of the node's reaches QEMU. Unjailed, QEMU inherits `inherit` (jailed,
-/// the jail's own list does).
+/// too, so nothing of the node's reaches QEMU. QEMU inherits `inherit` at their numbers.
 pub fn spawn_with(
     qemu: &Path,
     args: &[OsString],
@@ -253,7 +252,8 @@ pub fn spawn_with(
         cmd.env_clear();
         space_sys::jail::jail_command(&mut cmd, jail)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    } else if !inherit.is_empty() {
+    }
+    if !inherit.is_empty() {
         space_sys::jail::inherit_fds(&mut cmd, inherit);
     }
     cmd.spawn().map_err(|e| {
