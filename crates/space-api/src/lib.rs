@@ -4,6 +4,7 @@
 
 pub mod b64;
 pub mod client;
+pub mod copy;
 pub mod diff;
 pub mod event;
 pub mod net;

@@ -538,6 +538,9 @@ pub struct EntryInfo {
     pub modified_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// A directory another filesystem is mounted on (/proc, /sys, a tmpfs): downloads skip it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mount_point: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -646,6 +649,34 @@ pub fn rfc3339_from_unix_ms(ms: i64) -> String {
     )
 }
 
+/// The inverse of [`rfc3339_from_unix_ms`]: `YYYY-MM-DDTHH:MM:SS[.mmm]Z` to unix milliseconds;
+/// `None` for anything else.
+pub fn unix_ms_from_rfc3339(s: &str) -> Option<i64> {
+    let s = s.strip_suffix('Z')?;
+    let (date, time) = s.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, millis) = match time.split_once('.') {
+        Some((hms, frac)) if frac.len() == 3 => (hms, frac.parse::<i64>().ok()?),
+        Some(_) => return None,
+        None => (time, 0),
+    };
+    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (h, m, sec) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 {
+        return None;
+    }
+    // Howard Hinnant's days_from_civil.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 86_400 + h * 3600 + m * 60 + sec) * 1000) + millis)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -732,6 +763,28 @@ mod tests {
     #[test]
     fn timestamps() {
         assert_eq!(rfc3339_from_unix_ms(0), "1970-01-01T00:00:00.000Z");
+        for ms in [
+            0,
+            1,
+            951_782_400_000,
+            1_709_251_199_999,
+            1_796_000_000_123,
+            -86_400_001,
+        ] {
+            assert_eq!(unix_ms_from_rfc3339(&rfc3339_from_unix_ms(ms)), Some(ms));
+        }
+        assert_eq!(
+            unix_ms_from_rfc3339("2024-05-01T12:00:00Z"),
+            Some(1_714_564_800_000)
+        );
+        for bad in [
+            "",
+            "2024-05-01",
+            "2024-13-01T00:00:00Z",
+            "2024-05-01T00:00:00.1Z",
+        ] {
+            assert_eq!(unix_ms_from_rfc3339(bad), None, "{bad}");
+        }
         assert_eq!(
             rfc3339_from_unix_ms(1_709_251_199_999),
             "2024-02-29T23:59:59.999Z"

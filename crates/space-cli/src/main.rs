@@ -81,7 +81,7 @@ enum Command {
         ids: Vec<String>,
     },
     /// Copy files or directories: `space cp LOCAL ID:PATH` or `space cp ID:PATH LOCAL`.
-    Cp { src: String, dst: String },
+    Cp(cp::CpArgs),
     /// List a sandbox's processes.
     Ps { id: String },
     /// Stream a process's output (from --offset), until it exits.
@@ -361,8 +361,8 @@ async fn run(cli: Cli) -> Result<i32> {
             }
             Ok(i32::from(failed))
         }
-        Command::Cp { src, dst } => {
-            cp::run(&client()?, &src, &dst).await?;
+        Command::Cp(args) => {
+            cp::run(&client()?, &args).await?;
             Ok(0)
         }
         Command::Ps { id } => {

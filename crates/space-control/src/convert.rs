@@ -62,6 +62,7 @@ pub fn entry_info(e: pb::EntryInfo) -> EntryInfo {
         gid: e.gid,
         modified_at: rfc3339_from_unix_ms(e.modified_unix_ms),
         symlink_target: (!e.symlink_target.is_empty()).then_some(e.symlink_target),
+        mount_point: e.mount_point,
     }
 }
 
@@ -147,6 +148,7 @@ mod tests {
             gid: 0,
             modified_unix_ms: 0,
             symlink_target: String::new(),
+            mount_point: false,
         });
         assert_eq!(e.file_type, FileType::Dir);
         assert_eq!(e.mode, 0o755);

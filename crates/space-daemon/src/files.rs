@@ -29,6 +29,8 @@ pub enum FilesError {
     IsDir(PathBuf),
     #[error("{0}: not a directory")]
     NotDir(PathBuf),
+    #[error("{0}: not a regular file (a device, FIFO or socket): refusing to read it")]
+    NotRegular(PathBuf),
     #[error("{0}: already exists")]
     Exists(PathBuf),
     #[error("refusing to remove or rename /")]
@@ -95,10 +97,16 @@ async fn blocking<T: Send + 'static>(
 /// The EntryInfo of `path` (lstat: a symlink is described, not followed).
 pub fn entry(path: &Path) -> Result<EntryInfo, FilesError> {
     let md = fs::symlink_metadata(path).map_err(io_err("stat", path))?;
-    Ok(entry_from(path, &md))
+    let parent_dev = path
+        .parent()
+        .and_then(|p| fs::symlink_metadata(p).ok())
+        .map_or(md.dev(), |p| p.dev());
+    Ok(entry_from(path, &md, parent_dev))
 }
 
-fn entry_from(path: &Path, md: &fs::Metadata) -> EntryInfo {
+/// `parent_dev` is the device of the directory holding `path`: an entry on another device is
+/// a mount point (/proc, /sys, /dev, a tmpfs), which a download does not descend into.
+fn entry_from(path: &Path, md: &fs::Metadata, parent_dev: u64) -> EntryInfo {
     let ft = md.file_type();
     let kind = if ft.is_symlink() {
         FileType::Symlink
@@ -133,6 +141,7 @@ fn entry_from(path: &Path, md: &fs::Metadata) -> EntryInfo {
         gid: md.gid(),
         modified_unix_ms,
         symlink_target,
+        mount_point: ft.is_dir() && md.dev() != parent_dev,
     }
 }
 
@@ -154,12 +163,22 @@ pub async fn read_file(
 ) -> Result<Chunks, FilesError> {
     let path = normalize(path)?;
     let (file, path) = blocking(move || {
-        let file = File::open(&path).map_err(io_err("open", &path))?;
+        // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
         let md = file.metadata().map_err(io_err("stat", &path))?;
         if md.is_dir() {
             return Err(FilesError::IsDir(path));
         }
-        if md.is_file() && offset > md.len() {
+        // A device or FIFO never ends or blocks: only regular files are read (procfs and sysfs
+        // files are regular).
+        if !md.is_file() {
+            return Err(FilesError::NotRegular(path));
+        }
+        if offset > md.len() {
             return Err(FilesError::OutOfRange {
                 path,
                 offset,
@@ -397,13 +416,18 @@ pub async fn list_dir(path: &str, depth: u32) -> Result<Vec<EntryInfo>, FilesErr
             return Err(FilesError::NotDir(path));
         }
         let mut out = Vec::new();
-        list_into(&path, depth.max(1), &mut out)?;
+        list_into(&path, md.dev(), depth.max(1), &mut out)?;
         Ok(out)
     })
     .await
 }
 
-fn list_into(dir: &Path, depth: u32, out: &mut Vec<EntryInfo>) -> Result<(), FilesError> {
+fn list_into(
+    dir: &Path,
+    dir_dev: u64,
+    depth: u32,
+    out: &mut Vec<EntryInfo>,
+) -> Result<(), FilesError> {
     let mut children: Vec<PathBuf> = fs::read_dir(dir)
         .map_err(io_err("list", dir))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -414,10 +438,10 @@ fn list_into(dir: &Path, depth: u32, out: &mut Vec<EntryInfo>) -> Result<(), Fil
         let Ok(md) = fs::symlink_metadata(&child) else {
             continue;
         };
-        out.push(entry_from(&child, &md));
+        out.push(entry_from(&child, &md, dir_dev));
         if depth > 1 && md.is_dir() {
             // Unreadable subdirectories are listed but not descended into.
-            let _ = list_into(&child, depth - 1, out);
+            let _ = list_into(&child, md.dev(), depth - 1, out);
         }
     }
     Ok(())
@@ -541,5 +565,38 @@ mod tests {
         assert_eq!(normalize("/a/./b/../c/").unwrap(), PathBuf::from("/a/c"));
         assert_eq!(normalize("/../../etc").unwrap(), PathBuf::from("/etc"));
         assert_eq!(normalize("//").unwrap(), PathBuf::from("/"));
+    }
+
+    #[tokio::test]
+    async fn only_regular_files_are_read_and_mount_points_are_marked() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        // No writer: a blocking open would never return.
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            read_file(fifo.to_str().unwrap(), 0, 0, 4096),
+        )
+        .await
+        .expect("a FIFO read returns at once");
+        assert!(matches!(read, Err(FilesError::NotRegular(_))));
+        assert!(matches!(
+            read_file("/dev/zero", 0, 0, 4096).await,
+            Err(FilesError::NotRegular(_))
+        ));
+        // /proc is another filesystem than /; a plain directory is not.
+        let root = list_dir("/", 1).await.unwrap();
+        let proc = root.iter().find(|e| e.name == "proc").unwrap();
+        assert!(proc.mount_point);
+        let listed = list_dir(dir.path().to_str().unwrap(), 1).await.unwrap();
+        assert!(listed.iter().all(|e| !e.mount_point));
+        assert!(entry(Path::new("/proc")).unwrap().mount_point);
     }
 }

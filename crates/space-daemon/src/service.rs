@@ -73,9 +73,10 @@ impl From<FilesError> for Status {
                 Code::InvalidArgument
             }
             FilesError::Io { source, .. } => io_code(source),
-            FilesError::IsDir(_) | FilesError::NotDir(_) | FilesError::Root => {
-                Code::FailedPrecondition
-            }
+            FilesError::IsDir(_)
+            | FilesError::NotDir(_)
+            | FilesError::NotRegular(_)
+            | FilesError::Root => Code::FailedPrecondition,
             FilesError::Exists(_) => Code::AlreadyExists,
             FilesError::OutOfRange { .. } => Code::OutOfRange,
             FilesError::Task(_) => Code::Internal,
