@@ -4,7 +4,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Debian packages space needs at run time and to build and test.
 PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables postgresql iproute2 util-linux procps tar gzip curl ca-certificates gcc libc6-dev pkg-config
-    qemu-system-x86 e2fsprogs xz-utils)
+    qemu-system-x86 e2fsprogs xz-utils mmdebstrap)
 GUEST_TARGET=x86_64-unknown-linux-gnu
 # Guest kernel for QEMU microvm guests (the bench peer, later the microvm runtime): Debian's
 # cloud kernel, unpacked (never installed on the host) into $VM_DIR with the modules below and
@@ -12,6 +12,16 @@ GUEST_TARGET=x86_64-unknown-linux-gnu
 VM_DIR=/usr/local/lib/space/vm
 GUEST_KERNEL_PACKAGE=linux-image-cloud-amd64
 GUEST_MODULES=(virtio_mmio virtio_blk virtio_console virtio_net vmw_vsock_virtio_transport ext4)
+
+# The Debian `base` template (decision 0016): a bookworm userland built once per machine with
+# mmdebstrap into $BASE_CACHE (rootfs/ + defaults.json), which spaced imports into a fresh
+# data dir (`spaced --base-cache`). A cache made from another recipe is built again.
+BASE_CACHE=${SPACE_BASE_CACHE:-/var/cache/space/base-debian12}
+BASE_SUITE=bookworm
+BASE_PACKAGES=(bash coreutils procps iproute2 ca-certificates curl git python3 python3-pip
+    python3-venv nodejs npm less tar unzip sudo)
+BASE_RECIPE="2 $BASE_SUITE ${BASE_PACKAGES[*]}"
+BASE_PATH=/home/user/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -157,4 +167,36 @@ install_guest_kernel() {
     rm -rf "$VM_DIR"
     mv "$VM_DIR.new" "$VM_DIR"
     say "guest kernel $ver in $VM_DIR (${#order[@]} modules: ${order[*]})"
+}
+
+# Build the Debian base rootfs into $BASE_CACHE unless it is there from the same recipe.
+ensure_base_rootfs() {
+    [ -d "$BASE_CACHE/rootfs" ] && [ "$(cat "$BASE_CACHE/recipe" 2>/dev/null)" = "$BASE_RECIPE" ] \
+        && return 0
+    local new="$BASE_CACHE.new" start
+    start=$(date +%s)
+    say "building the Debian base rootfs once for this machine (mmdebstrap $BASE_SUITE, a few minutes) into $BASE_CACHE"
+    rm -rf "$new"
+    mkdir -p "$new"
+    # The hooks run on the host with the new root as $1: the default user `user` (uid 1000,
+    # passwordless sudo), pip and npm usable by that user without root (no
+    # "externally-managed-environment" refusal; npm -g into ~/.local).
+    if ! mmdebstrap --quiet --variant=minbase --aptopt='APT::Install-Recommends "false"' \
+        --include="$(IFS=,; echo "${BASE_PACKAGES[*]}")" \
+        --customize-hook='chroot "$1" useradd --create-home --uid 1000 --user-group --shell /bin/bash user' \
+        --customize-hook='echo "user ALL=(ALL:ALL) NOPASSWD: ALL" >"$1/etc/sudoers.d/user" && chmod 0440 "$1/etc/sudoers.d/user"' \
+        --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
+        --customize-hook='printf "prefix=/home/user/.local\n" >"$1/home/user/.npmrc" && chroot "$1" chown user:user /home/user/.npmrc' \
+        --customize-hook='echo sandbox >"$1/etc/hostname"' \
+        "$BASE_SUITE" "$new/rootfs"; then
+        rm -rf "$new"
+        die "mmdebstrap could not build the Debian base rootfs (see above); check the Debian package sources"
+    fi
+    cat >"$new/defaults.json" <<JSON
+{"user": "user", "env": {"PATH": "$BASE_PATH", "LANG": "C.UTF-8", "SHELL": "/bin/bash"}}
+JSON
+    echo "$BASE_RECIPE" >"$new/recipe"
+    rm -rf "$BASE_CACHE"
+    mv "$new" "$BASE_CACHE"
+    say "Debian base rootfs ready in $(( $(date +%s) - start )) s ($(du -sh "$BASE_CACHE/rootfs" | cut -f1))"
 }

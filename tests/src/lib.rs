@@ -57,6 +57,26 @@ pub fn probe_binary() -> PathBuf {
 }
 
 /// Fails the test loudly unless it runs as root: these tests are never silently skipped.
+/// The Debian base rootfs cache (`SPACE_BASE_CACHE`, else /var/cache/space/base-debian12),
+/// or `None` where it was never built. With SPACE_REQUIRE_BASE=1 that is a failure.
+pub fn base_cache() -> Option<PathBuf> {
+    let p = std::env::var_os("SPACE_BASE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/space/base-debian12"));
+    if p.join("rootfs").is_dir() {
+        return Some(p);
+    }
+    let why = format!(
+        "no Debian base rootfs at {} (scripts/test builds it)",
+        p.display()
+    );
+    if std::env::var("SPACE_REQUIRE_BASE").as_deref() == Ok("1") {
+        panic!("SPACE_REQUIRE_BASE=1 but {why}");
+    }
+    eprintln!("skipping: {why} (set SPACE_REQUIRE_BASE=1 to require it)");
+    None
+}
+
 pub fn require_root() {
     assert!(
         rustix::process::geteuid().is_root(),
@@ -433,6 +453,7 @@ impl Spaced {
             // A small pool: dozens of test spaceds run one after another on two cores.
             .arg("--slot-pool")
             .arg("4")
+            .args(self.template_args())
             .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .env("RUST_BACKTRACE", "0")
@@ -443,6 +464,31 @@ impl Spaced {
             .context("spawn spaced")?;
         self.child = Some(child);
         self.wait_ready()
+    }
+
+    /// Tests create from `minimal` (busybox) unless they start spaced with
+    /// [`Spaced::start_with_base`]: importing the Debian `base` into each of the suite's many
+    /// fresh data dirs would cost seconds apiece.
+    fn template_args(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if !self.extra_args.iter().any(|a| a == "--default-template") {
+            v.extend(["--default-template", "minimal"]);
+        }
+        if !self.extra_args.iter().any(|a| a == "--base-cache") {
+            v.extend(["--base-cache", "none"]);
+        }
+        v
+    }
+
+    /// Start a spaced whose default template is the Debian `base`, imported from the
+    /// machine's cache, or `None` (after saying why) where no cache was built; with
+    /// SPACE_REQUIRE_BASE=1 (scripts/test, which builds it) a missing cache fails the test.
+    pub fn start_with_base(extra_args: &[&str]) -> Option<Spaced> {
+        let cache = base_cache()?;
+        let cache = cache.to_str().expect("utf-8 path").to_owned();
+        let mut args = vec!["--default-template", "base", "--base-cache", cache.as_str()];
+        args.extend_from_slice(extra_args);
+        Some(Self::start_with(&args).unwrap())
     }
 
     fn wait_ready(&mut self) -> Result<()> {

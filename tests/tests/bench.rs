@@ -34,7 +34,8 @@ fn sandboxes(s: &Spaced) -> Vec<Value> {
 
 /// (min, max) of the base template's pool.
 fn pool_sizes(s: &Spaced) -> (u64, u64) {
-    let p: Value = serde_json::from_str(&s.space_ok(&["pool", "get", "base", "--json"])).unwrap();
+    let p: Value =
+        serde_json::from_str(&s.space_ok(&["pool", "get", "minimal", "--json"])).unwrap();
     (p["min"].as_u64().unwrap(), p["max"].as_u64().unwrap())
 }
 
@@ -281,7 +282,7 @@ fn bench_microvm_measures_boot_restore_and_pool_and_cleans_up() {
     );
     let s = Spaced::start().unwrap();
     let before: Value =
-        serde_json::from_str(&s.space_ok(&["pool", "get", "base", "--json"])).unwrap();
+        serde_json::from_str(&s.space_ok(&["pool", "get", "minimal", "--json"])).unwrap();
     let out = s.space_ok(&[
         "bench", "microvm", "-n", "2", "--pool", "--memory", "256", "--json",
     ]);
@@ -299,7 +300,7 @@ fn bench_microvm_measures_boot_restore_and_pool_and_cleans_up() {
     // Nothing left, and base's pool is the namespace pool it was.
     assert!(sandboxes(&s).is_empty(), "{:?}", sandboxes(&s));
     let after: Value =
-        serde_json::from_str(&s.space_ok(&["pool", "get", "base", "--json"])).unwrap();
+        serde_json::from_str(&s.space_ok(&["pool", "get", "minimal", "--json"])).unwrap();
     for k in ["runtime", "min", "max"] {
         assert_eq!(after[k], before[k], "{k}: {after}");
     }

@@ -321,7 +321,7 @@ fn run(seed: u64) {
     // Turning the warm pool off destroys its ready sandboxes too.
     let (code, body) = s.call(
         reqwest::Method::PUT,
-        "/v1/templates/base/pool",
+        "/v1/templates/minimal/pool",
         Some(serde_json::json!({"min": 0, "max": 0})),
     );
     assert_eq!(code, 200, "{body}");

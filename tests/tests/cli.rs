@@ -66,7 +66,7 @@ fn create_exec_inspect_rm(rt) {
     let info: Value = serde_json::from_str(&s.space_ok(&["inspect", &id])).unwrap();
     assert_eq!(info["id"], id.as_str());
     assert_eq!(info["state"], "running");
-    assert_eq!(info["template"], "base");
+    assert_eq!(info["template"], "minimal");
     assert_eq!(info["memory_mib"], 256);
 
     // --json create prints the whole sandbox.
@@ -243,7 +243,7 @@ fn template_import_and_use() {
     s.space_ok(&["template", "import", "mytpl", root.to_str().unwrap()]);
     let ls = s.space_ok(&["template", "ls"]);
     assert!(
-        ls.contains("mytpl") && ls.contains("base"),
+        ls.contains("mytpl") && ls.contains("minimal"),
         "template ls: {ls}"
     );
     let id = s.create(&["--template", "mytpl"]);

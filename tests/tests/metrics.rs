@@ -106,8 +106,8 @@ fn metrics_show_what_was_done() {
     // The node's slot pool: both sandboxes hold a slot, each taken as a hit or a miss.
     // (and so do the warm pool's ready sandboxes).
     // A ready sandbox being built may or may not hold its slot yet.
-    let ready = number(&sc, "space_pool_ready", Some(("template", "base")));
-    let starting = number(&sc, "space_pool_starting", Some(("template", "base")));
+    let ready = number(&sc, "space_pool_ready", Some(("template", "minimal")));
+    let starting = number(&sc, "space_pool_starting", Some(("template", "minimal")));
     let attached = number(&sc, "space_net_slots_attached", None);
     assert!(
         (2.0 + ready..=2.0 + ready + starting).contains(&attached),
@@ -115,11 +115,11 @@ fn metrics_show_what_was_done() {
         ctx("slots attached")
     );
     assert!(
-        number(&sc, "space_pool_hits_total", Some(("template", "base"))) >= 1.0,
+        number(&sc, "space_pool_hits_total", Some(("template", "minimal"))) >= 1.0,
         "{}",
         ctx("pool hits")
     );
-    assert!(number(&sc, "space_pool_target", Some(("template", "base"))) >= 4.0);
+    assert!(number(&sc, "space_pool_target", Some(("template", "minimal"))) >= 4.0);
     assert!(number(&sc, "space_net_slots_ready", None) >= 0.0);
     let taken = number(&sc, "space_net_pool_hits_total", None)
         + number(&sc, "space_net_pool_misses_total", None);

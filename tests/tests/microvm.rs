@@ -196,11 +196,11 @@ fn bad_runtime_requests_get_clear_errors() {
     let msg = refused(
         &s,
         Method::PUT,
-        "/v1/templates/base/pool",
+        "/v1/templates/minimal/pool",
         json!({"min": 1, "runtime": "microvm"}),
     );
     assert!(msg.contains("--microvm off"), "{msg}");
-    let (code, pool) = s.call(Method::GET, "/v1/templates/base/pool", None);
+    let (code, pool) = s.call(Method::GET, "/v1/templates/minimal/pool", None);
     assert_eq!(
         (code, pool["runtime"].as_str()),
         (200, Some("namespace")),
@@ -217,7 +217,7 @@ fn bad_runtime_requests_get_clear_errors() {
 
 /// The template's warm checkpoint of a microvm (`vm-<key>/` next to its rootfs), once made.
 fn warm_checkpoint(s: &Spaced) -> Option<std::path::PathBuf> {
-    let base = s.data_dir().join("volume/templates/base");
+    let base = s.data_dir().join("volume/templates/minimal");
     std::fs::read_dir(base).ok()?.flatten().find_map(|v| {
         std::fs::read_dir(v.path()).ok()?.flatten().find_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -378,7 +378,7 @@ fn microvm_creates_restore_the_templates_warm_checkpoint_with_fresh_identities()
 
 /// `base`'s pool as the node reports it.
 fn base_pool(s: &Spaced) -> serde_json::Value {
-    let (code, body) = s.call(Method::GET, "/v1/templates/base/pool", None);
+    let (code, body) = s.call(Method::GET, "/v1/templates/minimal/pool", None);
     assert_eq!(code, 200, "{body}");
     body
 }
@@ -389,7 +389,7 @@ fn a_microvm_pool_hands_out_restored_vms_with_fresh_identities() {
     // Turning base's pool into a microvm pool retires its namespace members.
     let (code, body) = s.call(
         Method::PUT,
-        "/v1/templates/base/pool",
+        "/v1/templates/minimal/pool",
         Some(json!({"min": 2, "max": 2, "runtime": "microvm"})),
     );
     assert_eq!(code, 200, "{body}");
@@ -452,7 +452,7 @@ fn a_microvm_pool_hands_out_restored_vms_with_fresh_identities() {
     // The pool went back to refilling; turning it off destroys its members.
     let (code, body) = s.call(
         Method::PUT,
-        "/v1/templates/base/pool",
+        "/v1/templates/minimal/pool",
         Some(json!({"min": 0, "runtime": "microvm"})),
     );
     assert_eq!(code, 200, "{body}");
@@ -641,7 +641,7 @@ fn a_templates_runtime_is_the_default_of_its_creates() {
         );
     };
     fails(
-        &["template", "set", "base", "--runtime", "firecracker"],
+        &["template", "set", "minimal", "--runtime", "firecracker"],
         "unknown runtime",
     );
     fails(
@@ -655,12 +655,12 @@ fn a_templates_runtime_is_the_default_of_its_creates() {
     let msg = refused(
         &s,
         Method::PUT,
-        "/v1/templates/base/settings",
+        "/v1/templates/minimal/settings",
         json!({"runtime": "microvm", "cpu": 2}),
     );
     assert!(msg.contains("cpu"), "{msg}");
 
-    s.space_ok(&["template", "set", "base", "--runtime", "microvm"]);
+    s.space_ok(&["template", "set", "minimal", "--runtime", "microvm"]);
     let list: serde_json::Value =
         serde_json::from_str(&s.space_ok(&["template", "ls", "--json"])).unwrap();
     assert_eq!(list["templates"][0]["runtime"], "microvm", "{list}");
@@ -668,7 +668,7 @@ fn a_templates_runtime_is_the_default_of_its_creates() {
     assert_eq!(s.inspect(&vm)["runtime"], "microvm");
     let ns = s.create(&["--runtime", "namespace"]);
     assert_eq!(s.inspect(&ns)["runtime"], "namespace");
-    s.space_ok(&["template", "set", "base", "--runtime", "default"]);
+    s.space_ok(&["template", "set", "minimal", "--runtime", "default"]);
     let again = s.create(&[]);
     assert_eq!(s.inspect(&again)["runtime"], "namespace");
     for id in [&vm, &ns, &again] {

@@ -11,7 +11,7 @@ use space_tests::Spaced;
 fn set_pool(s: &Spaced, min: u32, max: u32) -> Value {
     let (code, body) = s.call(
         Method::PUT,
-        "/v1/templates/base/pool",
+        "/v1/templates/minimal/pool",
         Some(json!({"min": min, "max": max})),
     );
     assert_eq!(code, 200, "{body}");
@@ -19,7 +19,7 @@ fn set_pool(s: &Spaced, min: u32, max: u32) -> Value {
 }
 
 fn pool(s: &Spaced) -> Value {
-    let (code, body) = s.call(Method::GET, "/v1/templates/base/pool", None);
+    let (code, body) = s.call(Method::GET, "/v1/templates/minimal/pool", None);
     assert_eq!(code, 200, "{body}");
     body
 }
@@ -177,9 +177,9 @@ fn the_pool_refills_after_a_burst_and_misses_fall_back_to_a_cold_create() {
     // Visible in the list, in /metrics, and through the CLI.
     let (code, list) = s.call(Method::GET, "/v1/pools", None);
     assert_eq!(code, 200);
-    assert_eq!(list["pools"][0]["template"], "base", "{list}");
+    assert_eq!(list["pools"][0]["template"], "minimal", "{list}");
     let metrics = s.space_ok(&["pool", "ls", "--json"]);
-    assert!(metrics.contains("\"base\""), "{metrics}");
+    assert!(metrics.contains("\"minimal\""), "{metrics}");
 
     // Off: the ready sandboxes are destroyed, creates are cold.
     set_pool(&s, 0, 0);

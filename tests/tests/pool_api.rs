@@ -48,13 +48,14 @@ fn pools_round_trip_through_cli_and_api_and_survive_a_restart() {
     let mut s = Spaced::start_with(&["--warm-pool", "1:2"]).unwrap();
 
     // The --warm-pool default reaches base at start.
-    let p = wait_pool(&s, "base", "the default 1:2", |p| sizes(p) == (1, 2));
+    let p = wait_pool(&s, "minimal", "the default 1:2", |p| sizes(p) == (1, 2));
     assert_eq!(p["runtime"], "namespace");
-    let got: Value = serde_json::from_str(&s.space_ok(&["pool", "get", "base", "--json"])).unwrap();
+    let got: Value =
+        serde_json::from_str(&s.space_ok(&["pool", "get", "minimal", "--json"])).unwrap();
     assert_eq!(sizes(&got), (1, 2));
 
     // The pool fills, and a create takes a sandbox from it.
-    wait_pool(&s, "base", "a ready sandbox", |p| {
+    wait_pool(&s, "minimal", "a ready sandbox", |p| {
         p["ready"].as_u64() >= Some(1)
     });
     let id = s.create(&[]);
@@ -63,14 +64,16 @@ fn pools_round_trip_through_cli_and_api_and_survive_a_restart() {
     assert_eq!(sb["state"], "running");
     let (code, out, _) = s.sh(&id, "echo pooled-ok");
     assert_eq!((code, out.trim()), (0, "pooled-ok"));
-    let p = wait_pool(&s, "base", "a hit", |p| p["hits"].as_u64() >= Some(1));
+    let p = wait_pool(&s, "minimal", "a hit", |p| p["hits"].as_u64() >= Some(1));
     assert!(p["misses"].as_u64().is_some(), "{p}");
     s.space_ok(&["rm", &id]);
 
     // Set through the CLI, read through the API.
     let out = s
         .cli()
-        .args(["pool", "set", "base", "--min", "2", "--max", "3", "--json"])
+        .args([
+            "pool", "set", "minimal", "--min", "2", "--max", "3", "--json",
+        ])
         .output()
         .unwrap();
     assert!(
@@ -86,14 +89,14 @@ fn pools_round_trip_through_cli_and_api_and_survive_a_restart() {
     let set: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(sizes(&set), (2, 3));
     assert!(set.get("warning").is_none(), "{set}");
-    let (code, body) = s.call(Method::GET, "/v1/templates/base/pool", None);
+    let (code, body) = s.call(Method::GET, "/v1/templates/minimal/pool", None);
     assert_eq!(code, 200, "{body}");
     assert_eq!(sizes(&body), (2, 3));
 
     // Set through the API (max defaults to min), read through the CLI table.
     let (code, body) = s.call(
         Method::PUT,
-        "/v1/templates/base/pool",
+        "/v1/templates/minimal/pool",
         Some(json!({"min": 2})),
     );
     assert_eq!(code, 200, "{body}");
@@ -110,26 +113,26 @@ fn pools_round_trip_through_cli_and_api_and_survive_a_restart() {
     );
     let base: Vec<&str> = lines
         .iter()
-        .find(|l| l.starts_with("base "))
-        .unwrap_or_else(|| panic!("no base line: {table}"))
+        .find(|l| l.starts_with("minimal "))
+        .unwrap_or_else(|| panic!("no minimal line: {table}"))
         .split_whitespace()
         .collect();
-    assert_eq!(&base[..4], ["base", "namespace", "2", "2"], "{table}");
+    assert_eq!(&base[..4], ["minimal", "namespace", "2", "2"], "{table}");
     let (code, body) = s.call(Method::GET, "/v1/pools", None);
     assert_eq!(code, 200);
     assert_eq!(
-        sizes(pool_of(body["pools"].as_array().unwrap(), "base").unwrap()),
+        sizes(pool_of(body["pools"].as_array().unwrap(), "minimal").unwrap()),
         (2, 2)
     );
 
     // The stored sizes beat the --warm-pool default after a restart.
     s.stop().unwrap();
     s.spawn().unwrap();
-    wait_pool(&s, "base", "the stored 2:2", |p| sizes(p) == (2, 2));
+    wait_pool(&s, "minimal", "the stored 2:2", |p| sizes(p) == (2, 2));
 
     // Turned off, base stays off after a restart (the default is not applied again).
     let set: Value =
-        serde_json::from_str(&s.space_ok(&["pool", "set", "base", "--min", "0", "--json"]))
+        serde_json::from_str(&s.space_ok(&["pool", "set", "minimal", "--min", "0", "--json"]))
             .unwrap();
     assert_eq!(sizes(&set), (0, 0));
     s.stop().unwrap();
@@ -138,8 +141,8 @@ fn pools_round_trip_through_cli_and_api_and_survive_a_restart() {
     std::thread::sleep(Duration::from_secs(2));
     let list = pools(&s);
     assert!(
-        pool_of(&list, "base").is_none_or(|p| sizes(p) == (0, 0)),
-        "base came back: {list:?}"
+        pool_of(&list, "minimal").is_none_or(|p| sizes(p) == (0, 0)),
+        "minimal came back: {list:?}"
     );
 }
 
@@ -151,10 +154,10 @@ fn bad_pool_requests_get_clear_errors_and_big_ones_are_clamped() {
     std::thread::sleep(Duration::from_secs(1));
     let list = pools(&s);
     assert!(
-        pool_of(&list, "base").is_none_or(|p| sizes(p) == (0, 0)),
+        pool_of(&list, "minimal").is_none_or(|p| sizes(p) == (0, 0)),
         "{list:?}"
     );
-    let (code, body) = s.call(Method::GET, "/v1/templates/base/pool", None);
+    let (code, body) = s.call(Method::GET, "/v1/templates/minimal/pool", None);
     assert_eq!(code, 404, "{body}");
     assert_eq!(body["error"]["code"], "not_found");
 
@@ -168,21 +171,21 @@ fn bad_pool_requests_get_clear_errors_and_big_ones_are_clamped() {
     let cases: Vec<(&str, Value, u16, &str)> = vec![
         ("nope", json!({"min": 1}), 404, "template nope not found"),
         (
-            "base",
+            "minimal",
             json!({"min": 5, "max": 3}),
             400,
             "min (5) must not exceed max (3)",
         ),
         (
-            "base",
+            "minimal",
             json!({"min": 1, "size": 2}),
             400,
             "unknown field `size`",
         ),
-        ("base", json!({"max": 2}), 400, "missing field `min`"),
-        ("base", json!({"min": -1}), 400, "invalid JSON body"),
+        ("minimal", json!({"max": 2}), 400, "missing field `min`"),
+        ("minimal", json!({"min": -1}), 400, "invalid JSON body"),
         (
-            "base",
+            "minimal",
             json!({"min": 1, "runtime": "firecracker"}),
             400,
             "unknown runtime \"firecracker\"",
@@ -204,8 +207,8 @@ fn bad_pool_requests_get_clear_errors_and_big_ones_are_clamped() {
     rt.block_on(async {
         for (method, path) in [
             (Method::GET, "/v1/pools"),
-            (Method::GET, "/v1/templates/base/pool"),
-            (Method::PUT, "/v1/templates/base/pool"),
+            (Method::GET, "/v1/templates/minimal/pool"),
+            (Method::PUT, "/v1/templates/minimal/pool"),
         ] {
             let r = s
                 .req_anon(method.clone(), path)
@@ -224,25 +227,25 @@ fn bad_pool_requests_get_clear_errors_and_big_ones_are_clamped() {
         String::from_utf8_lossy(&out.stderr).trim(),
         "error: template nope not found (not_found)"
     );
-    let out = s.space(&["pool", "set", "base", "--min", "5", "--max", "3"]);
+    let out = s.space(&["pool", "set", "minimal", "--min", "5", "--max", "3"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("min (5) must not exceed max (3)"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = s.space(&["pool", "set", "base"]);
+    let out = s.space(&["pool", "set", "minimal"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--min"));
     // Nothing above set a pool.
     let list = pools(&s);
     assert!(
-        pool_of(&list, "base").is_none_or(|p| sizes(p) == (0, 0)),
+        pool_of(&list, "minimal").is_none_or(|p| sizes(p) == (0, 0)),
         "{list:?}"
     );
 
     // Far beyond capacity: 200, clamped, with a warning that names the capacity.
-    let (code, body) = put("base", json!({"min": 1_000_000, "max": 1_000_000}));
+    let (code, body) = put("minimal", json!({"min": 1_000_000, "max": 1_000_000}));
     assert_eq!(code, 200, "{body}");
     let (min, max) = sizes(&body);
     assert!(max < 1_000_000 && min <= max, "not clamped: {body}");
@@ -251,11 +254,11 @@ fn bad_pool_requests_get_clear_errors_and_big_ones_are_clamped() {
         .unwrap_or_else(|| panic!("no warning: {body}"));
     assert!(warning.contains(&max.to_string()), "{warning}");
     // Turn it off again at once: the node need not build all of them.
-    let (code, body) = put("base", json!({"min": 0}));
+    let (code, body) = put("minimal", json!({"min": 0}));
     assert_eq!((code, sizes(&body)), (200, (0, 0)), "{body}");
 
     // The CLI prints the warning on stderr, the pool on stdout.
-    let out = s.space(&["pool", "set", "base", "--min", "1000000"]);
+    let out = s.space(&["pool", "set", "minimal", "--min", "1000000"]);
     assert!(
         out.status.success(),
         "{}",
@@ -264,5 +267,5 @@ fn bad_pool_requests_get_clear_errors_and_big_ones_are_clamped() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.starts_with("warning: "), "{stderr}");
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("TEMPLATE"));
-    s.space_ok(&["pool", "set", "base", "--min", "0"]);
+    s.space_ok(&["pool", "set", "minimal", "--min", "0"]);
 }

@@ -119,8 +119,9 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct CreateArgs {
-    #[arg(long, default_value = "base")]
-    template: String,
+    /// The template (default: the node's, `base` unless spaced says otherwise).
+    #[arg(long)]
+    template: Option<String>,
     /// CPU cores (e.g. 0.5).
     #[arg(long)]
     cpu: Option<f64>,
@@ -265,7 +266,7 @@ async fn run(cli: Cli) -> Result<i32> {
             let c = client()?;
             let sb = c
                 .create_sandbox(&CreateSandbox {
-                    template: Some(a.template),
+                    template: a.template,
                     cpu: a.cpu,
                     memory_mib: a.memory,
                     pids: a.pids,

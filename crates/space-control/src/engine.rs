@@ -54,9 +54,11 @@ pub struct ControlConfig {
     pub default_egress: space_api::Egress,
     /// The runtime recorded for creates that name none (`spaced --default-runtime`).
     pub default_runtime: String,
-    /// Warm pool of `base` while no pool was set for it through the API (spaced's
-    /// `--warm-pool`; None: no default pool). See `pools`.
+    /// Warm pool of the default template while no pool was set for it through the API
+    /// (spaced's `--warm-pool`; None: no default pool). See `pools`.
     pub default_pool: Option<space_node::api::PoolConfig>,
+    /// The template of creates that name none (spaced's `--default-template`; `base`).
+    pub default_template: String,
 }
 
 impl ControlConfig {
@@ -75,6 +77,7 @@ impl ControlConfig {
                 max: 32,
                 microvm: false,
             }),
+            default_template: DEFAULT_TEMPLATE.to_owned(),
         }
     }
 }
@@ -585,6 +588,12 @@ impl Engine {
         let lifecycle = crate::lifecycle::lifecycle_from_create(&req, &id, now)?;
         let snapshot_policy = crate::snapshot_policy::policy_from_create(&req, &id, now)?;
         let secret_names = req.secrets.clone();
+        let req = CreateSandbox {
+            template: req
+                .template
+                .or_else(|| Some(self.cfg.default_template.clone())),
+            ..req
+        };
         let mut spec = validate_create_with(req, &id, self.cfg.default_egress)?;
         if spec.runtime.is_none() {
             spec.runtime = Some(self.default_runtime_of(&spec.template).await?);

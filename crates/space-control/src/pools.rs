@@ -11,7 +11,7 @@
 use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
-use space_api::{DEFAULT_TEMPLATE, Pool, PoolList, SetPool, is_valid_template_name};
+use space_api::{Pool, PoolList, SetPool, is_valid_template_name};
 use space_node::api::{PoolConfig, PoolStatus};
 use sqlx::Row;
 
@@ -267,10 +267,11 @@ impl Engine {
             };
             self.push_pool(&row.template, cfg, "stored").await;
         }
-        if !rows.iter().any(|r| r.template == DEFAULT_TEMPLATE)
+        let default = self.cfg.default_template.as_str();
+        if !rows.iter().any(|r| r.template == default)
             && let Some(cfg) = self.cfg.default_pool
         {
-            self.push_pool(DEFAULT_TEMPLATE, cfg, "default").await;
+            self.push_pool(default, cfg, "default").await;
         }
     }
 

@@ -601,6 +601,7 @@ impl NodeApi for FakeNode {
             version: 1,
             created_unix_ms: 0,
             path: PathBuf::from("/var/lib/space/templates/base/1/rootfs"),
+            defaults: Default::default(),
         }];
         for (name, _) in self.imported.lock().unwrap().iter() {
             list.push(TemplateInfo {
@@ -608,6 +609,7 @@ impl NodeApi for FakeNode {
                 version: 2,
                 created_unix_ms: 1000,
                 path: PathBuf::from("/t"),
+                defaults: Default::default(),
             });
         }
         Ok(list)
@@ -687,6 +689,7 @@ impl NodeApi for FakeNode {
             version: 2,
             created_unix_ms: 1000,
             path: PathBuf::from("/t"),
+            defaults: Default::default(),
         })
     }
 }

@@ -249,6 +249,11 @@ async fn restore_pushes_stored_pools_and_the_default_only_to_a_base_without_one(
     let h = harness_with(|c| c.default_pool = None).await;
     h.state.engine.restore_pools().await;
     assert!(h.take_pool_calls().is_empty());
+    // The default pool follows the default template, and so do creates that name none.
+    let h = harness_with(|c| c.default_template = "minimal".into()).await;
+    h.state.engine.restore_pools().await;
+    assert_eq!(h.take_pool_calls(), ["pool minimal 4 32"]);
+    assert_eq!(h.create().await.template, "minimal");
 }
 
 #[tokio::test]

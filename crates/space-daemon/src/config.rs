@@ -58,9 +58,11 @@ impl Config {
     }
 }
 
-/// The base environment, shared by every exec and replaceable as a whole.
+/// The base environment, shared by every exec and replaceable as a whole, and the user that
+/// exec and file operations naming none run as (`SPACE_DEFAULT_USER`, a template default:
+/// `user` in the Debian `base`; root when unset).
 #[derive(Debug, Clone, Default)]
-pub struct BaseEnv(Arc<RwLock<Arc<EnvVars>>>);
+pub struct BaseEnv(Arc<RwLock<(Arc<EnvVars>, Option<String>)>>);
 
 /// Environment variables in order.
 pub type EnvVars = Vec<(OsString, OsString)>;
@@ -75,21 +77,44 @@ impl BaseEnv {
 
     /// The environment now (cheap: one reference count).
     pub fn get(&self) -> Arc<EnvVars> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.read().unwrap_or_else(|e| e.into_inner()).0.clone()
+    }
+
+    /// The user of requests that name none (`None`: root).
+    pub fn default_user(&self) -> Option<String> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).1.clone()
+    }
+
+    /// `user`, or the default user when it is empty ("" still means root when there is none).
+    pub fn user_or_default(&self, user: &str) -> String {
+        if user.is_empty() {
+            self.default_user().unwrap_or_default()
+        } else {
+            user.to_owned()
+        }
     }
 
     /// Replaces it (daemon-only variables are dropped).
     pub fn set(&self, vars: EnvVars) {
+        let default_user = vars
+            .iter()
+            .find(|(k, _)| k == DEFAULT_USER_ENV)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+            .filter(|u| !u.is_empty());
         let vars = vars
             .into_iter()
             .filter(|(k, _)| !DAEMON_ONLY_ENV.iter().any(|d| k == d))
             .collect();
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(vars);
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = (Arc::new(vars), default_user);
     }
 }
 
+/// The template's default user, set by the node.
+pub const DEFAULT_USER_ENV: &str = "SPACE_DEFAULT_USER";
+
 /// Variables meant for the daemon itself; the processes it starts never see them.
 const DAEMON_ONLY_ENV: &[&str] = &[
+    DEFAULT_USER_ENV,
     "SPACE_CHANNEL_FD",
     "SPACE_LOG",
     "SPACE_OUTPUT_BUFFER_BYTES",
@@ -117,5 +142,11 @@ mod tests {
         ]);
         // The old value is gone (replaced, not merged) and clones see the new one.
         assert_eq!(*clone.get(), vec![("B".into(), "2".into())]);
+        assert_eq!(clone.default_user(), None);
+        assert_eq!(clone.user_or_default(""), "");
+        env.set(vec![("SPACE_DEFAULT_USER".into(), "user".into())]);
+        assert!(clone.get().is_empty());
+        assert_eq!(clone.user_or_default(""), "user");
+        assert_eq!(clone.user_or_default("root"), "root");
     }
 }

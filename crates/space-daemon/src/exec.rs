@@ -69,10 +69,11 @@ pub fn prepare(cfg: &Config, req: &ExecRequest) -> Result<Prepared, ExecError> {
     if req.argv.iter().any(|a| a.contains('\0')) {
         return Err(ExecError::Invalid("argv contains a NUL byte".into()));
     }
-    let user: Option<UserInfo> = if req.user.is_empty() {
+    let user_spec = cfg.base_env.user_or_default(&req.user);
+    let user: Option<UserInfo> = if user_spec.is_empty() {
         None
     } else {
-        Some(users::lookup(&cfg.root, &req.user)?)
+        Some(users::lookup(&cfg.root, &user_spec)?)
     };
 
     // Environment: base, then the user's identity, then the request.

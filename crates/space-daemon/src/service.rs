@@ -222,6 +222,10 @@ impl Guest for GuestService {
             }) => open,
             _ => return Err(FilesError::Protocol("the first message must be `open`").into()),
         };
+        let open = WriteFileOpen {
+            user: self.cfg.base_env.user_or_default(&open.user),
+            ..open
+        };
         let (tx, task) = files::write_file(self.cfg.root.clone(), open).await?;
         let outcome: Result<(), Status> = async {
             loop {
@@ -271,7 +275,8 @@ impl Guest for GuestService {
 
     async fn make_dir(&self, req: Request<MakeDirRequest>) -> Result<Response<EntryInfo>, Status> {
         let r = req.into_inner();
-        let e = files::make_dir(self.cfg.root.clone(), &r.path, r.mode, r.parents, &r.user).await?;
+        let user = self.cfg.base_env.user_or_default(&r.user);
+        let e = files::make_dir(self.cfg.root.clone(), &r.path, r.mode, r.parents, &user).await?;
         Ok(Response::new(e))
     }
 

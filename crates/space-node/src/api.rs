@@ -2,6 +2,7 @@
 //! holds the in-process [`crate::Node`] behind `Arc<dyn NodeApi>`; a remote node client will
 //! implement the same trait. Every operation is idempotent on the sandbox id.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
@@ -102,6 +103,21 @@ pub struct TemplateInfo {
     pub created_unix_ms: u64,
     /// Host path of the read-only rootfs subvolume.
     pub path: PathBuf,
+    /// What every sandbox of this version starts with, unless its create says otherwise.
+    #[serde(default)]
+    pub defaults: TemplateDefaults,
+}
+
+/// A template's defaults (the Debian `base`: user `user`, a login shell's environment).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateDefaults {
+    /// The user exec and file operations run as when they name none (default root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Environment of every process; a create's own `env` wins.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
 
 /// Where an imported template's files come from (a path on the node's filesystem).

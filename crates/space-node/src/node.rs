@@ -83,9 +83,13 @@ pub struct NodeConfig {
     /// The static space-daemon binary on the host (bind-mounted into every sandbox).
     /// Default `/usr/local/lib/space/space-daemon`.
     pub daemon_binary: PathBuf,
-    /// Static busybox the `base` template is built from. Default `/bin/busybox`
+    /// Static busybox the `minimal` template is built from. Default `/bin/busybox`
     /// (Debian's busybox-static).
     pub busybox: PathBuf,
+    /// The machine's cache of the Debian `base` rootfs (`rootfs/`, `defaults.json`), made by
+    /// the setup scripts; imported on open when the node has no Debian `base` yet. None: no
+    /// `base` (decision 0016).
+    pub base_cache: Option<PathBuf>,
     /// First host uid/gid of the sandbox ranges. Default 1_000_000_000.
     pub uid_base_start: u32,
     /// Ids per sandbox (root inside = `uid_base` outside). Default 65536.
@@ -114,6 +118,7 @@ impl Default for NodeConfig {
             image_size_bytes: 16 << 30,
             daemon_binary: PathBuf::from("/usr/local/lib/space/space-daemon"),
             busybox: PathBuf::from("/bin/busybox"),
+            base_cache: None,
             uid_base_start: 1_000_000_000,
             uid_count: 65536,
             cgroup_parent: "space".to_owned(),
@@ -252,11 +257,16 @@ impl Node {
         };
         layout.create_dirs()?;
         let templates = {
-            let (layout, subvols, busybox) =
-                (layout.clone(), parts.subvols.clone(), cfg.busybox.clone());
+            let (layout, subvols, busybox, base_cache) = (
+                layout.clone(),
+                parts.subvols.clone(),
+                cfg.busybox.clone(),
+                cfg.base_cache.clone(),
+            );
             blocking(move || {
                 let store = TemplateStore::load(layout, subvols)?;
-                store.ensure_base(&busybox)?;
+                store.ensure_minimal(&busybox)?;
+                store.ensure_base(base_cache.as_deref())?;
                 Ok(Arc::new(store))
             })
             .await?
@@ -653,15 +663,30 @@ impl Node {
 
     /// The base environment of the sandbox's processes (with the daemon's own settings, which
     /// it strips): for a launch, and for handing out a warm pool's sandbox.
-    fn sandbox_env(&self, spec: &SandboxSpec, runtime: &str) -> Vec<(String, String)> {
+    fn sandbox_env(&self, rec: &SandboxRecord) -> Vec<(String, String)> {
+        let (spec, runtime) = (&rec.spec, rec.runtime.as_str());
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), DEFAULT_PATH.into()),
             ("HOME".into(), "/root".into()),
             ("TERM".into(), "xterm-256color".into()),
             ("HOSTNAME".into(), spec.hostname.clone()),
         ];
+        // The template's defaults (a login shell's environment in `base`), then the create's.
+        let defaults = self
+            .templates
+            .get(&spec.template, rec.template_version)
+            .map(|t| t.defaults)
+            .unwrap_or_default();
+        for (k, v) in defaults.env {
+            env.retain(|(k2, _)| *k2 != k);
+            env.push((k, v));
+        }
         env.retain(|(k, _)| !spec.env.iter().any(|(k2, _)| k2 == k));
         env.extend(spec.env.iter().cloned());
+        if let Some(user) = defaults.user {
+            // For the daemon only: who runs what names no user.
+            env.push(("SPACE_DEFAULT_USER".into(), user));
+        }
         env.push(("SPACE_SANDBOX_ID".into(), spec.id.clone()));
         // For the daemon only (it strips these from the processes it starts).
         env.push((
@@ -700,7 +725,7 @@ impl Node {
 
     fn launch_plan(&self, rec: &SandboxRecord) -> LaunchPlan {
         let spec = &rec.spec;
-        let env = self.sandbox_env(spec, &rec.runtime);
+        let env = self.sandbox_env(rec);
         let netns = self.network.as_ref().and_then(|n| {
             Some(SlotNetns {
                 ns: n.netns(&spec.id)?,
@@ -827,13 +852,24 @@ impl Node {
 
     async fn create_new(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
         let id = spec.id.clone();
-        let tmpl = self
-            .templates
-            .latest(&spec.template)
-            .ok_or_else(|| NodeError::NotFound {
-                kind: "template",
-                id: spec.template.clone(),
-            })?;
+        let tmpl = self.templates.latest(&spec.template).ok_or_else(|| {
+            match spec.template.as_str() {
+                crate::template::BASE_TEMPLATE => NodeError::InvalidArgument(format!(
+                    "the base template is not built on this node: run scripts/up (it builds the \
+                     Debian rootfs once with mmdebstrap into {}) and restart spaced, or create \
+                     from `minimal`",
+                    self.cfg
+                        .base_cache
+                        .as_deref()
+                        .unwrap_or(Path::new("/var/cache/space/base-debian12"))
+                        .display()
+                )),
+                _ => NodeError::NotFound {
+                    kind: "template",
+                    id: spec.template.clone(),
+                },
+            }
+        })?;
         let kind = spec.runtime.as_deref().unwrap_or(&self.cfg.default_runtime);
         let mut from = None;
         if kind == MICROVM {

@@ -399,10 +399,7 @@ impl Node {
         // 2. At once: limits and hostname; the base environment of every process; the
         // sandbox dir takes the id. None depends on another.
         let limits = (spec.limits != record.spec.limits).then_some(&spec.limits);
-        let env: HashMap<String, String> = self
-            .sandbox_env(&rec.spec, &rec.runtime)
-            .into_iter()
-            .collect();
+        let env: HashMap<String, String> = self.sandbox_env(&rec).into_iter().collect();
         let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
         let (from_name, to_id) = (name.clone(), spec.id.clone());
         let vm = record.runtime == super::MICROVM;

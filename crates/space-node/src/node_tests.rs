@@ -180,7 +180,7 @@ async fn fixture() -> Fixture {
 fn spec(id: &str) -> SandboxSpec {
     SandboxSpec {
         id: id.into(),
-        template: "base".into(),
+        template: "minimal".into(),
         limits: Limits::default(),
         env: vec![
             ("FOO".into(), "bar".into()),
@@ -220,7 +220,7 @@ async fn create_snapshots_records_launches_and_connects() {
             .unwrap()
             .iter()
             .any(|c| c.starts_with("snapshot")
-                && c.contains("templates/base/1/rootfs")
+                && c.contains("templates/minimal/1/rootfs")
                 && c.ends_with("sandboxes/aaa/rootfs ro=false"))
     );
     // Persisted record with the launched init.
@@ -510,7 +510,7 @@ async fn import_template_validates_and_versions() {
     }
     let v1 = f
         .node
-        .import_template("base", TemplateSource::Dir(src.clone()))
+        .import_template("minimal", TemplateSource::Dir(src.clone()))
         .await
         .unwrap();
     assert_eq!(v1.version, 2);
@@ -548,7 +548,7 @@ async fn real_btrfs_create_and_remove_with_nested_subvolumes() {
     )
     .await
     .unwrap();
-    let base = vol.root.join("templates/base/1/rootfs");
+    let base = vol.root.join("templates/minimal/1/rootfs");
     assert!(btrfs::is_subvolume(&base).unwrap());
     assert!(btrfs::is_readonly(&base).unwrap());
 
@@ -757,13 +757,13 @@ async fn pool_sizes_are_checked_and_clamped_to_capacity() {
         Err(NodeError::NotFound { .. })
     ));
     assert!(matches!(
-        f.node.set_pool("base", PoolConfig { min: 3, max: 2, microvm: false }).await,
+        f.node.set_pool("minimal", PoolConfig { min: 3, max: 2, microvm: false }).await,
         Err(NodeError::InvalidArgument(m)) if m.contains('3') && m.contains('2')
     ));
     let p = f
         .node
         .set_pool(
-            "base",
+            "minimal",
             PoolConfig {
                 min: 2_000_000_000,
                 max: 2_000_000_000,
@@ -779,7 +779,7 @@ async fn pool_sizes_are_checked_and_clamped_to_capacity() {
     );
     f.node
         .set_pool(
-            "base",
+            "minimal",
             PoolConfig {
                 min: 0,
                 max: 0,
@@ -797,7 +797,7 @@ async fn pool_members_are_hidden_and_a_failed_hand_out_falls_back_cold() {
     let p = f
         .node
         .set_pool(
-            "base",
+            "minimal",
             PoolConfig {
                 min: 2,
                 max: 2,
@@ -807,7 +807,7 @@ async fn pool_members_are_hidden_and_a_failed_hand_out_falls_back_cold() {
         .await
         .unwrap();
     assert_eq!((p.min, p.max, p.warning), (2, 2, None));
-    wait_pool_ready(&f.node, "base", 2).await;
+    wait_pool_ready(&f.node, "minimal", 2).await;
     assert_eq!(f.rt.count("launch"), 2);
     // Ready sandboxes are not the node's sandboxes.
     assert!(f.node.list_sandboxes().await.unwrap().is_empty());
@@ -823,7 +823,7 @@ async fn pool_members_are_hidden_and_a_failed_hand_out_falls_back_cold() {
     assert_eq!((p.hits, p.misses), (1, 0));
     assert_eq!(f.rt.count("destroy"), 1, "{:?}", f.rt.calls());
     // A sandbox dir for the create, and the other ready member's (and its replacement's).
-    wait_pool_ready(&f.node, "base", 2).await;
+    wait_pool_ready(&f.node, "minimal", 2).await;
     let dirs = std::fs::read_dir(f.dir.path().join("vol/sandboxes"))
         .unwrap()
         .count();

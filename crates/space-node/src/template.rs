@@ -1,7 +1,9 @@
 //! Templates: read-only rootfs subvolumes, versioned (`templates/<name>/<version>/rootfs`).
-//! `base` (Debian's busybox-static plus a minimal /etc) is built on first open; `import`
-//! copies a directory or tar archive into a new version. Sandboxes pin the version they were
-//! created from, so importing a name again never changes existing sandboxes.
+//! `minimal` (Debian's busybox-static plus a minimal /etc) is built on first open; `base`, a
+//! Debian userland, is imported on first open from the machine's cache that the setup scripts
+//! build once with mmdebstrap (`--base-cache`, decision 0016); `import` copies a directory or
+//! tar archive into a new version. Sandboxes pin the version they were created from, so
+//! importing a name again never changes existing sandboxes.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -12,10 +14,14 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{TemplateInfo, TemplateSource};
+use crate::api::{TemplateDefaults, TemplateInfo, TemplateSource};
 use crate::storage::{self, Layout, StorageError, Subvolumes};
 
 pub const BASE_TEMPLATE: &str = "base";
+pub const MINIMAL_TEMPLATE: &str = "minimal";
+/// What `template.json` says of a version built from busybox (`minimal`, and `base` before
+/// it became Debian).
+const BUSYBOX_SOURCE: &str = "busybox";
 const PATH_ENV: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +36,8 @@ pub enum TemplateError {
     BusyboxMissing(PathBuf),
     #[error("`{cmd}` failed: {detail}")]
     Command { cmd: String, detail: String },
+    #[error("the base template's cache {0} is not usable: {1}")]
+    BaseCache(PathBuf, String),
 }
 
 fn io_err(op: &'static str, path: &Path, e: io::Error) -> TemplateError {
@@ -43,6 +51,8 @@ struct TemplateMeta {
     version: u32,
     created_unix_ms: u64,
     source: String,
+    #[serde(default)]
+    defaults: TemplateDefaults,
 }
 
 /// All templates of the node, cached in memory (loaded on open, updated on import).
@@ -88,17 +98,15 @@ impl TemplateStore {
                 if !rootfs.is_dir() {
                     continue;
                 }
-                let created_unix_ms =
-                    storage::read_json::<TemplateMeta>(&path.join("template.json"))
-                        .map(|m| m.created_unix_ms)
-                        .unwrap_or(0);
+                let meta = storage::read_json::<TemplateMeta>(&path.join("template.json")).ok();
                 versions.insert(
                     version,
                     TemplateInfo {
                         name: name.clone(),
                         version,
-                        created_unix_ms,
+                        created_unix_ms: meta.as_ref().map_or(0, |m| m.created_unix_ms),
                         path: rootfs,
+                        defaults: meta.map(|m| m.defaults).unwrap_or_default(),
                     },
                 );
             }
@@ -133,19 +141,73 @@ impl TemplateStore {
             .collect()
     }
 
-    /// Builds `base` from the host's static busybox when no version of it exists.
-    pub fn ensure_base(&self, busybox: &Path) -> Result<TemplateInfo, TemplateError> {
-        if let Some(t) = self.latest(BASE_TEMPLATE) {
+    /// Builds `minimal` from the host's static busybox when no version of it exists.
+    pub fn ensure_minimal(&self, busybox: &Path) -> Result<TemplateInfo, TemplateError> {
+        if let Some(t) = self.latest(MINIMAL_TEMPLATE) {
             return Ok(t);
         }
         if !busybox.is_file() {
             return Err(TemplateError::BusyboxMissing(busybox.to_path_buf()));
         }
-        let info = self.build_version(BASE_TEMPLATE, "busybox", |root| {
-            populate_base(root, busybox)
-        })?;
-        tracing::info!(path = %info.path.display(), version = info.version, "built the base template");
+        let info = self.build_version(
+            MINIMAL_TEMPLATE,
+            BUSYBOX_SOURCE,
+            TemplateDefaults::default(),
+            |root| populate_minimal(root, busybox),
+        )?;
+        tracing::info!(path = %info.path.display(), version = info.version, "built the minimal template");
         Ok(info)
+    }
+
+    /// Imports `base` from `cache` (`rootfs/` and `defaults.json`, made by the setup scripts'
+    /// mmdebstrap) when no Debian version of it exists yet; a `base` built from busybox by an
+    /// older node gets a new version. `None` when there is no cache: `base` is then missing,
+    /// and creates of it say how to build it.
+    pub fn ensure_base(&self, cache: Option<&Path>) -> Result<Option<TemplateInfo>, TemplateError> {
+        let latest = self.latest(BASE_TEMPLATE);
+        if let Some(t) = &latest
+            && self.source_of(t).as_deref() != Some(BUSYBOX_SOURCE)
+        {
+            return Ok(latest);
+        }
+        let Some(cache) = cache.filter(|c| c.join("rootfs").is_dir()) else {
+            if latest.is_none() {
+                tracing::warn!(
+                    cache = ?cache,
+                    "no Debian rootfs cache: the base template is missing (scripts/up builds it)"
+                );
+            }
+            return Ok(latest);
+        };
+        let defaults_path = cache.join("defaults.json");
+        let defaults: TemplateDefaults = match std::fs::read(&defaults_path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map_err(|e| TemplateError::BaseCache(defaults_path.clone(), e.to_string()))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => TemplateDefaults::default(),
+            Err(e) => return Err(TemplateError::BaseCache(defaults_path, e.to_string())),
+        };
+        let t0 = std::time::Instant::now();
+        let rootfs = cache.join("rootfs");
+        let info = self.build_version(
+            BASE_TEMPLATE,
+            &format!("debian:{}", cache.display()),
+            defaults,
+            |root| copy_tree(&rootfs, root),
+        )?;
+        tracing::info!(
+            version = info.version,
+            cache = %cache.display(),
+            ms = t0.elapsed().as_millis() as u64,
+            "imported the Debian base template"
+        );
+        Ok(Some(info))
+    }
+
+    /// The `source` recorded for a version.
+    fn source_of(&self, t: &TemplateInfo) -> Option<String> {
+        storage::read_json::<TemplateMeta>(&t.path.with_file_name("template.json"))
+            .ok()
+            .map(|m| m.source)
     }
 
     /// Imports `source` as a new version of `name` (blocking: run it off the async runtime).
@@ -176,23 +238,24 @@ impl TemplateStore {
             _ => {}
         }
         let source_desc = format!("{desc}:{}", src.display());
-        let info = self.build_version(name, &source_desc, |root| match source {
-            TemplateSource::Dir(p) => run(Command::new("cp")
-                .arg("-a")
-                .arg("--reflink=auto")
-                .arg("--")
-                .arg(format!("{}/.", p.display()))
-                .arg(root)),
-            TemplateSource::Tar(p) => run(Command::new("tar")
-                .arg("-x")
-                .arg("--numeric-owner")
-                .arg("--same-owner")
-                .arg("--same-permissions")
-                .arg("-f")
-                .arg(p)
-                .arg("-C")
-                .arg(root)),
-        })?;
+        let info =
+            self.build_version(
+                name,
+                &source_desc,
+                TemplateDefaults::default(),
+                |root| match source {
+                    TemplateSource::Dir(p) => copy_tree(p, root),
+                    TemplateSource::Tar(p) => run(Command::new("tar")
+                        .arg("-x")
+                        .arg("--numeric-owner")
+                        .arg("--same-owner")
+                        .arg("--same-permissions")
+                        .arg("-f")
+                        .arg(p)
+                        .arg("-C")
+                        .arg(root)),
+                },
+            )?;
         tracing::info!(name, version = info.version, source = %source_desc, "imported template");
         Ok(info)
     }
@@ -203,6 +266,7 @@ impl TemplateStore {
         &self,
         name: &str,
         source: &str,
+        defaults: TemplateDefaults,
         fill: impl FnOnce(&Path) -> Result<(), TemplateError>,
     ) -> Result<TemplateInfo, TemplateError> {
         let _guard = self.build.lock().unwrap_or_else(|e| e.into_inner());
@@ -236,6 +300,7 @@ impl TemplateStore {
                     version,
                     created_unix_ms,
                     source: source.to_string(),
+                    defaults: defaults.clone(),
                 },
                 true,
             )?;
@@ -248,6 +313,7 @@ impl TemplateStore {
                 version,
                 created_unix_ms,
                 path: final_dir.join("rootfs"),
+                defaults,
             })
         })();
         match result {
@@ -302,6 +368,17 @@ fn run(cmd: &mut Command) -> Result<(), TemplateError> {
             ),
         })
     }
+}
+
+/// Copies the tree `src` into the (empty) directory `dst`, keeping owners, modes, links,
+/// hardlinks and xattrs; reflinks where both are on the same btrfs.
+fn copy_tree(src: &Path, dst: &Path) -> Result<(), TemplateError> {
+    run(Command::new("cp")
+        .arg("-a")
+        .arg("--reflink=auto")
+        .arg("--")
+        .arg(format!("{}/.", src.display()))
+        .arg(dst))
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<(), TemplateError> {
@@ -368,8 +445,8 @@ pub fn ensure_runtime_dirs(root: &Path) -> Result<(), TemplateError> {
     Ok(())
 }
 
-/// Fills the base template: busybox with a symlink per applet, a minimal /etc, home dirs.
-fn populate_base(root: &Path, busybox: &Path) -> Result<(), TemplateError> {
+/// Fills the minimal template: busybox with a symlink per applet, a minimal /etc, home dirs.
+fn populate_minimal(root: &Path, busybox: &Path) -> Result<(), TemplateError> {
     for (dir, mode) in [
         ("bin", 0o755),
         ("sbin", 0o755),
@@ -462,7 +539,7 @@ fn populate_base(root: &Path, busybox: &Path) -> Result<(), TemplateError> {
     )?;
     write_file(
         &etc.join("os-release"),
-        "NAME=\"space base\"\nID=space-base\nVERSION_ID=1\nPRETTY_NAME=\"space base (busybox)\"\n",
+        "NAME=\"space minimal\"\nID=space-minimal\nVERSION_ID=1\nPRETTY_NAME=\"space minimal (busybox)\"\n",
         0o644,
     )?;
     write_file(
@@ -491,11 +568,11 @@ mod tests {
     }
 
     #[test]
-    fn base_template_has_busybox_users_and_mountpoints() {
+    fn minimal_template_has_busybox_users_and_mountpoints() {
         let dir = tempfile::tempdir().unwrap();
         let (s, fake) = store(dir.path());
-        let t = s.ensure_base(Path::new("/bin/busybox")).unwrap();
-        assert_eq!((t.name.as_str(), t.version), ("base", 1));
+        let t = s.ensure_minimal(Path::new("/bin/busybox")).unwrap();
+        assert_eq!((t.name.as_str(), t.version), ("minimal", 1));
         let r = &t.path;
         assert_eq!(
             std::fs::read_link(r.join("bin/sh")).unwrap(),
@@ -529,10 +606,13 @@ mod tests {
                 .any(|c| c.starts_with("readonly") && c.ends_with("true"))
         );
         // Second call reuses it.
-        assert_eq!(s.ensure_base(Path::new("/bin/busybox")).unwrap().version, 1);
+        assert_eq!(
+            s.ensure_minimal(Path::new("/bin/busybox")).unwrap().version,
+            1
+        );
         // A fresh load sees it.
         let (s2, _) = store(dir.path());
-        assert_eq!(s2.latest("base").unwrap().version, 1);
+        assert_eq!(s2.latest("minimal").unwrap().version, 1);
     }
 
     #[test]
@@ -540,7 +620,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (s, _) = store(dir.path());
         let err = s
-            .ensure_base(Path::new("/nonexistent/busybox"))
+            .ensure_minimal(Path::new("/nonexistent/busybox"))
             .unwrap_err();
         assert!(err.to_string().contains("busybox-static"), "{err}");
         assert!(s.list().is_empty());
@@ -614,5 +694,50 @@ mod tests {
             .collect();
         assert!(entries.is_empty());
         assert!(s.latest("x").is_none());
+    }
+
+    #[test]
+    fn base_is_imported_from_the_cache_with_its_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = store(dir.path());
+        // No cache: no base, and no error.
+        assert!(s.ensure_base(None).unwrap().is_none());
+        let cache = dir.path().join("cache");
+        assert!(s.ensure_base(Some(&cache)).unwrap().is_none());
+        // An older node's busybox base is replaced by a new version once a cache exists.
+        let old = s
+            .build_version(
+                BASE_TEMPLATE,
+                BUSYBOX_SOURCE,
+                TemplateDefaults::default(),
+                |_| Ok(()),
+            )
+            .unwrap();
+        assert_eq!(
+            s.ensure_base(Some(&cache)).unwrap().unwrap().version,
+            old.version
+        );
+        std::fs::create_dir_all(cache.join("rootfs/etc")).unwrap();
+        std::fs::write(cache.join("rootfs/etc/debian_version"), "12.0\n").unwrap();
+        std::fs::write(
+            cache.join("defaults.json"),
+            r#"{"user":"user","env":{"LANG":"C.UTF-8"}}"#,
+        )
+        .unwrap();
+        let t = s.ensure_base(Some(&cache)).unwrap().unwrap();
+        assert_eq!(t.version, 2);
+        assert_eq!(t.defaults.user.as_deref(), Some("user"));
+        assert_eq!(t.defaults.env["LANG"], "C.UTF-8");
+        assert!(t.path.join("etc/debian_version").is_file());
+        assert!(t.path.join(".space/space-daemon").is_file());
+        // Done once: a second open reuses it, and a fresh load keeps the defaults.
+        assert_eq!(s.ensure_base(Some(&cache)).unwrap().unwrap().version, 2);
+        let (s2, _) = store(dir.path());
+        assert_eq!(s2.latest("base").unwrap().defaults, t.defaults);
+        // A broken defaults file is an error that names it.
+        let (s3, _) = store(&dir.path().join("other"));
+        std::fs::write(cache.join("defaults.json"), "{\"shell\": 1}").unwrap();
+        let e = s3.ensure_base(Some(&cache)).unwrap_err();
+        assert!(e.to_string().contains("defaults.json"), "{e}");
     }
 }

@@ -4,14 +4,17 @@
 //! again on the next start.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use space_control::{ControlConfig, ControlPlane};
 use space_node::{Node, NodeConfig};
+
+mod daemon_bin;
+use daemon_bin::daemon_binary;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -42,9 +45,17 @@ struct Args {
     /// next to this executable, else /usr/local/lib/space/space-daemon.
     #[arg(long)]
     daemon_binary: Option<PathBuf>,
-    /// Static busybox the `base` template is built from.
+    /// Static busybox the `minimal` template is built from.
     #[arg(long, default_value = "/bin/busybox")]
     busybox: PathBuf,
+    /// The machine's cache of the Debian `base` template (`rootfs/` and `defaults.json`, built
+    /// once by scripts/up and scripts/test with mmdebstrap), imported when the node has no
+    /// Debian `base` yet; `none` for none.
+    #[arg(long, default_value = "/var/cache/space/base-debian12")]
+    base_cache: PathBuf,
+    /// The template of creates that name none (and of the default warm pool).
+    #[arg(long, default_value = space_api::DEFAULT_TEMPLATE)]
+    default_template: String,
     /// Log lines as text or as JSON objects (one per line, with the spans they happened in).
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -195,47 +206,6 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("invalid size {s:?}"))
 }
 
-/// Resolves the daemon binary: flag, env, next to spaced, the installed default.
-fn daemon_binary(flag: Option<PathBuf>) -> Result<PathBuf> {
-    if let Some(p) = flag {
-        if !p.is_file() {
-            bail!("space-daemon binary {} does not exist", p.display());
-        }
-        return Ok(p);
-    }
-    if let Some(p) = std::env::var_os("SPACE_DAEMON_BINARY") {
-        let p = PathBuf::from(p);
-        if !p.is_file() {
-            bail!(
-                "space-daemon binary {} (from SPACE_DAEMON_BINARY) does not exist",
-                p.display()
-            );
-        }
-        return Ok(p);
-    }
-    let mut tried = Vec::new();
-    if let Some(dir) = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(Path::to_path_buf))
-    {
-        tried.push(dir.join("space-daemon"));
-    }
-    tried.push(PathBuf::from("/usr/local/lib/space/space-daemon"));
-    for p in &tried {
-        if p.is_file() {
-            return Ok(p.clone());
-        }
-    }
-    bail!(
-        "space-daemon binary not found (tried {}); pass --daemon-binary or set SPACE_DAEMON_BINARY",
-        tried
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-}
-
 fn init_logging(format: LogFormat, spans: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -287,6 +257,7 @@ async fn main() -> Result<()> {
         image_size_bytes: args.image_size,
         daemon_binary: daemon,
         busybox: args.busybox.clone(),
+        base_cache: Some(args.base_cache.clone()).filter(|p| p.as_os_str() != "none"),
         uid_base_start: args.uid_base,
         cgroup_parent: args.cgroup_parent.clone(),
         output_buffer_bytes: args.output_buffer,
@@ -327,6 +298,12 @@ async fn main() -> Result<()> {
     cfg.default_egress = space_control::net::egress_from_node(args.default_egress);
     cfg.default_pool = Some(args.warm_pool).filter(|p| p.max > 0);
     cfg.default_runtime = args.default_runtime.clone();
+    anyhow::ensure!(
+        space_api::is_valid_template_name(&args.default_template),
+        "--default-template {:?} is not a valid template name",
+        args.default_template
+    );
+    cfg.default_template = args.default_template.clone();
     let node_agent = node.clone();
     let node: Arc<dyn space_node::NodeApi> = node;
     let cp = ControlPlane::open(cfg, args.database_url.as_deref(), node)
@@ -365,12 +342,6 @@ mod tests {
         assert!(parse_size("x").is_err());
         assert!(parse_size("0").is_err());
         assert!(parse_size("99999999999T").is_err());
-    }
-
-    #[test]
-    fn missing_daemon_binary_names_the_path() {
-        let e = daemon_binary(Some(PathBuf::from("/nonexistent/space-daemon"))).unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/space-daemon"), "{e}");
     }
 
     #[test]

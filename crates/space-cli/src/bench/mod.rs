@@ -34,7 +34,9 @@ use session::Session;
 
 #[derive(Debug, Clone, Args)]
 pub struct Common {
-    #[arg(long, default_value = "base")]
+    /// The template benchmarked: `minimal` (busybox) by default, so the figures measure the
+    /// engine, not a userland (`--template base` for the Debian one).
+    #[arg(long, default_value = "minimal")]
     pub template: String,
     /// Print the report as JSON instead of tables.
     #[arg(long)]
@@ -782,7 +784,7 @@ mod tests {
         assert!(c.pool && c.peers && c.qemu.no_qemu);
         assert_eq!(
             (c.n, c.exec_runs, c.common.template.as_str()),
-            (5, 200, "base")
+            (5, 200, "minimal")
         );
         let BenchCmd::Create(c) = parse(&["create"]) else {
             panic!()
