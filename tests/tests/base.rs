@@ -108,6 +108,15 @@ fn base_is_debian_with_user_python_node_and_git() {
     ]);
     assert_eq!(sh_ok(&s, &[&id], "stat -c %U /home/user/in.txt"), "user\n");
 
+    // A template made of a snapshot of this sandbox keeps base's defaults and the files.
+    let snap = s.space_ok(&["snapshot", &id]).trim().to_string();
+    s.space_ok(&["template", "from-snapshot", "mybase", &id, &snap]);
+    let child = s.create(&["--template", "mybase"]);
+    assert_eq!(
+        sh_ok(&s, &[&child], "id -un; cat /home/user/in.txt; hello-space"),
+        "user\nxhi from npm\n"
+    );
+
     // `minimal` is still there by name.
     let small = s.create(&["--template", "minimal"]);
     assert!(

@@ -414,3 +414,121 @@ fn bench_snapshot_fork_rollback() {
     show("fork (API call only)", &mut fork_api_t);
     show("rollback", &mut rb_t);
 }
+
+/// The parent UUID of a btrfs subvolume (`btrfs subvolume show`), and its own UUID.
+fn subvolume_uuids(path: &std::path::Path) -> (String, String) {
+    let out = std::process::Command::new("btrfs")
+        .args(["subvolume", "show"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    };
+    (field("UUID:"), field("Parent UUID:"))
+}
+
+#[test]
+fn a_snapshot_becomes_a_template_with_no_copy() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&[]);
+    out(&s, &id, "mkdir -p /work && echo configured > /work/state");
+    let snap = s
+        .space_ok(&["snapshot", &id, "--label", "env"])
+        .trim()
+        .to_string();
+    assert_eq!(
+        s.space_ok(&["template", "from-snapshot", "mine", &id, &snap]),
+        "mine 1\n"
+    );
+    // No copy: the template's rootfs is a btrfs snapshot of the sandbox's snapshot.
+    let vol = s.data_dir().join("volume");
+    let (snap_uuid, _) =
+        subvolume_uuids(&vol.join(format!("sandboxes/{id}/snapshots/{snap}/rootfs")));
+    let (_, parent) = subvolume_uuids(&vol.join("templates/mine/1/rootfs"));
+    assert_eq!(parent, snap_uuid);
+
+    // Sandboxes of it start with the snapshot's files, and outlive the source.
+    let child = s.create(&["--template", "mine"]);
+    assert_eq!(out(&s, &child, "cat /work/state"), "configured\n");
+    s.space_ok(&["rm", &id]);
+    let again = s.create(&["--template", "mine"]);
+    assert_eq!(out(&s, &again, "cat /work/state"), "configured\n");
+    let ls = s.space_ok(&["template", "ls"]);
+    assert!(ls.contains("mine"), "{ls}");
+
+    // Bad input: each a clear error, no template made.
+    let other = s.create(&[]);
+    let other_snap = s.space_ok(&["snapshot", &other]).trim().to_string();
+    let post = |name: &str, body: Value| {
+        s.call(
+            Method::POST,
+            &format!("/v1/templates/{name}/from-snapshot"),
+            Some(body),
+        )
+    };
+    for (name, body, status, msg) in [
+        (
+            "mine",
+            json!({"sandbox": id, "snapshot": snap}),
+            404,
+            "not found",
+        ),
+        (
+            "mine",
+            json!({"sandbox": "aaaaaaaaaaaaaaaaaaaa", "snapshot": other_snap}),
+            404,
+            "not found",
+        ),
+        (
+            "mine",
+            json!({"sandbox": other, "snapshot": "aaaaaaaaaaaaaaaaaaaa"}),
+            404,
+            "snapshot aaaaaaaaaaaaaaaaaaaa not found",
+        ),
+        (
+            "mine",
+            json!({"sandbox": child, "snapshot": other_snap}),
+            400,
+            "belongs to sandbox",
+        ),
+        (
+            "Bad Name",
+            json!({"sandbox": other, "snapshot": other_snap}),
+            400,
+            "invalid template name",
+        ),
+        ("mine", json!({"sandbox": other}), 400, "snapshot"),
+        (
+            "mine",
+            json!({"sandbox": "../x", "snapshot": other_snap}),
+            400,
+            "invalid sandbox id",
+        ),
+        (
+            "mine",
+            json!({"sandbox": other, "snapshot": other_snap, "extra": 1}),
+            400,
+            "unknown field",
+        ),
+    ] {
+        let (code, body) = post(name, body.clone());
+        assert_eq!(code, status, "{name} {body}");
+        assert!(body.to_string().contains(msg), "{msg}: {body}");
+    }
+    let list = s.space_ok(&["template", "ls", "--json"]);
+    let v: Value = serde_json::from_str(&list).unwrap();
+    let mine = v["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "mine")
+        .unwrap()
+        .clone();
+    assert_eq!(mine["version"], 1, "a refused call made a version: {v}");
+}

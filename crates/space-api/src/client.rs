@@ -515,6 +515,19 @@ impl Client {
         .await
     }
 
+    /// A new version of template `name` from a sandbox's disk snapshot (no copy).
+    pub async fn template_from_snapshot(
+        &self,
+        name: &str,
+        req: &crate::TemplateFromSnapshot,
+    ) -> Result<Template> {
+        self.json(Self::with_json(
+            self.request(Method::POST, &format!("/v1/templates/{name}/from-snapshot")),
+            req,
+        ))
+        .await
+    }
+
     /// Imports a template from a tar archive body (optionally gzip-compressed).
     pub async fn import_template(
         &self,

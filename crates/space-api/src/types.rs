@@ -609,6 +609,15 @@ pub struct Template {
     pub runtime: Option<String>,
 }
 
+/// `POST /v1/templates/{name}/from-snapshot`: a new version of the template `name` made of a
+/// sandbox's disk snapshot, with no copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateFromSnapshot {
+    pub sandbox: String,
+    pub snapshot: String,
+}
+
 /// `PUT /v1/templates/{name}/settings`: the template's settings, replaced whole.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -184,6 +184,13 @@ enum TemplateCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Make a new version of template NAME from a sandbox's disk snapshot, with no copy
+    /// (a namespace sandbox's; the template keeps the sandbox's template defaults).
+    FromSnapshot {
+        name: String,
+        id: String,
+        snap: String,
+    },
     /// Set a template's settings: the runtime its creates get when they name none
     /// (`default`: the node's).
     Set {
@@ -409,6 +416,15 @@ async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Template(TemplateCmd::Import { name, path }) => {
             let t = import_template(&client()?, &name, &path).await?;
+            println!("{} {}", t.name, t.version);
+            Ok(0)
+        }
+        Command::Template(TemplateCmd::FromSnapshot { name, id, snap }) => {
+            let req = space_api::TemplateFromSnapshot {
+                sandbox: id,
+                snapshot: snap,
+            };
+            let t = client()?.template_from_snapshot(&name, &req).await?;
             println!("{} {}", t.name, t.version);
             Ok(0)
         }

@@ -68,6 +68,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/templates"),
     ("PUT", "/v1/templates/{name}"),
     ("PUT", "/v1/templates/{name}/settings"),
+    ("POST", "/v1/templates/{name}/from-snapshot"),
     ("GET", "/v1/templates/{name}/pool"),
     ("PUT", "/v1/templates/{name}/pool"),
     ("GET", "/v1/pools"),
@@ -120,6 +121,9 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("GET", "/v1/templates") => get(list_templates),
         ("PUT", "/v1/templates/{name}") => put(import_template),
         ("PUT", "/v1/templates/{name}/settings") => put(crate::template_settings::http_set),
+        ("POST", "/v1/templates/{name}/from-snapshot") => {
+            post(crate::snapshots::template_from_snapshot)
+        }
         ("GET", "/v1/templates/{name}/pool") => get(crate::pools::http_get),
         ("PUT", "/v1/templates/{name}/pool") => put(crate::pools::http_set),
         ("GET", "/v1/pools") => get(crate::pools::http_list),
@@ -317,8 +321,8 @@ struct PidPath {
 }
 
 #[derive(Deserialize)]
-struct NamePath {
-    name: String,
+pub(crate) struct NamePath {
+    pub(crate) name: String,
 }
 
 #[derive(Deserialize)]

@@ -16,7 +16,8 @@ use rand::Rng;
 use serde::Deserialize;
 use space_api::{
     CreateSnapshot, ForkRequest, MAX_FORK_COUNT, RollbackRequest, Sandbox, SandboxList,
-    SandboxState, Snapshot, SnapshotKind, SnapshotList, is_valid_sandbox_id, rfc3339_from_unix_ms,
+    SandboxState, Snapshot, SnapshotKind, SnapshotList, Template, TemplateFromSnapshot,
+    is_valid_sandbox_id, is_valid_template_name, rfc3339_from_unix_ms,
 };
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -414,6 +415,35 @@ impl Engine {
         Ok(())
     }
 
+    /// A new version of template `name` whose rootfs is the snapshot, taken over by the node
+    /// with no copy (a namespace sandbox's snapshot; a microvm's is a disk image: 400).
+    pub async fn template_from_snapshot(
+        &self,
+        name: &str,
+        req: TemplateFromSnapshot,
+    ) -> AppResult<Template> {
+        if !is_valid_template_name(name) {
+            return Err(AppError::invalid(format!(
+                "invalid template name {name:?}: expected [a-z0-9][a-z0-9._-]{{0,62}}"
+            )));
+        }
+        check_ids(&req.sandbox, Some(&req.snapshot))?;
+        let _guard = self.locks.lock(&req.sandbox).await;
+        self.load_row(&req.sandbox).await?;
+        let snap = self.own_snapshot(&req.sandbox, &req.snapshot).await?;
+        let info = self
+            .node
+            .import_template(
+                name,
+                space_node::api::TemplateSource::Snapshot {
+                    sandbox: req.sandbox.clone(),
+                    snapshot: snap.id,
+                },
+            )
+            .await?;
+        Ok(crate::engine::template_dto(&info))
+    }
+
     pub async fn rollback(&self, id: &str, req: RollbackRequest) -> AppResult<Sandbox> {
         check_ids(id, Some(&req.snapshot))?;
         let _guard = self.locks.lock(id).await;
@@ -559,6 +589,15 @@ pub(crate) async fn delete_snapshot(
 ) -> Result<StatusCode, AppError> {
     s.engine.delete_snapshot(&p.id, &p.snap).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+pub(crate) async fn template_from_snapshot(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::NamePath>,
+    ApiJson(req): ApiJson<TemplateFromSnapshot>,
+) -> Result<Response, AppError> {
+    let t = s.engine.template_from_snapshot(&p.name, req).await?;
+    Ok((StatusCode::CREATED, Json(t)).into_response())
 }
 
 pub(crate) async fn rollback(

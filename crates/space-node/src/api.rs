@@ -126,6 +126,12 @@ pub enum TemplateSource {
     Dir(PathBuf),
     /// A tar archive (optionally gzip-compressed).
     Tar(PathBuf),
+    /// A namespace sandbox's disk snapshot, taken over with no copy (a btrfs snapshot of its
+    /// read-only subvolume), with the defaults of the sandbox's template.
+    Snapshot {
+        sandbox: String,
+        snapshot: String,
+    },
 }
 
 /// One disk snapshot of a sandbox as the node holds it

@@ -1576,6 +1576,11 @@ impl NodeApi for Node {
         ids::validate_template_name(name)?;
         let path = match &source {
             TemplateSource::Dir(p) | TemplateSource::Tar(p) => p.clone(),
+            TemplateSource::Snapshot { sandbox, snapshot } => {
+                let info = self.template_from_snapshot(name, sandbox, snapshot).await?;
+                self.template_changed(&info.name, info.version).await;
+                return Ok(info);
+            }
         };
         if !Path::new(&path).exists() {
             return Err(NodeError::InvalidArgument(format!(

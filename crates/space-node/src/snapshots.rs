@@ -23,7 +23,7 @@ use space_proto::guest_client::GuestClient;
 use tonic::transport::Channel;
 
 use super::{Entry, Node, blocking, check_spec};
-use crate::api::{NodeError, SandboxSpec, SandboxStatus, SnapshotInfo};
+use crate::api::{NodeError, SandboxSpec, SandboxStatus, SnapshotInfo, TemplateInfo};
 use crate::ids;
 use crate::state::now_unix_ms;
 use crate::storage::{self, Layout, StorageError, Subvolumes};
@@ -251,6 +251,42 @@ impl Node {
                 id: snap.to_string(),
             })
         }
+    }
+
+    /// `import_template` of a snapshot: the new version's rootfs is a btrfs snapshot of the
+    /// sandbox's snapshot subvolume (no copy), with the defaults of the sandbox's template.
+    pub(super) async fn template_from_snapshot(
+        &self,
+        name: &str,
+        source: &str,
+        snap: &str,
+    ) -> Result<TemplateInfo, NodeError> {
+        ids::validate_template_name(name)?;
+        ids::validate_sandbox_id(source)?;
+        ids::validate_sandbox_id(snap)?;
+        let lock = self.lock_for(source);
+        let _guard = lock.lock().await;
+        let src = self.require_entry(source)?;
+        if src.record.runtime == super::MICROVM {
+            return Err(NodeError::InvalidArgument(format!(
+                "sandbox {source} is a microvm: its snapshots are disk images, and a template is \
+                 made from a namespace sandbox's snapshot"
+            )));
+        }
+        let rootfs = self.require_snapshot(source, snap)?;
+        let defaults = self
+            .templates
+            .get(&src.record.spec.template, src.record.template_version)
+            .map(|t| t.defaults)
+            .unwrap_or_default();
+        let (store, name, desc) = (
+            self.templates.clone(),
+            name.to_owned(),
+            format!("snapshot:{source}/{snap}"),
+        );
+        let info =
+            blocking(move || Ok(store.from_subvolume(&name, &rootfs, &desc, defaults)?)).await?;
+        Ok(info)
     }
 
     /// A snapshot of sandbox `id`; with `memory`, a running (or paused) microvm's memory is

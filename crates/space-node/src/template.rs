@@ -219,6 +219,11 @@ impl TemplateStore {
         let (desc, src) = match source {
             TemplateSource::Dir(p) => ("dir", p),
             TemplateSource::Tar(p) => ("tar", p),
+            TemplateSource::Snapshot { .. } => {
+                return Err(TemplateError::Source(
+                    "a snapshot becomes a template through the node (from_subvolume)".into(),
+                ));
+            }
         };
         let md = std::fs::metadata(src)
             .map_err(|e| TemplateError::Source(format!("{} cannot be read: {e}", src.display())))?;
@@ -244,6 +249,7 @@ impl TemplateStore {
                 &source_desc,
                 TemplateDefaults::default(),
                 |root| match source {
+                    TemplateSource::Snapshot { .. } => Ok(()),
                     TemplateSource::Dir(p) => copy_tree(p, root),
                     TemplateSource::Tar(p) => run(Command::new("tar")
                         .arg("-x")
@@ -269,6 +275,37 @@ impl TemplateStore {
         defaults: TemplateDefaults,
         fill: impl FnOnce(&Path) -> Result<(), TemplateError>,
     ) -> Result<TemplateInfo, TemplateError> {
+        self.build_version_from(name, source, defaults, None, fill)
+    }
+
+    /// A new version of `name` whose rootfs is a writable btrfs snapshot of the subvolume
+    /// `src` (O(1): no data is copied), with the runtime's mountpoints added.
+    pub fn from_subvolume(
+        &self,
+        name: &str,
+        src: &Path,
+        source: &str,
+        defaults: TemplateDefaults,
+    ) -> Result<TemplateInfo, TemplateError> {
+        let info = self.build_version_from(name, source, defaults, Some(src), |_| Ok(()))?;
+        tracing::info!(
+            name,
+            version = info.version,
+            source,
+            "made a template of a snapshot"
+        );
+        Ok(info)
+    }
+
+    /// [`Self::build_version`], its rootfs a new subvolume or (`from`) a snapshot of one.
+    fn build_version_from(
+        &self,
+        name: &str,
+        source: &str,
+        defaults: TemplateDefaults,
+        from: Option<&Path>,
+        fill: impl FnOnce(&Path) -> Result<(), TemplateError>,
+    ) -> Result<TemplateInfo, TemplateError> {
         let _guard = self.build.lock().unwrap_or_else(|e| e.into_inner());
         let version = {
             let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
@@ -287,9 +324,14 @@ impl TemplateStore {
         }
         storage::mkdir_p(&partial, 0o755)?;
         let result = (|| {
-            self.subvols.create(&partial, "rootfs")?;
             let root = partial.join("rootfs");
-            set_mode(&root, 0o755)?;
+            match from {
+                Some(src) => self.subvols.snapshot(src, &partial, "rootfs", false)?,
+                None => {
+                    self.subvols.create(&partial, "rootfs")?;
+                    set_mode(&root, 0o755)?;
+                }
+            }
             fill(&root)?;
             ensure_runtime_dirs(&root)?;
             let created_unix_ms = crate::state::now_unix_ms();
