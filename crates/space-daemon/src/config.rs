@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use space_proto::DEFAULT_USER_ENV;
+
 /// Default bytes of output kept per process.
 pub const DEFAULT_OUTPUT_BUFFER_BYTES: usize = 1024 * 1024;
 /// Default time an exited process stays listed and attachable.
@@ -108,9 +110,6 @@ impl BaseEnv {
         *self.0.write().unwrap_or_else(|e| e.into_inner()) = (Arc::new(vars), default_user);
     }
 }
-
-/// The template's default user, set by the node.
-pub const DEFAULT_USER_ENV: &str = "SPACE_DEFAULT_USER";
 
 /// Variables meant for the daemon itself; the processes it starts never see them.
 const DAEMON_ONLY_ENV: &[&str] = &[

@@ -685,7 +685,7 @@ impl Node {
         env.extend(spec.env.iter().cloned());
         if let Some(user) = defaults.user {
             // For the daemon only: who runs what names no user.
-            env.push(("SPACE_DEFAULT_USER".into(), user));
+            env.push((space_proto::DEFAULT_USER_ENV.into(), user));
         }
         env.push(("SPACE_SANDBOX_ID".into(), spec.id.clone()));
         // For the daemon only (it strips these from the processes it starts).

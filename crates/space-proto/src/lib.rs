@@ -18,6 +18,10 @@ pub const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 /// Size of the chunks files and output are streamed in.
 pub const CHUNK_BYTES: usize = 256 * 1024;
 
+/// The daemon-only variable of a sandbox's base environment that names its template's default
+/// user: exec and file operations that name no user run as it (root when it is absent).
+pub const DEFAULT_USER_ENV: &str = "SPACE_DEFAULT_USER";
+
 /// A microvm guest's link (decision 0014, "Networking"): the same in every VM, so a
 /// checkpoint's network configuration is valid in every copy restored from it. The node's
 /// side of the tap, inside the sandbox's network slot, is the gateway; the slot NATs the
