@@ -267,7 +267,9 @@ pub async fn download(
 ) -> Result<CopyReport> {
     let src = RemotePath::parse(src)?;
     let src_path = src.path();
-    let top = timed(opts, &src_path, remote.stat(&src_path)).await?;
+    let mut top = timed(opts, &src_path, remote.stat(&src_path)).await?;
+    // The user named it: a mount point is skipped only below the source, not as the source.
+    top.mount_point = false;
     let top_is_dir = match top.file_type {
         FileType::Other => return Err(CopyError::Special(src_path)),
         FileType::Dir => true,

@@ -512,6 +512,10 @@ async fn special_files_are_refused_at_the_top_and_skipped_below() {
     assert!(t.elapsed() < Duration::from_secs(1));
     let r = get(&fake, "/w", &s.dst).await.unwrap();
     assert_eq!(s.dst_tree(), ["w", "w/f"]);
+    // A mount point named as the source is copied (only those below it are skipped).
+    let r2 = get(&fake, "/sys", &s.dst).await.unwrap();
+    assert_eq!(s.dst_tree(), ["sys", "w", "w/f"]);
+    assert_eq!(r2.dirs, 1);
     assert_eq!(
         r.skipped,
         [("/w/fifo".to_owned(), "a device, FIFO or socket")]
