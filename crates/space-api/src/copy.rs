@@ -364,13 +364,7 @@ fn destination(src: &RemotePath, top_is_dir: bool, dst: &Path) -> Result<(Commit
                 }
                 Ok(st) => {
                     if top_is_dir {
-                        let what =
-                            if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Symlink {
-                                "symlink"
-                            } else {
-                                "non-directory"
-                            };
-                        return Err(conflict(shown, what, "a directory"));
+                        return Err(conflict(shown, non_dir_kind(&st), "a directory"));
                     }
                     Ok((Commit::Replace { parent: dir, name }, shown))
                 }
@@ -378,34 +372,40 @@ fn destination(src: &RemotePath, top_is_dir: bool, dst: &Path) -> Result<(Commit
                 Err(e) => Err(local("stat", &shown)(e)),
             }
         }
-        Ok(_) => {
-            if top_is_dir {
+        // A non-directory there is replaced; nothing there is new. Either way `dst` is the name.
+        found => {
+            let exists = match found {
+                Ok(_) => true,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+                Err(source) => {
+                    return Err(CopyError::Local {
+                        op: "stat",
+                        path: dst.to_owned(),
+                        source,
+                    });
+                }
+            };
+            if exists && top_is_dir {
                 return Err(conflict(dst.to_owned(), "non-directory", "a directory"));
             }
             let (parent, name) = split(dst)?;
-            Ok((
-                Commit::Replace {
-                    parent: open_dir(&parent)?,
-                    name,
-                },
-                dst.to_owned(),
-            ))
+            let parent = open_dir(&parent)?;
+            let commit = if exists {
+                Commit::Replace { parent, name }
+            } else {
+                Commit::New { parent, name }
+            };
+            Ok((commit, dst.to_owned()))
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let (parent, name) = split(dst)?;
-            Ok((
-                Commit::New {
-                    parent: open_dir(&parent)?,
-                    name,
-                },
-                dst.to_owned(),
-            ))
-        }
-        Err(source) => Err(CopyError::Local {
-            op: "stat",
-            path: dst.to_owned(),
-            source,
-        }),
+    }
+}
+
+/// How a conflict names a host entry that is not a directory.
+fn non_dir_kind(st: &rfs::Stat) -> &'static str {
+    if rfs::FileType::from_raw_mode(st.st_mode) == rfs::FileType::Symlink {
+        "symlink"
+    } else {
+        "non-directory"
     }
 }
 
@@ -801,12 +801,7 @@ fn merge(from: &OwnedFd, into: &OwnedFd, path: &Path, apply: bool) -> Result<()>
                 merge(&a, &b, &shown, apply)?;
             }
             Some(d) if is_dir(&src) => {
-                let what = if rfs::FileType::from_raw_mode(d.st_mode) == rfs::FileType::Symlink {
-                    "symlink"
-                } else {
-                    "non-directory"
-                };
-                return Err(conflict(shown, what, "a directory"));
+                return Err(conflict(shown, non_dir_kind(&d), "a directory"));
             }
             Some(d) if is_dir(&d) => return Err(conflict(shown, "directory", "a non-directory")),
             Some(_) if apply => rfs::renameat(from, name.as_c_str(), into, name.as_c_str())

@@ -34,6 +34,13 @@ fn dir(mode: u32, children: Vec<(&str, Node)>) -> Node {
     )
 }
 
+/// A sandbox whose `/w` (mode 0755) holds `children`.
+fn in_w(children: Vec<(&str, Node)>) -> Fake {
+    Fake {
+        root: dir(0o755, vec![("w", dir(0o755, children))]),
+    }
+}
+
 fn file(data: &str) -> Node {
     Node::File(0o644, Data::Bytes(data.as_bytes().to_vec()))
 }
@@ -250,15 +257,7 @@ async fn names_that_are_not_one_component_are_refused_and_nothing_is_left() {
     let long = "n".repeat(256);
     for name in ["..", ".", "a/b", "/etc", "x\0y", "", long.as_str()] {
         let s = scratch();
-        let fake = Fake {
-            root: dir(
-                0o755,
-                vec![(
-                    "w",
-                    dir(0o755, vec![("ok", file("fine")), (name, file("pwned"))]),
-                )],
-            ),
-        };
+        let fake = in_w(vec![("ok", file("fine")), (name, file("pwned"))]);
         let e = get(&fake, "/w", &s.dst).await.unwrap_err();
         assert!(matches!(e, CopyError::Hostile { .. }), "{name:?}: {e}");
         assert!(s.dst_tree().is_empty(), "{name:?} left {:?}", s.dst_tree());
@@ -272,36 +271,17 @@ async fn a_symlink_the_same_copy_made_is_never_written_through() {
     let outside = s.outside.display().to_string();
     // The daemon sends `x` as a symlink to the outside, then `x` again as a directory whose
     // file would land in the outside if the link were followed.
-    let fake = Fake {
-        root: dir(
-            0o755,
-            vec![(
-                "w",
-                dir(
-                    0o755,
-                    vec![
-                        ("x", Node::Link(outside.clone())),
-                        ("x", dir(0o755, vec![("pwn", file("pwned"))])),
-                    ],
-                ),
-            )],
-        ),
-    };
+    let fake = in_w(vec![
+        ("x", Node::Link(outside.clone())),
+        ("x", dir(0o755, vec![("pwn", file("pwned"))])),
+    ]);
     let e = get(&fake, "/w", &s.dst).await.unwrap_err();
     assert!(matches!(e, CopyError::Hostile { .. }), "{e}");
     assert!(s.dst_tree().is_empty());
     s.outside_unchanged();
 
     // A file sent twice is refused the same way (O_EXCL), not overwritten.
-    let fake = Fake {
-        root: dir(
-            0o755,
-            vec![(
-                "w",
-                dir(0o755, vec![("f", file("one")), ("f", file("two"))]),
-            )],
-        ),
-    };
+    let fake = in_w(vec![("f", file("one")), ("f", file("two"))]);
     assert!(matches!(
         get(&fake, "/w", &s.dst).await.unwrap_err(),
         CopyError::Hostile { .. }
@@ -313,21 +293,10 @@ async fn a_symlink_the_same_copy_made_is_never_written_through() {
 async fn symlinks_are_recreated_as_links() {
     let s = scratch();
     let outside = s.outside.display().to_string();
-    let fake = Fake {
-        root: dir(
-            0o755,
-            vec![(
-                "w",
-                dir(
-                    0o755,
-                    vec![
-                        ("abs", Node::Link(outside.clone())),
-                        ("up", Node::Link("../../../../etc".into())),
-                    ],
-                ),
-            )],
-        ),
-    };
+    let fake = in_w(vec![
+        ("abs", Node::Link(outside.clone())),
+        ("up", Node::Link("../../../../etc".into())),
+    ]);
     let r = get(&fake, "/w", &s.dst).await.unwrap();
     assert_eq!(r.symlinks, 2);
     assert_eq!(
@@ -351,12 +320,7 @@ async fn symlinks_are_recreated_as_links() {
     s.outside_unchanged();
     // Empty or NUL link targets are refused.
     for t in ["", "a\0b"] {
-        let fake = Fake {
-            root: dir(
-                0o755,
-                vec![("w", dir(0o755, vec![("l", Node::Link(t.into()))]))],
-            ),
-        };
+        let fake = in_w(vec![("l", Node::Link(t.into()))]);
         let s = scratch();
         assert!(matches!(
             get(&fake, "/w", &s.dst).await.unwrap_err(),
@@ -542,21 +506,10 @@ async fn special_files_are_refused_at_the_top_and_skipped_below() {
 #[tokio::test]
 async fn a_file_that_never_ends_stops_at_the_bound_and_leaves_nothing() {
     let s = scratch();
-    let fake = Fake {
-        root: dir(
-            0o755,
-            vec![(
-                "w",
-                dir(
-                    0o755,
-                    vec![
-                        ("a", file("first")),
-                        ("zero", Node::File(0o644, Data::Endless)),
-                    ],
-                ),
-            )],
-        ),
-    };
+    let fake = in_w(vec![
+        ("a", file("first")),
+        ("zero", Node::File(0o644, Data::Endless)),
+    ]);
     let bounded = DownloadOptions {
         max_bytes: 4 << 20,
         ..opts()
@@ -596,15 +549,7 @@ async fn many_empty_entries_count_against_the_bound() {
 #[tokio::test]
 async fn a_stalled_sandbox_is_given_up_on() {
     let s = scratch();
-    let fake = Fake {
-        root: dir(
-            0o755,
-            vec![(
-                "w",
-                dir(0o755, vec![("slow", Node::File(0o644, Data::Stall))]),
-            )],
-        ),
-    };
+    let fake = in_w(vec![("slow", Node::File(0o644, Data::Stall))]);
     let quick = DownloadOptions {
         stall: Duration::from_millis(200),
         ..opts()
@@ -634,22 +579,11 @@ async fn a_refused_merge_moves_nothing() {
     let s = scratch();
     std::fs::create_dir_all(s.dst.join("w")).unwrap();
     std::fs::write(s.dst.join("w/a"), "mine").unwrap();
-    let fake = Fake {
-        root: dir(
-            0o755,
-            vec![(
-                "w",
-                dir(
-                    0o755,
-                    vec![
-                        ("a", dir(0o755, vec![])),
-                        ("b", file("new")),
-                        ("c", file("new")),
-                    ],
-                ),
-            )],
-        ),
-    };
+    let fake = in_w(vec![
+        ("a", dir(0o755, vec![])),
+        ("b", file("new")),
+        ("c", file("new")),
+    ]);
     let e = get(&fake, "/w", &s.dst).await.unwrap_err();
     assert!(matches!(e, CopyError::Conflict { .. }), "{e}");
     assert_eq!(s.dst_tree(), ["w", "w/a"]);
@@ -693,9 +627,7 @@ impl RemoteFiles for Vanishing {
 #[tokio::test]
 async fn entries_gone_by_the_time_they_are_read_are_skipped_with_a_note() {
     let s = scratch();
-    let fake = Vanishing(Fake {
-        root: dir(0o755, vec![("w", dir(0o755, vec![]))]),
-    });
+    let fake = Vanishing(in_w(vec![]));
     let r = download(&fake, "/w", &s.dst, &opts()).await.unwrap();
     assert_eq!(
         std::fs::read_to_string(s.dst.join("w/here")).unwrap(),

@@ -669,14 +669,13 @@ impl Node {
         let tmpl = self.templates.latest(&spec.template).ok_or_else(|| {
             match spec.template.as_str() {
                 crate::template::BASE_TEMPLATE => NodeError::InvalidArgument(format!(
-                    "the base template is not built on this node: run scripts/up (it builds the \
-                     Debian rootfs once with mmdebstrap into {}) and restart spaced, or create \
-                     from `minimal`",
-                    self.cfg
-                        .base_cache
-                        .as_deref()
-                        .unwrap_or(Path::new("/var/cache/space/base-debian12"))
-                        .display()
+                    "the base template is not built on this node ({}): run scripts/up (it builds \
+                     the Debian rootfs once with mmdebstrap) and restart spaced, or create from \
+                     `minimal`",
+                    match &self.cfg.base_cache {
+                        Some(p) => format!("no Debian rootfs in {}", p.display()),
+                        None => "spaced runs with --base-cache none".to_owned(),
+                    }
                 )),
                 _ => NodeError::NotFound {
                     kind: "template",
