@@ -5,6 +5,9 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Debian packages space needs at run time and to build and test.
 PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables postgresql iproute2 util-linux procps tar gzip curl ca-certificates gcc libc6-dev pkg-config
     qemu-system-x86 e2fsprogs xz-utils mmdebstrap)
+# Only the test suite needs these: a real OCI registry, skopeo to fill it, umoci as the
+# pull benchmark's peer, htpasswd for the registry's basic auth (scripts/test installs them).
+TEST_PACKAGES=(docker-registry skopeo umoci apache2-utils)
 GUEST_TARGET=x86_64-unknown-linux-gnu
 # Guest kernel for QEMU microvm guests (the bench peer, later the microvm runtime): Debian's
 # cloud kernel, unpacked (never installed on the host) into $VM_DIR with the modules below and
@@ -30,9 +33,10 @@ need_root() {
     [ "$(id -u)" = 0 ] || die "run this as root (space manages namespaces, cgroups, btrfs and loop devices)"
 }
 
+# ensure_packages [PKG...]: installs what is missing of PACKAGES and the PKGs named.
 ensure_packages() {
     local missing=()
-    for p in "${PACKAGES[@]}"; do
+    for p in "${PACKAGES[@]}" "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     if [ ${#missing[@]} -gt 0 ]; then

@@ -12,6 +12,7 @@
 //! and `SPACE_PROBE_BINARY`; `scripts/test` sets all four.
 
 pub mod netlab;
+pub mod oci;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -377,7 +378,10 @@ impl Spaced {
             net,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             child: None,
-            http: reqwest::Client::new(),
+            http: {
+                space_api::client::install_crypto_provider();
+                reqwest::Client::new()
+            },
         })
     }
 

@@ -252,7 +252,8 @@ fn template_import_and_use() {
         "from my template\n"
     );
 
-    // A tarball works too, and a second import is a new version.
+    // A tarball works too, and a second import is a new version (a taken name needs
+    // --replace).
     let tarball = work.path().join("t.tar.gz");
     let st = std::process::Command::new("tar")
         .arg("-czf")
@@ -263,7 +264,18 @@ fn template_import_and_use() {
         .status()
         .unwrap();
     assert!(st.success());
-    s.space_ok(&["template", "import", "mytpl", tarball.to_str().unwrap()]);
+    let out = s.space(&["template", "import", "mytpl", tarball.to_str().unwrap()]);
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--replace"),
+        "{out:?}"
+    );
+    s.space_ok(&[
+        "template",
+        "import",
+        "mytpl",
+        tarball.to_str().unwrap(),
+        "--replace",
+    ]);
     let ls: Value = serde_json::from_str(&s.space_ok(&["template", "ls", "--json"])).unwrap();
     let list = ls
         .as_array()

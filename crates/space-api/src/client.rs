@@ -109,9 +109,17 @@ pub struct Client {
     key: String,
 }
 
+/// Makes ring the process's rustls crypto provider unless one is set. reqwest's TLS comes
+/// without one (space builds rustls on ring only), so every process that builds a
+/// `reqwest::Client` calls this first; calling it again is harmless.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 impl Client {
     /// `base_url` like `http://127.0.0.1:7070`; `api_key` is sent as a bearer token.
     pub fn new(base_url: &str, api_key: &str) -> Result<Self> {
+        install_crypto_provider();
         let http = reqwest::Client::builder()
             .tcp_nodelay(true)
             .pool_max_idle_per_host(32)
@@ -528,14 +536,33 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/templates/{name}/pull`: pulls an image; progress lines as they happen,
+    /// ending with `done` (the new version) or `error`.
+    pub async fn pull_template(
+        &self,
+        name: &str,
+        req: &crate::PullTemplate,
+    ) -> Result<TemplateLogStream> {
+        let resp = self
+            .send(Self::with_json(
+                self.request(Method::POST, &format!("/v1/templates/{name}/pull")),
+                req,
+            ))
+            .await?;
+        Ok(ndjson_lines(resp))
+    }
+
     /// Imports a template from a tar archive body (optionally gzip-compressed).
+    /// A name that exists needs `replace` (a new version is then made).
     pub async fn import_template(
         &self,
         name: &str,
         tar: impl Into<reqwest::Body>,
+        replace: bool,
     ) -> Result<Template> {
         self.json(
             self.request(Method::PUT, &format!("/v1/templates/{name}"))
+                .query(&[("replace", replace)])
                 .header("content-type", "application/x-tar")
                 .body(tar),
         )
@@ -543,9 +570,14 @@ impl Client {
     }
 
     /// Imports a template from a local tar archive, streamed.
-    pub async fn import_template_file(&self, name: &str, tar: &Path) -> Result<Template> {
+    pub async fn import_template_file(
+        &self,
+        name: &str,
+        tar: &Path,
+        replace: bool,
+    ) -> Result<Template> {
         let body = file_body(tar).await?;
-        self.import_template(name, body).await
+        self.import_template(name, body, replace).await
     }
 }
 
@@ -582,6 +614,42 @@ async fn check(resp: Response) -> Result<Response> {
     })
 }
 
+/// Follows a template's progress to its end: each line goes to `on_line`; the `done` line's
+/// template is the result, an `error` line an [`ClientError::Api`] error (status from its
+/// code), a stream that ends with neither a decode error.
+pub async fn finish_template_log(
+    mut log: TemplateLogStream,
+    mut on_line: impl FnMut(&crate::TemplateLog),
+) -> Result<Template> {
+    use futures::StreamExt;
+    while let Some(line) = log.next().await {
+        let line = line?;
+        on_line(&line);
+        match line {
+            crate::TemplateLog::Done { template } => return Ok(template),
+            crate::TemplateLog::Error { error } => {
+                return Err(ClientError::Api {
+                    status: status_of_code(&error.code),
+                    code: error.code,
+                    message: error.message,
+                });
+            }
+            _ => {}
+        }
+    }
+    Err(ClientError::Decode(
+        "the server ended the progress stream without a result".into(),
+    ))
+}
+
+/// The HTTP status an error code stands for (the inverse of [`default_code`]).
+fn status_of_code(code: &str) -> u16 {
+    [400u16, 401, 403, 404, 409, 412, 413, 416, 429, 503]
+        .into_iter()
+        .find(|s| default_code(StatusCode::from_u16(*s).unwrap_or(StatusCode::OK)) == code)
+        .unwrap_or(500)
+}
+
 fn default_code(status: StatusCode) -> &'static str {
     match status.as_u16() {
         400 => "invalid_argument",
@@ -598,7 +666,16 @@ fn default_code(status: StatusCode) -> &'static str {
     }
 }
 
+/// A boxed stream of template progress lines.
+pub type TemplateLogStream = Pin<Box<dyn Stream<Item = Result<crate::TemplateLog>> + Send>>;
+
 fn ndjson_events(resp: Response) -> EventStream {
+    ndjson_lines(resp)
+}
+
+fn ndjson_lines<T: serde::de::DeserializeOwned + 'static>(
+    resp: Response,
+) -> Pin<Box<dyn Stream<Item = Result<T>> + Send>> {
     let url = resp.url().to_string();
     let bytes = resp
         .bytes_stream()
@@ -606,21 +683,24 @@ fn ndjson_events(resp: Response) -> EventStream {
             url: url.clone(),
             source,
         });
-    Box::pin(NdjsonStream {
+    Box::pin(NdjsonStream::<T> {
         inner: Box::pin(bytes),
         buf: BytesMut::new(),
         done: false,
+        item: std::marker::PhantomData,
     })
 }
 
-/// Splits a byte stream into lines and parses each as an [`ExecEvent`].
-struct NdjsonStream {
+/// Splits a byte stream into lines and parses each as a `T` (an [`ExecEvent`], a
+/// [`crate::TemplateLog`]).
+struct NdjsonStream<T> {
     inner: ByteStream,
     buf: BytesMut,
     done: bool,
+    item: std::marker::PhantomData<fn() -> T>,
 }
 
-impl NdjsonStream {
+impl<T> NdjsonStream<T> {
     fn next_line(&mut self) -> Option<Bytes> {
         loop {
             let pos = self.buf.iter().position(|&b| b == b'\n')?;
@@ -633,8 +713,8 @@ impl NdjsonStream {
     }
 }
 
-impl Stream for NdjsonStream {
-    type Item = Result<ExecEvent>;
+impl<T: serde::de::DeserializeOwned> Stream for NdjsonStream<T> {
+    type Item = Result<T>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
@@ -662,7 +742,7 @@ impl Stream for NdjsonStream {
     }
 }
 
-fn parse_event(line: &[u8]) -> Result<ExecEvent> {
+fn parse_event<T: serde::de::DeserializeOwned>(line: &[u8]) -> Result<T> {
     serde_json::from_slice(line).map_err(|e| {
         ClientError::Decode(format!(
             "bad event line {:?}: {e}",
@@ -686,7 +766,8 @@ mod tests {
             )),
             Ok(Bytes::from_static(b"{\"type\":\"exit\",\"code\":3}")),
         ];
-        let s = NdjsonStream {
+        let s = NdjsonStream::<ExecEvent> {
+            item: std::marker::PhantomData,
             inner: Box::pin(futures::stream::iter(chunks)),
             buf: BytesMut::new(),
             done: false,
@@ -711,7 +792,8 @@ mod tests {
     #[tokio::test]
     async fn ndjson_reports_bad_lines() {
         let chunks: Vec<Result<Bytes>> = vec![Ok(Bytes::from_static(b"nope\n"))];
-        let mut s = NdjsonStream {
+        let mut s = NdjsonStream::<ExecEvent> {
+            item: std::marker::PhantomData,
             inner: Box::pin(futures::stream::iter(chunks)),
             buf: BytesMut::new(),
             done: false,

@@ -600,6 +600,9 @@ pub struct Template {
     pub name: String,
     pub version: u32,
     pub created_at: String,
+    /// Where the version came from (`oci:REF@DIGEST`, `dir:...`, `snapshot:ID/SNAP`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     /// Host path of the template's read-only root filesystem (for operators and benchmarks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
@@ -803,4 +806,52 @@ mod tests {
             "2000-02-29T00:00:00.000Z"
         );
     }
+}
+
+/// `POST /v1/templates/{name}/pull`: an image from an OCI registry becomes a new version of
+/// template `name`.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullTemplate {
+    /// As `docker pull` takes it: `python:3.12-slim`, `localhost:5000/team/app@sha256:...`.
+    pub reference: String,
+    /// Basic credentials (also sent to a token realm that asks for them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// Plain HTTP to the registry.
+    #[serde(default)]
+    pub insecure: bool,
+    /// Make a new version when `name` exists (else that is a conflict).
+    #[serde(default)]
+    pub replace: bool,
+}
+
+impl std::fmt::Debug for PullTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PullTemplate")
+            .field("reference", &self.reference)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("insecure", &self.insecure)
+            .field("replace", &self.replace)
+            .finish()
+    }
+}
+
+/// One line of a template's progress (pull, build): ndjson, ending with `done` or `error`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TemplateLog {
+    /// Step `n` of `of`.
+    Step { n: u32, of: u32, text: String },
+    /// Worth knowing; did not stop the work.
+    Note { text: String },
+    /// A line a build step printed.
+    Output { text: String },
+    /// The new version.
+    Done { template: Template },
+    /// The work failed; nothing was left half-made.
+    Error { error: ErrorDetail },
 }

@@ -13,12 +13,13 @@ mod exec;
 mod net;
 mod pool;
 mod snapshot;
+mod template;
 mod top;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow};
 use clap::{Args, Parser, Subcommand};
 use space_api::{Client, ClientError, CreateSandbox, SignalRequest, SignalSpec};
 
@@ -108,7 +109,7 @@ enum Command {
     Secret(net::SecretCmd),
     /// Manage templates.
     #[command(subcommand)]
-    Template(TemplateCmd),
+    Template(template::TemplateCmd),
     /// Warm pools: ready sandboxes kept per template, so that creates are fast.
     #[command(subcommand)]
     Pool(pool::PoolCmd),
@@ -173,31 +174,6 @@ struct CreateArgs {
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     json: bool,
-}
-
-#[derive(Debug, Subcommand)]
-enum TemplateCmd {
-    /// Import a template from a directory or a tarball (.tar, .tar.gz).
-    Import { name: String, path: PathBuf },
-    /// List templates.
-    Ls {
-        #[arg(long)]
-        json: bool,
-    },
-    /// Make a new version of template NAME from a sandbox's disk snapshot, with no copy
-    /// (a namespace sandbox's; the template keeps the sandbox's template defaults).
-    FromSnapshot {
-        name: String,
-        id: String,
-        snap: String,
-    },
-    /// Set a template's settings: the runtime its creates get when they name none
-    /// (`default`: the node's).
-    Set {
-        name: String,
-        #[arg(long, value_name = "namespace|microvm|default")]
-        runtime: String,
-    },
 }
 
 pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -414,53 +390,7 @@ async fn run(cli: Cli) -> Result<i32> {
                 .await?;
             Ok(0)
         }
-        Command::Template(TemplateCmd::Import { name, path }) => {
-            let t = import_template(&client()?, &name, &path).await?;
-            println!("{} {}", t.name, t.version);
-            Ok(0)
-        }
-        Command::Template(TemplateCmd::FromSnapshot { name, id, snap }) => {
-            let req = space_api::TemplateFromSnapshot {
-                sandbox: id,
-                snapshot: snap,
-            };
-            let t = client()?.template_from_snapshot(&name, &req).await?;
-            println!("{} {}", t.name, t.version);
-            Ok(0)
-        }
-        Command::Template(TemplateCmd::Ls { json }) => {
-            let list = client()?.list_templates().await?;
-            if json {
-                print_json(&space_api::TemplateList { templates: list })?;
-            } else {
-                println!(
-                    "{:<20}  {:>7}  {:<9}  CREATED",
-                    "NAME", "VERSION", "RUNTIME"
-                );
-                for t in list {
-                    println!(
-                        "{:<20}  {:>7}  {:<9}  {}",
-                        t.name,
-                        t.version,
-                        t.runtime.as_deref().unwrap_or("default"),
-                        t.created_at
-                    );
-                }
-            }
-            Ok(0)
-        }
-        Command::Template(TemplateCmd::Set { name, runtime }) => {
-            let req = space_api::SetTemplateSettings {
-                runtime: (runtime != "default").then_some(runtime),
-            };
-            let t = client()?.set_template_settings(&name, &req).await?;
-            println!(
-                "{} runtime {}",
-                t.name,
-                t.runtime.as_deref().unwrap_or("default")
-            );
-            Ok(0)
-        }
+        Command::Template(c) => template::run(client()?, c).await,
         Command::Bench(c) => bench::run(client()?, c).await,
         Command::Snap(c) => snapshot::run(client()?, c).await,
         Command::Diff(a) => diff::run(client()?, a).await,
@@ -469,32 +399,6 @@ async fn run(cli: Cli) -> Result<i32> {
         Command::Port(a) => net::run_port(client()?, a).await,
         Command::Secret(c) => net::run_secret(client()?, c).await,
         Command::Pool(c) => pool::run(client()?, c).await,
-    }
-}
-
-/// Uploads a template: a directory is tarred first (to a temp file, streamed); a tarball
-/// is uploaded as is.
-async fn import_template(c: &Client, name: &str, path: &Path) -> Result<space_api::Template> {
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
-    if meta.is_dir() {
-        let src = path.to_path_buf();
-        let tmp = tokio::task::spawn_blocking(move || -> Result<tempfile::NamedTempFile> {
-            let tmp = tempfile::NamedTempFile::new().context("cannot create a temporary file")?;
-            let mut b = tar::Builder::new(std::io::BufWriter::new(tmp.reopen()?));
-            b.follow_symlinks(false);
-            b.mode(tar::HeaderMode::Complete);
-            b.append_dir_all(".", &src)
-                .with_context(|| format!("cannot archive {}", src.display()))?;
-            b.into_inner()?.into_inner().map_err(|e| e.into_error())?;
-            Ok(tmp)
-        })
-        .await??;
-        Ok(c.import_template_file(name, tmp.path()).await?)
-    } else if meta.is_file() {
-        Ok(c.import_template_file(name, path).await?)
-    } else {
-        bail!("{} is neither a directory nor a tarball", path.display())
     }
 }
 

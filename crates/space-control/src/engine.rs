@@ -390,6 +390,7 @@ pub fn template_dto(t: &TemplateInfo) -> Template {
         version: t.version,
         created_at: rfc3339_from_unix_ms(t.created_unix_ms as i64),
         path: Some(t.path.display().to_string()),
+        source: Some(t.source.clone()).filter(|s| !s.is_empty()),
         runtime: None,
     }
 }
@@ -1040,6 +1041,7 @@ impl Engine {
     pub async fn import_template<S, E>(
         &self,
         name: &str,
+        replace: bool,
         content_length: Option<u64>,
         body: S,
     ) -> AppResult<Template>
@@ -1083,6 +1085,9 @@ impl Engine {
         if total == 0 {
             return Err(AppError::invalid("the template archive is empty"));
         }
+        // After the upload: a client whose body is cut short by an early answer sees a broken
+        // pipe, not the error (the CLI checks the name before it uploads).
+        self.check_name_free(name, replace).await?;
         let info = self
             .node
             .import_template(name, TemplateSource::Tar(tmp.0.clone()))

@@ -69,6 +69,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/templates/{name}"),
     ("PUT", "/v1/templates/{name}/settings"),
     ("POST", "/v1/templates/{name}/from-snapshot"),
+    ("POST", "/v1/templates/{name}/pull"),
     ("GET", "/v1/templates/{name}/pool"),
     ("PUT", "/v1/templates/{name}/pool"),
     ("GET", "/v1/pools"),
@@ -124,6 +125,7 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("POST", "/v1/templates/{name}/from-snapshot") => {
             post(crate::snapshots::template_from_snapshot)
         }
+        ("POST", "/v1/templates/{name}/pull") => post(crate::templates::pull_template),
         ("GET", "/v1/templates/{name}/pool") => get(crate::pools::http_get),
         ("PUT", "/v1/templates/{name}/pool") => put(crate::pools::http_set),
         ("GET", "/v1/pools") => get(crate::pools::http_list),
@@ -545,15 +547,28 @@ async fn list_templates(State(s): State<AppState>) -> HResult<Json<TemplateList>
     }))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImportQuery {
+    #[serde(default)]
+    replace: bool,
+}
+
 async fn import_template(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<NamePath>,
+    ApiQuery(q): ApiQuery<ImportQuery>,
     headers: HeaderMap,
     body: Body,
 ) -> HResult<Response> {
     let t = s
         .engine
-        .import_template(&p.name, content_length(&headers), body.into_data_stream())
+        .import_template(
+            &p.name,
+            q.replace,
+            content_length(&headers),
+            body.into_data_stream(),
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(t)).into_response())
 }

@@ -25,6 +25,7 @@ pub mod snapshot_policy;
 pub mod snapshots;
 pub mod store;
 pub mod template_settings;
+pub mod templates;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -597,6 +597,7 @@ impl NodeApi for FakeNode {
 
     async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
         let mut list = vec![TemplateInfo {
+            source: String::new(),
             name: "base".into(),
             version: 1,
             created_unix_ms: 0,
@@ -605,6 +606,7 @@ impl NodeApi for FakeNode {
         }];
         for (name, _) in self.imported.lock().unwrap().iter() {
             list.push(TemplateInfo {
+                source: String::new(),
                 name: name.clone(),
                 version: 2,
                 created_unix_ms: 1000,
@@ -685,6 +687,7 @@ impl NodeApi for FakeNode {
         let data = std::fs::read(&path).map_err(|e| NodeError::Internal(e.to_string()))?;
         self.imported.lock().unwrap().push((name.into(), data));
         Ok(TemplateInfo {
+            source: String::new(),
             name: name.into(),
             version: 2,
             created_unix_ms: 1000,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use space_proto::DEFAULT_USER_ENV;
+use space_proto::{DEFAULT_CWD_ENV, DEFAULT_USER_ENV};
 
 /// Default bytes of output kept per process.
 pub const DEFAULT_OUTPUT_BUFFER_BYTES: usize = 1024 * 1024;
@@ -60,11 +60,19 @@ impl Config {
     }
 }
 
-/// The base environment, shared by every exec and replaceable as a whole, and the user that
+/// The base environment, shared by every exec and replaceable as a whole; the user that
 /// exec and file operations naming none run as (`SPACE_DEFAULT_USER`, a template default:
-/// `user` in the Debian `base`; root when unset).
+/// `user` in the Debian `base`; root when unset) and the working directory of an exec that
+/// names none (`SPACE_DEFAULT_CWD`, an image's WorkingDir; the user's home when unset).
 #[derive(Debug, Clone, Default)]
-pub struct BaseEnv(Arc<RwLock<(Arc<EnvVars>, Option<String>)>>);
+pub struct BaseEnv(Arc<RwLock<BaseState>>);
+
+#[derive(Debug, Default)]
+struct BaseState {
+    vars: Arc<EnvVars>,
+    user: Option<String>,
+    cwd: Option<String>,
+}
 
 /// Environment variables in order.
 pub type EnvVars = Vec<(OsString, OsString)>;
@@ -79,12 +87,25 @@ impl BaseEnv {
 
     /// The environment now (cheap: one reference count).
     pub fn get(&self) -> Arc<EnvVars> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).0.clone()
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .vars
+            .clone()
+    }
+
+    /// The working directory of execs that name none (`None`: the user's home).
+    pub fn default_cwd(&self) -> Option<String> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).cwd.clone()
     }
 
     /// The user of requests that name none (`None`: root).
     pub fn default_user(&self) -> Option<String> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).1.clone()
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .user
+            .clone()
     }
 
     /// `user`, or the default user when it is empty ("" still means root when there is none).
@@ -98,22 +119,29 @@ impl BaseEnv {
 
     /// Replaces it (daemon-only variables are dropped).
     pub fn set(&self, vars: EnvVars) {
-        let default_user = vars
-            .iter()
-            .find(|(k, _)| k == DEFAULT_USER_ENV)
-            .map(|(_, v)| v.to_string_lossy().into_owned())
-            .filter(|u| !u.is_empty());
+        let get = |name: &str| {
+            vars.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.to_string_lossy().into_owned())
+                .filter(|u| !u.is_empty())
+        };
+        let (user, cwd) = (get(DEFAULT_USER_ENV), get(DEFAULT_CWD_ENV));
         let vars = vars
             .into_iter()
             .filter(|(k, _)| !DAEMON_ONLY_ENV.iter().any(|d| k == d))
             .collect();
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = (Arc::new(vars), default_user);
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = BaseState {
+            vars: Arc::new(vars),
+            user,
+            cwd,
+        };
     }
 }
 
 /// Variables meant for the daemon itself; the processes it starts never see them.
 const DAEMON_ONLY_ENV: &[&str] = &[
     DEFAULT_USER_ENV,
+    DEFAULT_CWD_ENV,
     "SPACE_CHANNEL_FD",
     "SPACE_LOG",
     "SPACE_OUTPUT_BUFFER_BYTES",

@@ -95,7 +95,14 @@ pub fn prepare(cfg: &Config, req: &ExecRequest) -> Result<Prepared, ExecError> {
         env.insert(k.into(), v.into());
     }
 
-    let cwd = if req.cwd.is_empty() {
+    let default_cwd = cfg
+        .base_env
+        .default_cwd()
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute() && d.is_dir());
+    let cwd = if let Some(d) = default_cwd.filter(|_| req.cwd.is_empty()) {
+        d
+    } else if req.cwd.is_empty() {
         let home = match &user {
             Some(u) => Some(PathBuf::from(&u.home)),
             None => env.get(OsStr::new("HOME")).map(PathBuf::from),

@@ -106,6 +106,9 @@ pub struct TemplateInfo {
     /// What every sandbox of this version starts with, unless its create says otherwise.
     #[serde(default)]
     pub defaults: TemplateDefaults,
+    /// Where the version came from (`template.json`'s `source`).
+    #[serde(default)]
+    pub source: String,
 }
 
 /// A template's defaults (the Debian `base`: user `user`, a login shell's environment).
@@ -118,13 +121,55 @@ pub struct TemplateDefaults {
     /// Environment of every process; a create's own `env` wins.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// The working directory of exec calls that name none (default: the user's home).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// An OCI image's ENTRYPOINT and CMD, kept as the image said them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entrypoint: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cmd: Vec<String>,
+}
+
+/// A registry pull: `reference` as `docker pull` takes it, credentials for basic or token
+/// auth, and `insecure` for a plain-HTTP registry.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct PullSpec {
+    pub reference: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub insecure: bool,
+}
+
+impl std::fmt::Debug for PullSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PullSpec")
+            .field("reference", &self.reference)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("insecure", &self.insecure)
+            .finish()
+    }
+}
+
+/// A line of a template's progress (pull, import, build), as it happens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateEvent {
+    /// Step `n` of `of` is done (or, for a build, starts).
+    Step { n: u32, of: u32, text: String },
+    /// Something the user should know that did not stop the work (a dropped device node).
+    Note(String),
+    /// A line a build step's command printed.
+    Output(String),
 }
 
 /// Where an imported template's files come from (a path on the node's filesystem).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TemplateSource {
     Dir(PathBuf),
-    /// A tar archive (optionally gzip-compressed).
+    /// A tar archive (optionally gzip-compressed): a rootfs, or an image (an OCI image
+    /// layout or a `docker save` archive, told apart by what is inside).
     Tar(PathBuf),
     /// A namespace sandbox's disk snapshot, taken over with no copy (a btrfs snapshot of its
     /// read-only subvolume), with the defaults of the sandbox's template.
@@ -132,7 +177,12 @@ pub enum TemplateSource {
         sandbox: String,
         snapshot: String,
     },
+    /// An image pulled from a registry.
+    Registry(PullSpec),
 }
+
+/// Where a template's progress lines go as they happen.
+pub type TemplateProgress = tokio::sync::mpsc::UnboundedSender<TemplateEvent>;
 
 /// One disk snapshot of a sandbox as the node holds it
 /// (`sandboxes/<id>/snapshots/<snap>/rootfs`, a read-only subvolume).
@@ -217,6 +267,17 @@ pub trait NodeApi: Send + Sync {
         name: &str,
         source: TemplateSource,
     ) -> Result<TemplateInfo, NodeError>;
+    /// [`Self::import_template`], saying what it does on `progress` as it goes (a pull's
+    /// layers, a note for each device node dropped).
+    async fn import_template_with_progress(
+        &self,
+        name: &str,
+        source: TemplateSource,
+        progress: TemplateProgress,
+    ) -> Result<TemplateInfo, NodeError> {
+        drop(progress);
+        self.import_template(name, source).await
+    }
 
     // ---- networking (additive; default: unsupported) ----
 

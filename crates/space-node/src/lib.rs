@@ -7,6 +7,7 @@ pub mod diff;
 pub mod ids;
 pub mod net;
 pub mod node;
+pub mod oci;
 pub mod runtime;
 pub mod state;
 pub mod storage;

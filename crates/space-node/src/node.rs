@@ -160,6 +160,8 @@ pub struct Node {
     microvm: tokio::sync::OnceCell<Result<Arc<dyn Runtime>, String>>,
     connector: Arc<dyn GuestConnector>,
     templates: Arc<TemplateStore>,
+    /// Unpacked image layers (`node_images.rs`).
+    layers: Arc<crate::oci::LayerCache>,
     table: Mutex<HashMap<String, Entry>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     uids: Mutex<UidAllocator>,
@@ -193,7 +195,17 @@ impl From<StorageError> for NodeError {
 impl From<TemplateError> for NodeError {
     fn from(e: TemplateError) -> Self {
         match e {
-            TemplateError::Source(m) => NodeError::InvalidArgument(m),
+            TemplateError::Source(m) | TemplateError::Image(m) | TemplateError::Registry(m) => {
+                NodeError::InvalidArgument(m)
+            }
+            TemplateError::ImageNotFound(r) => NodeError::NotFound {
+                kind: "image",
+                id: r,
+            },
+            e @ TemplateError::Unpack(crate::oci::unpack::UnpackError::Entry { .. })
+            | e @ TemplateError::Unpack(crate::oci::unpack::UnpackError::Stream(_)) => {
+                NodeError::InvalidArgument(e.to_string())
+            }
             e => NodeError::Internal(e.to_string()),
         }
     }
@@ -256,7 +268,7 @@ impl Node {
             run_dir: cfg.run_dir.clone(),
         };
         layout.create_dirs()?;
-        let templates = {
+        let (templates, layers) = {
             let (layout, subvols, busybox, base_cache) = (
                 layout.clone(),
                 parts.subvols.clone(),
@@ -264,10 +276,12 @@ impl Node {
                 cfg.base_cache.clone(),
             );
             blocking(move || {
-                let store = TemplateStore::load(layout, subvols)?;
+                let store = TemplateStore::load(layout.clone(), subvols.clone())?;
                 store.ensure_minimal(&busybox)?;
                 store.ensure_base(base_cache.as_deref())?;
-                Ok(Arc::new(store))
+                let _ = std::fs::remove_dir_all(layout.oci_tmp());
+                let layers = crate::oci::LayerCache::open(layout.oci_layers(), subvols)?;
+                Ok((Arc::new(store), Arc::new(layers)))
             })
             .await?
         };
@@ -283,6 +297,7 @@ impl Node {
             },
             connector: parts.connector,
             templates,
+            layers,
             table: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
             network: parts.network,
@@ -500,6 +515,10 @@ impl Node {
         if let Some(user) = defaults.user {
             // For the daemon only: who runs what names no user.
             env.push((space_proto::DEFAULT_USER_ENV.into(), user));
+        }
+        if let Some(dir) = defaults.workdir {
+            // For the daemon only: where an exec that names no cwd starts.
+            env.push((space_proto::DEFAULT_CWD_ENV.into(), dir));
         }
         env.push(("SPACE_SANDBOX_ID".into(), spec.id.clone()));
         // For the daemon only (it strips these from the processes it starts).
@@ -1348,11 +1367,27 @@ impl NodeApi for Node {
         name: &str,
         source: TemplateSource,
     ) -> Result<TemplateInfo, NodeError> {
+        let (progress, _) = tokio::sync::mpsc::unbounded_channel();
+        self.import_template_with_progress(name, source, progress)
+            .await
+    }
+
+    async fn import_template_with_progress(
+        &self,
+        name: &str,
+        source: TemplateSource,
+        progress: crate::api::TemplateProgress,
+    ) -> Result<TemplateInfo, NodeError> {
         ids::validate_template_name(name)?;
         let path = match &source {
             TemplateSource::Dir(p) | TemplateSource::Tar(p) => p.clone(),
             TemplateSource::Snapshot { sandbox, snapshot } => {
                 let info = self.template_from_snapshot(name, sandbox, snapshot).await?;
+                self.template_changed(&info.name, info.version).await;
+                return Ok(info);
+            }
+            TemplateSource::Registry(spec) => {
+                let info = self.pull_image(name, spec, &progress).await?;
                 self.template_changed(&info.name, info.version).await;
                 return Ok(info);
             }
@@ -1363,8 +1398,13 @@ impl NodeApi for Node {
                 path.display()
             )));
         }
-        let (store, name) = (self.templates.clone(), name.to_string());
-        let info = blocking(move || Ok(store.import(&name, &source)?)).await?;
+        let info = match self.local_image(&source).await? {
+            Some(image) => self.import_local_image(name, image, &progress).await?,
+            None => {
+                let (store, name) = (self.templates.clone(), name.to_string());
+                blocking(move || Ok(store.import(&name, &source)?)).await?
+            }
+        };
         // Ready sandboxes of the old version are never handed out again.
         self.template_changed(&info.name, info.version).await;
         Ok(info)
@@ -1408,6 +1448,9 @@ mod node_recover;
 
 #[path = "vm_warm.rs"]
 mod vm_warm;
+
+#[path = "node_images.rs"]
+mod node_images;
 
 #[cfg(test)]
 #[path = "node_tests.rs"]

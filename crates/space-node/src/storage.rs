@@ -120,6 +120,14 @@ impl Layout {
     pub fn sandboxes(&self) -> PathBuf {
         self.volume.join("sandboxes")
     }
+    /// Unpacked image layers, one read-only subvolume per chain id (`oci/mod.rs`).
+    pub fn oci_layers(&self) -> PathBuf {
+        self.volume.join("oci").join("layers")
+    }
+    /// Blobs being downloaded.
+    pub fn oci_tmp(&self) -> PathBuf {
+        self.volume.join("oci").join("tmp")
+    }
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
         self.sandboxes().join(id)
     }

@@ -38,6 +38,16 @@ pub enum TemplateError {
     Command { cmd: String, detail: String },
     #[error("the base template's cache {0} is not usable: {1}")]
     BaseCache(PathBuf, String),
+    /// The image (its manifest, config, or a layer's bytes) is not valid.
+    #[error("{0}")]
+    Image(String),
+    #[error("image {0} not found (no such repository or tag in the registry)")]
+    ImageNotFound(String),
+    /// The registry could not be reached, or refused the request.
+    #[error("{0}")]
+    Registry(String),
+    #[error(transparent)]
+    Unpack(#[from] crate::oci::unpack::UnpackError),
 }
 
 fn io_err(op: &'static str, path: &Path, e: io::Error) -> TemplateError {
@@ -106,6 +116,7 @@ impl TemplateStore {
                         version,
                         created_unix_ms: meta.as_ref().map_or(0, |m| m.created_unix_ms),
                         path: rootfs,
+                        source: meta.as_ref().map(|m| m.source.clone()).unwrap_or_default(),
                         defaults: meta.map(|m| m.defaults).unwrap_or_default(),
                     },
                 );
@@ -166,7 +177,7 @@ impl TemplateStore {
     pub fn ensure_base(&self, cache: Option<&Path>) -> Result<Option<TemplateInfo>, TemplateError> {
         let latest = self.latest(BASE_TEMPLATE);
         if let Some(t) = &latest
-            && self.source_of(t).as_deref() != Some(BUSYBOX_SOURCE)
+            && t.source != BUSYBOX_SOURCE
         {
             return Ok(latest);
         }
@@ -203,13 +214,6 @@ impl TemplateStore {
         Ok(Some(info))
     }
 
-    /// The `source` recorded for a version.
-    fn source_of(&self, t: &TemplateInfo) -> Option<String> {
-        storage::read_json::<TemplateMeta>(&t.path.with_file_name("template.json"))
-            .ok()
-            .map(|m| m.source)
-    }
-
     /// Imports `source` as a new version of `name` (blocking: run it off the async runtime).
     pub fn import(
         &self,
@@ -219,9 +223,9 @@ impl TemplateStore {
         let (desc, src) = match source {
             TemplateSource::Dir(p) => ("dir", p),
             TemplateSource::Tar(p) => ("tar", p),
-            TemplateSource::Snapshot { .. } => {
+            TemplateSource::Snapshot { .. } | TemplateSource::Registry(_) => {
                 return Err(TemplateError::Source(
-                    "a snapshot becomes a template through the node (from_subvolume)".into(),
+                    "snapshots and images become templates through the node".into(),
                 ));
             }
         };
@@ -249,17 +253,18 @@ impl TemplateStore {
                 &source_desc,
                 TemplateDefaults::default(),
                 |root| match source {
-                    TemplateSource::Snapshot { .. } => Ok(()),
                     TemplateSource::Dir(p) => copy_tree(p, root),
-                    TemplateSource::Tar(p) => run(Command::new("tar")
-                        .arg("-x")
-                        .arg("--numeric-owner")
-                        .arg("--same-owner")
-                        .arg("--same-permissions")
-                        .arg("-f")
-                        .arg(p)
-                        .arg("-C")
-                        .arg(root)),
+                    // An uploaded archive is hostile input: it is applied as an image layer
+                    // is, never by the host's tar (oci/unpack.rs).
+                    TemplateSource::Tar(p) => {
+                        let f = std::fs::File::open(p).map_err(|e| io_err("open", p, e))?;
+                        let stats = crate::oci::unpack::apply_layer(root, f)?;
+                        for note in stats.notes {
+                            tracing::info!(name, note, "template import");
+                        }
+                        Ok(())
+                    }
+                    TemplateSource::Snapshot { .. } | TemplateSource::Registry(_) => Ok(()),
                 },
             )?;
         tracing::info!(name, version = info.version, source = %source_desc, "imported template");
@@ -295,6 +300,16 @@ impl TemplateStore {
             "made a template of a snapshot"
         );
         Ok(info)
+    }
+
+    /// A new version of `name` with an empty rootfs (an image of no layers).
+    pub fn empty_version(
+        &self,
+        name: &str,
+        source: &str,
+        defaults: TemplateDefaults,
+    ) -> Result<TemplateInfo, TemplateError> {
+        self.build_version(name, source, defaults, |_| Ok(()))
     }
 
     /// [`Self::build_version`], its rootfs a new subvolume or (`from`) a snapshot of one.
@@ -356,6 +371,7 @@ impl TemplateStore {
                 created_unix_ms,
                 path: final_dir.join("rootfs"),
                 defaults,
+                source: source.to_string(),
             })
         })();
         match result {

@@ -22,6 +22,10 @@ pub const CHUNK_BYTES: usize = 256 * 1024;
 /// user: exec and file operations that name no user run as it (root when it is absent).
 pub const DEFAULT_USER_ENV: &str = "SPACE_DEFAULT_USER";
 
+/// The daemon-only variable that names the working directory of execs that name none (an OCI
+/// image's WorkingDir); absent, they start in the user's home.
+pub const DEFAULT_CWD_ENV: &str = "SPACE_DEFAULT_CWD";
+
 /// A microvm guest's link (decision 0014, "Networking"): the same in every VM, so a
 /// checkpoint's network configuration is valid in every copy restored from it. The node's
 /// side of the tap, inside the sandbox's network slot, is the gateway; the slot NATs the

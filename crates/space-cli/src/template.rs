@@ -1,0 +1,199 @@
+//! `space template ...`: import, pull, list, settings and templates from snapshots.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Subcommand;
+use space_api::{Client, TemplateLog};
+
+use crate::print_json;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TemplateCmd {
+    /// Import a template from a directory or a tarball (.tar, .tar.gz, .tar.zst): a root
+    /// filesystem, an OCI image layout, or a `docker save` archive.
+    Import {
+        name: String,
+        path: PathBuf,
+        /// Make a new version when NAME exists.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Pull an image from an OCI registry into template NAME (REF as `docker pull` takes it:
+    /// python:3.12-slim, localhost:5000/team/app@sha256:...).
+    Pull {
+        name: String,
+        reference: String,
+        /// For basic auth, or a token realm that asks for credentials.
+        #[arg(long)]
+        username: Option<String>,
+        /// Read the password from stdin (one line).
+        #[arg(long, requires = "username")]
+        password_stdin: bool,
+        /// Speak plain HTTP to the registry.
+        #[arg(long)]
+        insecure: bool,
+        /// Make a new version when NAME exists.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// List templates.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a new version of template NAME from a sandbox's disk snapshot, with no copy
+    /// (a namespace sandbox's; the template keeps the sandbox's template defaults).
+    FromSnapshot {
+        name: String,
+        id: String,
+        snap: String,
+    },
+    /// Set a template's settings: the runtime its creates get when they name none
+    /// (`default`: the node's).
+    Set {
+        name: String,
+        #[arg(long, value_name = "namespace|microvm|default")]
+        runtime: String,
+    },
+}
+
+pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
+    match cmd {
+        TemplateCmd::Pull {
+            name,
+            reference,
+            username,
+            password_stdin,
+            insecure,
+            replace,
+        } => {
+            let password = if password_stdin {
+                let mut line = String::new();
+                std::io::stdin()
+                    .read_line(&mut line)
+                    .context("cannot read the password from stdin")?;
+                Some(line.trim_end_matches(['\n', '\r']).to_string())
+            } else {
+                None
+            };
+            let req = space_api::PullTemplate {
+                reference,
+                username,
+                password,
+                insecure,
+                replace,
+            };
+            let log = c.pull_template(&name, &req).await?;
+            let t = follow(log).await?;
+            println!("{} {}", t.name, t.version);
+            Ok(0)
+        }
+        TemplateCmd::Import {
+            name,
+            path,
+            replace,
+        } => {
+            if !replace && c.list_templates().await?.iter().any(|t| t.name == name) {
+                bail!("template {name} exists: pass --replace to make a new version of it");
+            }
+            let t = import_template(&c, &name, &path, replace).await?;
+            println!("{} {}", t.name, t.version);
+            Ok(0)
+        }
+        TemplateCmd::FromSnapshot { name, id, snap } => {
+            let req = space_api::TemplateFromSnapshot {
+                sandbox: id,
+                snapshot: snap,
+            };
+            let t = c.template_from_snapshot(&name, &req).await?;
+            println!("{} {}", t.name, t.version);
+            Ok(0)
+        }
+        TemplateCmd::Ls { json } => {
+            let list = c.list_templates().await?;
+            if json {
+                print_json(&space_api::TemplateList { templates: list })?;
+            } else {
+                println!(
+                    "{:<20}  {:>7}  {:<9}  CREATED",
+                    "NAME", "VERSION", "RUNTIME"
+                );
+                for t in list {
+                    println!(
+                        "{:<20}  {:>7}  {:<9}  {}",
+                        t.name,
+                        t.version,
+                        t.runtime.as_deref().unwrap_or("default"),
+                        t.created_at
+                    );
+                }
+            }
+            Ok(0)
+        }
+        TemplateCmd::Set { name, runtime } => {
+            let req = space_api::SetTemplateSettings {
+                runtime: (runtime != "default").then_some(runtime),
+            };
+            let t = c.set_template_settings(&name, &req).await?;
+            println!(
+                "{} runtime {}",
+                t.name,
+                t.runtime.as_deref().unwrap_or("default")
+            );
+            Ok(0)
+        }
+    }
+}
+
+/// Uploads a template: a directory is tarred first (to a temp file, streamed); a tarball
+/// is uploaded as is.
+async fn import_template(
+    c: &Client,
+    name: &str,
+    path: &Path,
+    replace: bool,
+) -> Result<space_api::Template> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if meta.is_dir() {
+        let src = path.to_path_buf();
+        let tmp = tokio::task::spawn_blocking(move || -> Result<tempfile::NamedTempFile> {
+            let tmp = tempfile::NamedTempFile::new().context("cannot create a temporary file")?;
+            let mut b = tar::Builder::new(std::io::BufWriter::new(tmp.reopen()?));
+            b.follow_symlinks(false);
+            b.mode(tar::HeaderMode::Complete);
+            b.append_dir_all(".", &src)
+                .with_context(|| format!("cannot archive {}", src.display()))?;
+            b.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+            Ok(tmp)
+        })
+        .await??;
+        Ok(c.import_template_file(name, tmp.path(), replace).await?)
+    } else if meta.is_file() {
+        Ok(c.import_template_file(name, path, replace).await?)
+    } else {
+        bail!("{} is neither a directory nor a tarball", path.display())
+    }
+}
+
+/// Shows a template's progress on stderr as it comes; the new version at its end.
+pub(crate) async fn follow(
+    log: space_api::client::TemplateLogStream,
+) -> Result<space_api::Template> {
+    let t0 = std::time::Instant::now();
+    let t = space_api::client::finish_template_log(log, |line| match line {
+        TemplateLog::Step { n, of, text } => eprintln!("[{n}/{of}] {text}"),
+        TemplateLog::Note { text } => eprintln!("note: {text}"),
+        TemplateLog::Output { text } => eprintln!("  | {text}"),
+        TemplateLog::Done { .. } | TemplateLog::Error { .. } => {}
+    })
+    .await?;
+    eprintln!(
+        "{} version {} ready in {:.1} s",
+        t.name,
+        t.version,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(t)
+}

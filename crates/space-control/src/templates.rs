@@ -1,0 +1,149 @@
+//! Template work that takes a while (a registry pull, a Dockerfile build): the engine starts
+//! it on the node and answers with its progress as ndjson [`TemplateLog`] lines, the last one
+//! `done` (the new version) or `error`. The work runs to its end even when the client goes
+//! away: a template then appears all the same, or nothing does.
+
+use std::convert::Infallible;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use space_api::{PullTemplate, TemplateLog, is_valid_template_name};
+use space_node::api::{PullSpec, TemplateEvent, TemplateSource};
+
+use crate::AppState;
+use crate::engine::{Engine, template_dto};
+use crate::error::{AppError, AppResult};
+use crate::http::{ApiJson, ApiPath, NamePath};
+
+/// Longest image reference accepted (registries allow 255 for a name, plus a tag or digest).
+const MAX_REFERENCE_LEN: usize = 512;
+
+pub(crate) fn check_template_name(name: &str) -> AppResult<()> {
+    if is_valid_template_name(name) {
+        Ok(())
+    } else {
+        Err(AppError::invalid(format!(
+            "invalid template name {name:?}: expected [a-z0-9][a-z0-9._-]{{0,62}}"
+        )))
+    }
+}
+
+impl Engine {
+    /// Refuses a name that is taken unless `replace` (then a new version is made).
+    pub(crate) async fn check_name_free(&self, name: &str, replace: bool) -> AppResult<()> {
+        if !replace
+            && self
+                .node
+                .list_templates()
+                .await?
+                .iter()
+                .any(|t| t.name == name)
+        {
+            return Err(AppError::conflict(format!(
+                "template {name} exists: pass replace (--replace) to make a new version of it"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Starts a registry pull into a new version of `name`; its progress as it happens.
+    pub async fn pull_template(
+        &self,
+        name: &str,
+        req: PullTemplate,
+    ) -> AppResult<BoxStream<'static, TemplateLog>> {
+        check_template_name(name)?;
+        let reference = req.reference.trim();
+        if reference.is_empty() {
+            return Err(AppError::invalid(
+                "reference is empty: name an image, e.g. python:3.12-slim",
+            ));
+        }
+        if reference.len() > MAX_REFERENCE_LEN || reference.chars().any(char::is_whitespace) {
+            return Err(AppError::invalid(format!(
+                "{:?} is not an image reference",
+                req.reference
+            )));
+        }
+        if req.password.is_some() && req.username.is_none() {
+            return Err(AppError::invalid("a password needs a username"));
+        }
+        self.check_name_free(name, req.replace).await?;
+        let source = TemplateSource::Registry(PullSpec {
+            reference: reference.to_string(),
+            username: req.username,
+            password: req.password,
+            insecure: req.insecure,
+        });
+        Ok(self.template_work(name, source))
+    }
+
+    /// Runs `source`'s import on the node in a task of its own, its progress as a stream.
+    pub(crate) fn template_work(
+        &self,
+        name: &str,
+        source: TemplateSource,
+    ) -> BoxStream<'static, TemplateLog> {
+        let (out, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (node, name) = (self.node.clone(), name.to_string());
+        tokio::spawn(async move {
+            let (progress, mut events) = tokio::sync::mpsc::unbounded_channel();
+            let forward = {
+                let out = out.clone();
+                async move {
+                    while let Some(ev) = events.recv().await {
+                        let _ = out.send(log_line(ev));
+                    }
+                }
+            };
+            let work = node.import_template_with_progress(&name, source, progress);
+            let (result, ()) = tokio::join!(work, forward);
+            let _ = out.send(match result {
+                Ok(info) => TemplateLog::Done {
+                    template: template_dto(&info),
+                },
+                Err(e) => TemplateLog::Error {
+                    error: AppError::from(e).body().error,
+                },
+            });
+        });
+        tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed()
+    }
+}
+
+fn log_line(ev: TemplateEvent) -> TemplateLog {
+    match ev {
+        TemplateEvent::Step { n, of, text } => TemplateLog::Step { n, of, text },
+        TemplateEvent::Note(text) => TemplateLog::Note { text },
+        TemplateEvent::Output(text) => TemplateLog::Output { text },
+    }
+}
+
+/// Template progress as an ndjson response.
+pub(crate) fn log_response(lines: BoxStream<'static, TemplateLog>) -> Response {
+    let body = lines.map(|line| {
+        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+        bytes.push(b'\n');
+        Ok::<_, Infallible>(Bytes::from(bytes))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "application/x-ndjson"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+pub(crate) async fn pull_template(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    ApiJson(req): ApiJson<PullTemplate>,
+) -> Result<Response, AppError> {
+    Ok(log_response(s.engine.pull_template(&p.name, req).await?))
+}
