@@ -427,3 +427,147 @@ fn oci_layout_directories_and_docker_save_archives_are_imported() {
     assert_eq!(templates(&s), before);
     no_partial_layers(&s);
 }
+
+/// A real-sized directory of the host as layer entries (regular files, dirs and symlinks).
+fn host_tree(dir: &'static str) -> Vec<Entry> {
+    fn walk(root: &std::path::Path, rel: &str, out: &mut Vec<Entry>) {
+        let mut ents: Vec<_> = std::fs::read_dir(root.join(rel))
+            .unwrap()
+            .flatten()
+            .collect();
+        ents.sort_by_key(|e| e.file_name());
+        for e in ents {
+            let name = format!("{rel}/{}", e.file_name().to_string_lossy());
+            let leak: &'static str = Box::leak(name.clone().into_boxed_str());
+            let md = std::fs::symlink_metadata(e.path()).unwrap();
+            if md.is_dir() {
+                out.push(Entry::Dir(
+                    Box::leak(format!("{name}/").into_boxed_str()),
+                    0o755,
+                ));
+                walk(root, &name, out);
+            } else if md.is_symlink() {
+                let t = std::fs::read_link(e.path()).unwrap();
+                out.push(Entry::Symlink(
+                    leak,
+                    Box::leak(t.to_string_lossy().into_owned().into_boxed_str()),
+                ));
+            } else if md.is_file() {
+                out.push(Entry::File(leak, std::fs::read(e.path()).unwrap(), 0o644));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        std::path::Path::new("/"),
+        dir.trim_start_matches('/'),
+        &mut out,
+    );
+    out
+}
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `cargo test -p space-tests --test oci -- --ignored --nocapture pull_bench`: pull and unpack
+/// of one three-layer image (python3.11, perl: ~100 MB, gzip) from the local registry, space
+/// against `skopeo copy` + `umoci unpack` into the same btrfs volume, interleaved, ROUNDS
+/// rounds. Each round's image has a fresh tiny first layer, so neither side has any of it
+/// cached (space's cache is by chain id; the peer starts from an empty directory).
+#[test]
+#[ignore]
+fn pull_bench() {
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(7);
+    let s = Spaced::start_with(&["--network", "off"]).unwrap();
+    let net = s.net.as_ref().unwrap();
+    let reg = Registry::start(net, 5000, None).unwrap();
+    let big: Vec<(Vec<u8>, Compression)> = [
+        "/usr/lib/python3.11",
+        "/usr/share/perl",
+        "/usr/lib/x86_64-linux-gnu/perl",
+    ]
+    .iter()
+    .map(|d| (layer_tar(&host_tree(d)), Compression::Gzip))
+    .collect();
+    let sizes: Vec<usize> = big.iter().map(|(t, _)| t.len()).collect();
+    eprintln!("layers (uncompressed bytes): {sizes:?}");
+    let peer_root = s.data_dir().join("volume/peer-bench");
+    std::fs::create_dir_all(&peer_root).unwrap();
+    let (mut space_s, mut peer_s) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let mut layers = vec![(
+            layer_tar(&[Entry::File("round", round.to_string().into_bytes(), 0o644)]),
+            Compression::Gzip,
+        )];
+        layers.extend(big.iter().cloned());
+        let img = Image {
+            layers,
+            config: json!({}),
+            arch: "amd64",
+        };
+        let repo = format!("bench/r{round}:1");
+        push(&s, &reg, &img, &repo);
+        let reference = format!("{}/{repo}", reg.addr);
+        let name = format!("b{round}");
+        let run_space = || {
+            let t0 = std::time::Instant::now();
+            s.space_ok(&["template", "pull", &name, &reference, "--insecure"]);
+            t0.elapsed().as_secs_f64()
+        };
+        let run_peer = || {
+            let t0 = std::time::Instant::now();
+            let oci_dir = peer_root.join(format!("oci{round}"));
+            let out = net
+                .command("skopeo")
+                .args(["copy", "--quiet", "--src-tls-verify=false"])
+                .arg(format!("docker://{reference}"))
+                .arg(format!("oci:{}:1", oci_dir.display()))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            let out = std::process::Command::new("umoci")
+                .args(["unpack", "--image"])
+                .arg(format!("{}:1", oci_dir.display()))
+                .arg(peer_root.join(format!("bundle{round}")))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            t0.elapsed().as_secs_f64()
+        };
+        // Alternate which goes first.
+        if round % 2 == 0 {
+            space_s.push(run_space());
+            peer_s.push(run_peer());
+        } else {
+            peer_s.push(run_peer());
+            space_s.push(run_space());
+        }
+        eprintln!(
+            "round {round}: space {:.2} s, skopeo+umoci {:.2} s",
+            space_s[round], peer_s[round]
+        );
+    }
+    for (what, v) in [
+        ("space pull", &space_s),
+        ("skopeo copy + umoci unpack", &peer_s),
+    ] {
+        eprintln!(
+            "{what}: p50 {:.2} s, p90 {:.2} s, p99 {:.2} s ({} rounds)",
+            percentile(v, 0.5),
+            percentile(v, 0.9),
+            percentile(v, 0.99),
+            v.len()
+        );
+    }
+    let ratios: Vec<f64> = space_s.iter().zip(&peer_s).map(|(a, b)| a / b).collect();
+    eprintln!(
+        "space / peer per round: median {:.2}",
+        percentile(&ratios, 0.5)
+    );
+}

@@ -552,6 +552,28 @@ impl Client {
         Ok(ndjson_lines(resp))
     }
 
+    /// `POST /v1/templates/{name}/build`: builds a Dockerfile; `context` is the build
+    /// context as a tar archive, `query` the options (`dockerfile`, `no_cache`, `replace`,
+    /// `egress`, `insecure`, `build_arg=K=V`...). Progress lines, ending with `done` or
+    /// `error`.
+    pub async fn build_template(
+        &self,
+        name: &str,
+        query: &[(String, String)],
+        context: &Path,
+    ) -> Result<TemplateLogStream> {
+        let body = file_body(context).await?;
+        let resp = self
+            .send(
+                self.request(Method::POST, &format!("/v1/templates/{name}/build"))
+                    .query(query)
+                    .header("content-type", "application/x-tar")
+                    .body(body),
+            )
+            .await?;
+        Ok(ndjson_lines(resp))
+    }
+
     /// Imports a template from a tar archive body (optionally gzip-compressed).
     /// A name that exists needs `replace` (a new version is then made).
     pub async fn import_template(

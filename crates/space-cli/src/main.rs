@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_qemu;
+mod build;
 mod cp;
 mod diff;
 mod events;

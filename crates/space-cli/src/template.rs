@@ -19,6 +19,32 @@ pub(crate) enum TemplateCmd {
         #[arg(long)]
         replace: bool,
     },
+    /// Build template NAME from a Dockerfile: every RUN runs in a sandbox of the build; each
+    /// step is cached (a rebuild re-runs from the first changed step).
+    Build {
+        name: String,
+        /// The build context (default: the current directory).
+        #[arg(default_value = ".")]
+        context: PathBuf,
+        /// The Dockerfile (default: CONTEXT/Dockerfile).
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
+        /// A value for an ARG (repeatable).
+        #[arg(long = "build-arg", value_name = "K=V", value_parser = crate::parse_kv)]
+        build_args: Vec<(String, String)>,
+        /// Run every step again.
+        #[arg(long)]
+        no_cache: bool,
+        /// The build sandboxes' egress (default open).
+        #[arg(long, default_value = "open", value_parser = ["open", "none"])]
+        egress: String,
+        /// Plain HTTP to the registry of an image FROM names.
+        #[arg(long)]
+        insecure: bool,
+        /// Make a new version when NAME exists.
+        #[arg(long)]
+        replace: bool,
+    },
     /// Pull an image from an OCI registry into template NAME (REF as `docker pull` takes it:
     /// python:3.12-slim, localhost:5000/team/app@sha256:...).
     Pull {
@@ -60,6 +86,31 @@ pub(crate) enum TemplateCmd {
 
 pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
     match cmd {
+        TemplateCmd::Build {
+            name,
+            context,
+            file,
+            build_args,
+            no_cache,
+            egress,
+            insecure,
+            replace,
+        } => {
+            if !replace && c.list_templates().await?.iter().any(|t| t.name == name) {
+                bail!("template {name} exists: pass --replace to make a new version of it");
+            }
+            let dockerfile = file.unwrap_or_else(|| context.join("Dockerfile"));
+            let (tar, n) = tokio::task::spawn_blocking(move || {
+                crate::build::context_tar(&context, &dockerfile)
+            })
+            .await??;
+            eprintln!("sending the build context ({n} entries)");
+            let q = crate::build::query(no_cache, replace, &egress, insecure, &build_args);
+            let log = c.build_template(&name, &q, tar.path()).await?;
+            let t = follow(log).await?;
+            println!("{} {}", t.name, t.version);
+            Ok(0)
+        }
         TemplateCmd::Pull {
             name,
             reference,

@@ -537,7 +537,7 @@ impl Engine {
     }
 
     /// The guest client of a running sandbox (after the lifecycle check).
-    async fn guest(&self, id: &str) -> AppResult<GuestClient<Channel>> {
+    pub(crate) async fn guest(&self, id: &str) -> AppResult<GuestClient<Channel>> {
         let row = self.load(id).await?;
         self.activity.touch(id);
         check_lifecycle(&row, Action::Guest)?;
@@ -1029,6 +1029,8 @@ impl Engine {
         let runtimes = self.store.template_runtimes().await?;
         Ok(list
             .iter()
+            // A build's steps and base images are the builder's (decision 0018).
+            .filter(|t| !t.name.starts_with(crate::build::BUILD_PREFIX))
             .map(|t| Template {
                 runtime: runtimes.get(&t.name).cloned(),
                 ..template_dto(t)
@@ -1049,11 +1051,32 @@ impl Engine {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
         E: std::fmt::Display + Send + 'static,
     {
-        if !is_valid_template_name(name) {
-            return Err(AppError::invalid(format!(
-                "invalid template name {name:?}: expected [a-z0-9][a-z0-9._-]{{0,62}}"
-            )));
-        }
+        crate::templates::check_template_name(name)?;
+        let tmp = self
+            .receive_upload("template", content_length, body)
+            .await?;
+        // After the upload: a client whose body is cut short by an early answer sees a broken
+        // pipe, not the error (the CLI checks the name before it uploads).
+        self.check_name_free(name, replace).await?;
+        let info = self
+            .node
+            .import_template(name, TemplateSource::Tar(tmp.0.clone()))
+            .await?;
+        Ok(template_dto(&info))
+    }
+
+    /// Streams an upload body to a temporary file under the data dir (removed when the
+    /// returned path is dropped), within the upload limit; an empty body is refused.
+    pub(crate) async fn receive_upload<S, E>(
+        &self,
+        what: &str,
+        content_length: Option<u64>,
+        mut body: S,
+    ) -> AppResult<TempPath>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+        E: std::fmt::Display + Send + 'static,
+    {
         let limit = self.cfg.max_upload_bytes;
         if content_length.is_some_and(|n| n > limit) {
             return Err(too_large(limit));
@@ -1062,11 +1085,10 @@ impl Engine {
         tokio::fs::create_dir_all(&tmp_dir)
             .await
             .map_err(|e| AppError::internal(format_args!("create {}: {e}", tmp_dir.display())))?;
-        let tmp = TempPath(tmp_dir.join(format!("template-{}.tar", new_sandbox_id())));
+        let tmp = TempPath(tmp_dir.join(format!("{what}-{}.tar", new_sandbox_id())));
         let mut file = tokio::fs::File::create(&tmp.0)
             .await
             .map_err(|e| AppError::internal(format_args!("create {}: {e}", tmp.0.display())))?;
-        let mut body = body;
         let mut total = 0u64;
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| AppError::invalid(format!("upload interrupted: {e}")))?;
@@ -1081,18 +1103,10 @@ impl Engine {
         file.flush()
             .await
             .map_err(|e| AppError::internal(format_args!("write {}: {e}", tmp.0.display())))?;
-        drop(file);
         if total == 0 {
-            return Err(AppError::invalid("the template archive is empty"));
+            return Err(AppError::invalid(format!("the {what} archive is empty")));
         }
-        // After the upload: a client whose body is cut short by an early answer sees a broken
-        // pipe, not the error (the CLI checks the name before it uploads).
-        self.check_name_free(name, replace).await?;
-        let info = self
-            .node
-            .import_template(name, TemplateSource::Tar(tmp.0.clone()))
-            .await?;
-        Ok(template_dto(&info))
+        Ok(tmp)
     }
 
     // ---- service ----
@@ -1110,7 +1124,7 @@ fn too_large(limit: u64) -> AppError {
 }
 
 /// Removes a file when dropped.
-struct TempPath(PathBuf);
+pub(crate) struct TempPath(pub(crate) PathBuf);
 
 impl Drop for TempPath {
     fn drop(&mut self) {

@@ -70,6 +70,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/templates/{name}/settings"),
     ("POST", "/v1/templates/{name}/from-snapshot"),
     ("POST", "/v1/templates/{name}/pull"),
+    ("POST", "/v1/templates/{name}/build"),
     ("GET", "/v1/templates/{name}/pool"),
     ("PUT", "/v1/templates/{name}/pool"),
     ("GET", "/v1/pools"),
@@ -126,6 +127,7 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
             post(crate::snapshots::template_from_snapshot)
         }
         ("POST", "/v1/templates/{name}/pull") => post(crate::templates::pull_template),
+        ("POST", "/v1/templates/{name}/build") => post(crate::build::build_template),
         ("GET", "/v1/templates/{name}/pool") => get(crate::pools::http_get),
         ("PUT", "/v1/templates/{name}/pool") => put(crate::pools::http_set),
         ("GET", "/v1/pools") => get(crate::pools::http_list),

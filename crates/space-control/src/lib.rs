@@ -6,9 +6,11 @@
 //! `NodeApi` / guest gRPC. The reconciler heals whatever the fast path left behind.
 
 pub mod auth;
+pub mod build;
 pub mod checkpoints;
 pub mod convert;
 pub mod diff;
+pub mod dockerfile;
 pub mod engine;
 pub mod error;
 pub mod events;

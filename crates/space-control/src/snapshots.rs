@@ -17,7 +17,7 @@ use serde::Deserialize;
 use space_api::{
     CreateSnapshot, ForkRequest, MAX_FORK_COUNT, RollbackRequest, Sandbox, SandboxList,
     SandboxState, Snapshot, SnapshotKind, SnapshotList, Template, TemplateFromSnapshot,
-    is_valid_sandbox_id, is_valid_template_name, rfc3339_from_unix_ms,
+    is_valid_sandbox_id, rfc3339_from_unix_ms,
 };
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -422,11 +422,7 @@ impl Engine {
         name: &str,
         req: TemplateFromSnapshot,
     ) -> AppResult<Template> {
-        if !is_valid_template_name(name) {
-            return Err(AppError::invalid(format!(
-                "invalid template name {name:?}: expected [a-z0-9][a-z0-9._-]{{0,62}}"
-            )));
-        }
+        crate::templates::check_template_name(name)?;
         check_ids(&req.sandbox, Some(&req.snapshot))?;
         let _guard = self.locks.lock(&req.sandbox).await;
         self.load_row(&req.sandbox).await?;
@@ -438,6 +434,7 @@ impl Engine {
                 space_node::api::TemplateSource::Snapshot {
                     sandbox: req.sandbox.clone(),
                     snapshot: snap.id,
+                    defaults: None,
                 },
             )
             .await?;

@@ -22,8 +22,14 @@ use crate::http::{ApiJson, ApiPath, NamePath};
 /// Longest image reference accepted (registries allow 255 for a name, plus a tag or digest).
 const MAX_REFERENCE_LEN: usize = 512;
 
+/// A name a user may give a template: valid, and not the builder's own prefix.
 pub(crate) fn check_template_name(name: &str) -> AppResult<()> {
-    if is_valid_template_name(name) {
+    if name.starts_with(crate::build::BUILD_PREFIX) {
+        Err(AppError::invalid(format!(
+            "template names starting with {} are the builder's own",
+            crate::build::BUILD_PREFIX
+        )))
+    } else if is_valid_template_name(name) {
         Ok(())
     } else {
         Err(AppError::invalid(format!(

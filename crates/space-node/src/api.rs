@@ -176,9 +176,17 @@ pub enum TemplateSource {
     Snapshot {
         sandbox: String,
         snapshot: String,
+        /// Instead of the sandbox's template's (a build step's accumulated config).
+        defaults: Option<TemplateDefaults>,
     },
     /// An image pulled from a registry.
     Registry(PullSpec),
+    /// The newest version of template `from`, with other defaults (a build's last step), no
+    /// copy.
+    Derived {
+        from: String,
+        defaults: TemplateDefaults,
+    },
 }
 
 /// Where a template's progress lines go as they happen.

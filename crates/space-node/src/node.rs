@@ -1381,13 +1381,35 @@ impl NodeApi for Node {
         ids::validate_template_name(name)?;
         let path = match &source {
             TemplateSource::Dir(p) | TemplateSource::Tar(p) => p.clone(),
-            TemplateSource::Snapshot { sandbox, snapshot } => {
-                let info = self.template_from_snapshot(name, sandbox, snapshot).await?;
+            TemplateSource::Snapshot {
+                sandbox,
+                snapshot,
+                defaults,
+            } => {
+                let info = self
+                    .template_from_snapshot(name, sandbox, snapshot, defaults.clone())
+                    .await?;
                 self.template_changed(&info.name, info.version).await;
                 return Ok(info);
             }
             TemplateSource::Registry(spec) => {
                 let info = self.pull_image(name, spec, &progress).await?;
+                self.template_changed(&info.name, info.version).await;
+                return Ok(info);
+            }
+            TemplateSource::Derived { from, defaults } => {
+                let Some(base) = self.templates.latest(from) else {
+                    return Err(NodeError::NotFound {
+                        kind: "template",
+                        id: from.clone(),
+                    });
+                };
+                let (store, name, defaults) =
+                    (self.templates.clone(), name.to_string(), defaults.clone());
+                let desc = format!("{}:{}@{}", "derived", base.name, base.version);
+                let info =
+                    blocking(move || Ok(store.from_subvolume(&name, &base.path, &desc, defaults)?))
+                        .await?;
                 self.template_changed(&info.name, info.version).await;
                 return Ok(info);
             }

@@ -260,6 +260,7 @@ impl Node {
         name: &str,
         source: &str,
         snap: &str,
+        defaults: Option<crate::api::TemplateDefaults>,
     ) -> Result<TemplateInfo, NodeError> {
         ids::validate_template_name(name)?;
         ids::validate_sandbox_id(source)?;
@@ -274,11 +275,12 @@ impl Node {
             )));
         }
         let rootfs = self.require_snapshot(source, snap)?;
-        let defaults = self
-            .templates
-            .get(&src.record.spec.template, src.record.template_version)
-            .map(|t| t.defaults)
-            .unwrap_or_default();
+        let defaults = defaults.unwrap_or_else(|| {
+            self.templates
+                .get(&src.record.spec.template, src.record.template_version)
+                .map(|t| t.defaults)
+                .unwrap_or_default()
+        });
         let (store, name, desc) = (
             self.templates.clone(),
             name.to_owned(),

@@ -223,7 +223,9 @@ impl TemplateStore {
         let (desc, src) = match source {
             TemplateSource::Dir(p) => ("dir", p),
             TemplateSource::Tar(p) => ("tar", p),
-            TemplateSource::Snapshot { .. } | TemplateSource::Registry(_) => {
+            TemplateSource::Snapshot { .. }
+            | TemplateSource::Registry(_)
+            | TemplateSource::Derived { .. } => {
                 return Err(TemplateError::Source(
                     "snapshots and images become templates through the node".into(),
                 ));
@@ -264,7 +266,9 @@ impl TemplateStore {
                         }
                         Ok(())
                     }
-                    TemplateSource::Snapshot { .. } | TemplateSource::Registry(_) => Ok(()),
+                    TemplateSource::Snapshot { .. }
+                    | TemplateSource::Registry(_)
+                    | TemplateSource::Derived { .. } => Ok(()),
                 },
             )?;
         tracing::info!(name, version = info.version, source = %source_desc, "imported template");

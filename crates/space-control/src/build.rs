@@ -1,0 +1,930 @@
+//! Dockerfile builds (decision 0018): `POST /v1/templates/{name}/build` with the build
+//! context as a tar body. Every RUN executes in a sandbox of the build (namespace runtime,
+//! egress per `egress`), never on the host; COPY and ADD write through the sandbox's daemon.
+//! Each step that changes files ends as an internal template, `space-build-<key>`, whose key
+//! is the parent's key, the instruction and the hash of the files it copies: a rebuild
+//! starts from the newest step whose key it already has. ENV, USER, WORKDIR, LABEL, CMD and
+//! ENTRYPOINT only change the template's defaults (and the keys after them).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use sha2::{Digest, Sha256};
+use space_api::net::{Egress, NetworkPolicy};
+use space_api::{CreateSandbox, CreateSnapshot, ExecEvent, ExecRequest, Template, TemplateLog};
+use space_node::api::{PullSpec, TemplateDefaults, TemplateEvent, TemplateSource};
+use space_proto as pb;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::AppState;
+use crate::dockerfile::{Command, Instruction, Step, parse};
+use crate::engine::{Engine, ExecReply, template_dto};
+use crate::error::{AppError, AppResult};
+use crate::http::{ApiPath, NamePath};
+use crate::templates::{check_template_name, log_response};
+
+/// Internal templates (build steps, base images) carry this prefix; users cannot name one so.
+pub const BUILD_PREFIX: &str = "space-build-";
+/// The Dockerfile's name inside the uploaded context when the CLI adds it there.
+const MAX_DOCKERFILE_BYTES: u64 = 1 << 20;
+/// Lines of a failed RUN's output repeated in its error.
+const TAIL_LINES: usize = 20;
+/// A build sandbox's memory (pip and npm installs need more than a create's default).
+const BUILD_MEMORY_MIB: u64 = 2048;
+
+/// The query of a build: `dockerfile`, `no_cache`, `replace`, `egress`, `insecure`, and
+/// `build_arg=K=V` (repeatable).
+#[derive(Debug, Default, Clone)]
+pub struct BuildOptions {
+    pub dockerfile: String,
+    pub no_cache: bool,
+    pub replace: bool,
+    pub egress: Egress,
+    pub insecure: bool,
+    pub build_args: BTreeMap<String, String>,
+}
+
+fn parse_bool(k: &str, v: &str) -> AppResult<bool> {
+    match v {
+        "true" | "1" => Ok(true),
+        "false" | "0" | "" => Ok(false),
+        _ => Err(AppError::invalid(format!(
+            "{k}={v:?}: expected true or false"
+        ))),
+    }
+}
+
+impl BuildOptions {
+    pub fn from_query(q: Option<&str>) -> AppResult<Self> {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q.unwrap_or_default())
+            .map_err(|e| AppError::invalid(format!("bad query: {e}")))?;
+        let mut o = BuildOptions {
+            dockerfile: "Dockerfile".into(),
+            ..Default::default()
+        };
+        for (k, v) in pairs {
+            match k.as_str() {
+                "dockerfile" => o.dockerfile = v,
+                "no_cache" => o.no_cache = parse_bool(&k, &v)?,
+                "replace" => o.replace = parse_bool(&k, &v)?,
+                "insecure" => o.insecure = parse_bool(&k, &v)?,
+                "egress" => {
+                    o.egress = match v.as_str() {
+                        "open" => Egress::Open,
+                        "none" => Egress::None,
+                        _ => {
+                            return Err(AppError::invalid(format!(
+                                "egress={v:?}: expected open or none"
+                            )));
+                        }
+                    }
+                }
+                "build_arg" => match v.split_once('=') {
+                    Some((n, val)) if !n.is_empty() => {
+                        o.build_args.insert(n.to_string(), val.to_string());
+                    }
+                    _ => {
+                        return Err(AppError::invalid(format!(
+                            "build_arg={v:?}: expected NAME=VALUE"
+                        )));
+                    }
+                },
+                _ => return Err(AppError::invalid(format!("unknown query parameter {k:?}"))),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// A context path (`a/b`, `./c`) as components beneath the context; `None` if it climbs out.
+fn context_rel(p: &str) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+/// A file COPY sends: where in the image, its mode, its bytes.
+struct CopyFile {
+    dest: String,
+    mode: u32,
+    data: Vec<u8>,
+    /// The instruction's destination (where ADD unpacks an archive).
+    dir: String,
+}
+
+/// What a COPY/ADD sends: files, directories to make, the hash of it all (its cache key's
+/// part), and notes on what was skipped.
+#[derive(Default)]
+struct CopyPlan {
+    files: Vec<CopyFile>,
+    dirs: Vec<String>,
+    hash: String,
+    notes: Vec<String>,
+}
+
+/// Plans a COPY/ADD from the context.
+fn collect_copy(
+    context: &Path,
+    srcs: &[String],
+    dest: &str,
+    workdir: &str,
+    chmod: Option<u32>,
+) -> Result<CopyPlan, String> {
+    let dest_abs = if dest.starts_with('/') {
+        dest.to_string()
+    } else {
+        format!("{}/{dest}", workdir.trim_end_matches('/'))
+    };
+    let many = srcs.len() > 1 || dest.ends_with('/') || dest == "." || dest.ends_with("/.");
+    let (mut files, mut dirs, mut notes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut hasher = Sha256::new();
+    hasher.update(dest_abs.as_bytes());
+    for src in srcs {
+        let rel = context_rel(src)
+            .ok_or_else(|| format!("COPY source {src:?} is outside the build context"))?;
+        // A `*` or `?` in the last component matches names in its directory.
+        let (dir_rel, pattern) = match rel.file_name().map(|n| n.to_string_lossy().into_owned()) {
+            Some(n) if n.contains(['*', '?', '[']) => {
+                (rel.parent().unwrap_or(Path::new("")).to_path_buf(), Some(n))
+            }
+            _ => (rel.clone(), None),
+        };
+        let matches: Vec<PathBuf> = match pattern {
+            None => vec![dir_rel.clone()],
+            Some(p) => {
+                let glob = globset::Glob::new(&p)
+                    .map_err(|e| format!("COPY source {src:?}: {e}"))?
+                    .compile_matcher();
+                let mut m: Vec<PathBuf> = std::fs::read_dir(context.join(&dir_rel))
+                    .map_err(|e| format!("COPY source {src:?}: {e}"))?
+                    .flatten()
+                    .filter(|e| glob.is_match(e.file_name()))
+                    .map(|e| dir_rel.join(e.file_name()))
+                    .collect();
+                m.sort();
+                if m.is_empty() {
+                    return Err(format!(
+                        "COPY source {src:?} matches no file in the build context"
+                    ));
+                }
+                m
+            }
+        };
+        for m in matches {
+            let host = context.join(&m);
+            let md = std::fs::symlink_metadata(&host)
+                .map_err(|_| format!("COPY source {src:?} is not in the build context"))?;
+            let target_of = |name: &Path| -> String {
+                if many || md.is_dir() {
+                    let n = name
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    if md.is_dir() {
+                        dest_abs.trim_end_matches('/').to_string()
+                    } else {
+                        format!("{}/{n}", dest_abs.trim_end_matches('/'))
+                    }
+                } else {
+                    dest_abs.clone()
+                }
+            };
+            if md.is_dir() {
+                let base = target_of(&m);
+                dirs.push(base.clone());
+                walk(&host, &base, chmod, &mut files, &mut dirs, &mut notes)?;
+                for f in files.iter_mut().filter(|f| f.dir.is_empty()) {
+                    f.dir = base.clone();
+                }
+            } else if md.is_file() {
+                let data =
+                    std::fs::read(&host).map_err(|e| format!("read {}: {e}", m.display()))?;
+                let mode = chmod
+                    .unwrap_or(std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o7777);
+                files.push(CopyFile {
+                    dest: target_of(&m),
+                    mode,
+                    data,
+                    dir: dest_abs.clone(),
+                });
+            } else {
+                notes.push(format!(
+                    "skipped {} (not a regular file or directory)",
+                    m.display()
+                ));
+            }
+        }
+    }
+    files.sort_by(|a, b| a.dest.cmp(&b.dest));
+    for f in &files {
+        hasher.update(f.dest.as_bytes());
+        hasher.update(f.mode.to_le_bytes());
+        hasher.update(Sha256::digest(&f.data));
+    }
+    for d in &dirs {
+        hasher.update(d.as_bytes());
+    }
+    Ok(CopyPlan {
+        files,
+        dirs,
+        hash: format!("{:x}", hasher.finalize()),
+        notes,
+    })
+}
+
+fn walk(
+    dir: &Path,
+    dest: &str,
+    chmod: Option<u32>,
+    files: &mut Vec<CopyFile>,
+    dirs: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> Result<(), String> {
+    let mut ents: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| format!("read {}: {e}", dir.display()))?
+        .flatten()
+        .collect();
+    ents.sort_by_key(|e| e.file_name());
+    for e in ents {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == crate::build::CLI_DOCKERFILE {
+            continue;
+        }
+        let md = std::fs::symlink_metadata(e.path()).map_err(|e| e.to_string())?;
+        let d = format!("{dest}/{name}");
+        if md.is_dir() {
+            dirs.push(d.clone());
+            walk(&e.path(), &d, chmod, files, dirs, notes)?;
+        } else if md.is_file() {
+            let data = std::fs::read(e.path()).map_err(|err| format!("read {name}: {err}"))?;
+            let mode = chmod
+                .unwrap_or(std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o7777);
+            files.push(CopyFile {
+                dest: d,
+                mode,
+                data,
+                dir: String::new(),
+            });
+        } else {
+            notes.push(format!(
+                "skipped {d} (a symlink or special file in the context)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The name the CLI gives a Dockerfile it adds to the context (never copied by COPY).
+pub const CLI_DOCKERFILE: &str = ".space-build.Dockerfile";
+
+fn key_of(parent: &str, step: &Step, extra: &str) -> String {
+    format!(
+        "{:x}",
+        Sha256::digest(format!("{parent}\n{}\n{extra}", step.text).as_bytes())
+    )
+}
+
+fn step_template(key: &str) -> String {
+    format!("{BUILD_PREFIX}{}", &key[..32])
+}
+
+/// What a build carries from step to step.
+struct BuildState {
+    /// The template the next filesystem step starts from.
+    base: String,
+    key: String,
+    defaults: TemplateDefaults,
+    shell: Vec<String>,
+    /// Declared ARGs and their values, for RUN's environment.
+    args: BTreeMap<String, String>,
+}
+
+struct Build {
+    engine: Arc<Engine>,
+    name: String,
+    opts: BuildOptions,
+    context: PathBuf,
+    steps: Vec<Step>,
+    out: UnboundedSender<TemplateLog>,
+}
+
+impl Build {
+    fn say(&self, line: TemplateLog) {
+        let _ = self.out.send(line);
+    }
+
+    fn step(&self, i: usize, text: String) {
+        self.say(TemplateLog::Step {
+            n: i as u32 + 1,
+            of: self.steps.len() as u32,
+            text,
+        });
+    }
+
+    async fn templates(&self) -> AppResult<BTreeMap<String, u32>> {
+        Ok(self
+            .engine
+            .node
+            .list_templates()
+            .await?
+            .into_iter()
+            .map(|t| (t.name, t.version))
+            .collect())
+    }
+
+    /// FROM: a template on the node, else an image pulled once into an internal template.
+    async fn from(&self, image: &str) -> AppResult<(String, String, TemplateDefaults)> {
+        let all = self.engine.node.list_templates().await?;
+        if let Some(t) = all.iter().find(|t| t.name == image) {
+            return Ok((
+                t.name.clone(),
+                format!("template {}@{} {}", t.name, t.version, t.source),
+                t.defaults.clone(),
+            ));
+        }
+        let internal = format!(
+            "{BUILD_PREFIX}img-{}",
+            &format!("{:x}", Sha256::digest(image.as_bytes()))[..24]
+        );
+        let have = all.iter().find(|t| t.name == internal);
+        let info = match have {
+            Some(t) if !self.opts.no_cache => t.clone(),
+            _ => {
+                let (progress, mut events) = tokio::sync::mpsc::unbounded_channel();
+                let out = self.out.clone();
+                let fwd = async move {
+                    while let Some(ev) = events.recv().await {
+                        if let TemplateEvent::Note(text) | TemplateEvent::Step { text, .. } = ev {
+                            let _ = out.send(TemplateLog::Output { text });
+                        }
+                    }
+                };
+                let pull = self.engine.node.import_template_with_progress(
+                    &internal,
+                    TemplateSource::Registry(PullSpec {
+                        reference: image.to_string(),
+                        insecure: self.opts.insecure,
+                        ..Default::default()
+                    }),
+                    progress,
+                );
+                let (r, ()) = tokio::join!(pull, fwd);
+                r.map_err(|e| match e {
+                    space_node::NodeError::NotFound { .. } => AppError::not_found(format!(
+                        "FROM {image}: no template {image} on the node, and no such image in its registry"
+                    )),
+                    e => AppError::from(e),
+                })?
+            }
+        };
+        Ok((
+            info.name.clone(),
+            format!("image {}", info.source),
+            info.defaults,
+        ))
+    }
+
+    async fn run(self) -> AppResult<Template> {
+        let t0 = Instant::now();
+        let have = self.templates().await?;
+        let mut st = BuildState {
+            base: String::new(),
+            key: String::new(),
+            defaults: TemplateDefaults::default(),
+            shell: vec!["/bin/sh".into(), "-c".into()],
+            args: BTreeMap::new(),
+        };
+        for (i, step) in self.steps.iter().enumerate() {
+            let line = step.line;
+            match &step.instruction {
+                Instruction::From(image) => {
+                    let (base, desc, defaults) = self.from(image).await?;
+                    st.key = key_of("", step, &desc);
+                    st.base = base;
+                    st.defaults = defaults;
+                    self.step(i, format!("{} ({desc})", step.text));
+                }
+                Instruction::Arg(n, default) => {
+                    if let Some(v) = self.opts.build_args.get(n).or(default.as_ref()) {
+                        st.args.insert(n.clone(), v.clone());
+                    }
+                    st.key = key_of(&st.key, step, &format!("{:?}", st.args.get(n)));
+                    self.step(i, step.text.clone());
+                }
+                Instruction::Env(pairs) => {
+                    for (k, v) in pairs {
+                        st.defaults.env.insert(k.clone(), v.clone());
+                    }
+                    st.key = key_of(&st.key, step, "");
+                    self.step(i, step.text.clone());
+                }
+                Instruction::Workdir(d) => {
+                    let abs = if d.starts_with('/') {
+                        d.clone()
+                    } else {
+                        format!(
+                            "{}/{d}",
+                            st.defaults
+                                .workdir
+                                .clone()
+                                .unwrap_or_else(|| "/".into())
+                                .trim_end_matches('/')
+                        )
+                    };
+                    st.defaults.workdir = Some(abs);
+                    st.key = key_of(&st.key, step, "");
+                    self.step(i, step.text.clone());
+                }
+                Instruction::User(u) => {
+                    st.defaults.user = Some(u.split(':').next().unwrap_or_default().to_string());
+                    st.key = key_of(&st.key, step, "");
+                    self.step(i, step.text.clone());
+                }
+                Instruction::Label(_) | Instruction::Ignored(_) => {
+                    self.step(i, format!("{} (no effect on a template)", step.text));
+                }
+                Instruction::Entrypoint(c) | Instruction::Cmd(c) => {
+                    let argv = match c {
+                        Command::Exec(v) => v.clone(),
+                        Command::Shell(s) => {
+                            let mut v = st.shell.clone();
+                            v.push(s.clone());
+                            v
+                        }
+                    };
+                    if matches!(step.instruction, Instruction::Entrypoint(_)) {
+                        st.defaults.entrypoint = argv;
+                    } else {
+                        st.defaults.cmd = argv;
+                    }
+                    st.key = key_of(&st.key, step, "");
+                    self.step(i, step.text.clone());
+                }
+                Instruction::Shell(v) => {
+                    st.shell = v.clone();
+                    st.key = key_of(&st.key, step, "");
+                    self.step(i, step.text.clone());
+                }
+                Instruction::Run(_) | Instruction::Copy { .. } => {
+                    let mut copy = None;
+                    let extra = match &step.instruction {
+                        Instruction::Copy {
+                            srcs, dest, chmod, ..
+                        } => {
+                            let workdir = st.defaults.workdir.clone().unwrap_or_else(|| "/".into());
+                            let (ctx, srcs, dest, chmod) =
+                                (self.context.clone(), srcs.clone(), dest.clone(), *chmod);
+                            let collected = tokio::task::spawn_blocking(move || {
+                                collect_copy(&ctx, &srcs, &dest, &workdir, chmod)
+                            })
+                            .await
+                            .map_err(AppError::internal)?
+                            .map_err(|m| {
+                                AppError::invalid(format!("Dockerfile line {line}: {m}"))
+                            })?;
+                            let hash = collected.hash.clone();
+                            copy = Some(collected);
+                            hash
+                        }
+                        _ => format!("{:?}|{:?}|{:?}", st.args, st.shell, st.defaults),
+                    };
+                    let key = key_of(&st.key, step, &extra);
+                    let cached = step_template(&key);
+                    if !self.opts.no_cache && have.contains_key(&cached) {
+                        self.step(i, format!("{} (cached)", step.text));
+                    } else {
+                        self.step(i, step.text.clone());
+                        let t = Instant::now();
+                        self.fs_step(&st, step, copy, &cached).await?;
+                        self.say(TemplateLog::Note {
+                            text: format!("step {} took {:.1} s", i + 1, t.elapsed().as_secs_f64()),
+                        });
+                    }
+                    st.key = key;
+                    st.base = cached;
+                }
+            }
+        }
+        self.engine
+            .check_name_free(&self.name, self.opts.replace)
+            .await?;
+        let info = self
+            .engine
+            .node
+            .import_template(
+                &self.name,
+                TemplateSource::Derived {
+                    from: st.base.clone(),
+                    defaults: st.defaults.clone(),
+                },
+            )
+            .await?;
+        self.say(TemplateLog::Note {
+            text: format!("built in {:.1} s", t0.elapsed().as_secs_f64()),
+        });
+        Ok(template_dto(&info))
+    }
+
+    /// RUN, COPY or ADD in a fresh sandbox of `st.base`; its result becomes template `into`.
+    async fn fs_step(
+        &self,
+        st: &BuildState,
+        step: &Step,
+        copy: Option<CopyPlan>,
+        into: &str,
+    ) -> AppResult<()> {
+        let sb = self
+            .engine
+            .create_sandbox(CreateSandbox {
+                template: Some(st.base.clone()),
+                runtime: Some("namespace".into()),
+                memory_mib: Some(BUILD_MEMORY_MIB),
+                network: Some(NetworkPolicy {
+                    egress: Some(self.opts.egress),
+                    allow: Vec::new(),
+                }),
+                hostname: Some("build".into()),
+                ..Default::default()
+            })
+            .await?;
+        let id = sb.id.clone();
+        let result = self.in_sandbox(&id, st, step, copy, into).await;
+        if let Err(e) = self.engine.delete_sandbox(&id).await {
+            tracing::warn!(id, error = %e.message, "removing a build sandbox failed");
+        }
+        result
+    }
+
+    async fn in_sandbox(
+        &self,
+        id: &str,
+        st: &BuildState,
+        step: &Step,
+        copy: Option<CopyPlan>,
+        into: &str,
+    ) -> AppResult<()> {
+        let line = step.line;
+        if let Some(dir) = &st.defaults.workdir {
+            self.mkdir(id, dir, "root").await?;
+        }
+        match &step.instruction {
+            Instruction::Run(cmd) => {
+                let argv = match cmd {
+                    Command::Exec(v) => v.clone(),
+                    Command::Shell(s) => {
+                        let mut v = st.shell.clone();
+                        v.push(s.clone());
+                        v
+                    }
+                };
+                let (code, tail) = self.exec(id, argv, st, None).await.map_err(|e| {
+                    AppError::invalid(format!(
+                        "Dockerfile line {line}: {}: {}",
+                        step.text, e.message
+                    ))
+                })?;
+                if code != 0 {
+                    return Err(AppError::invalid(format!(
+                        "Dockerfile line {line}: {} failed with exit code {code}; its last output:\n{}",
+                        step.text,
+                        tail.join("\n")
+                    )));
+                }
+            }
+            Instruction::Copy { chown, add, .. } => {
+                let CopyPlan {
+                    files, dirs, notes, ..
+                } = copy.unwrap_or_default();
+                for n in notes {
+                    self.say(TemplateLog::Note { text: n });
+                }
+                let owner = chown
+                    .as_deref()
+                    .map(|c| c.split(':').next().unwrap_or("root").to_string())
+                    .unwrap_or_else(|| "root".into());
+                for d in &dirs {
+                    self.mkdir(id, d, &owner).await?;
+                }
+                for f in files {
+                    let is_archive = *add
+                        && (f.data.starts_with(&[0x1f, 0x8b])
+                            || f.data.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
+                            || f.data.get(257..262) == Some(b"ustar"));
+                    if is_archive {
+                        // ADD unpacks a local archive into its destination: inside the
+                        // sandbox, by the image's own tar.
+                        let tmp = format!("/tmp/.space-add-{:08x}", rand::random::<u32>());
+                        self.write(id, &tmp, 0o600, "root", f.data).await?;
+                        self.mkdir(id, &f.dir, &owner).await?;
+                        let argv = vec![
+                            "tar".into(),
+                            "-xf".into(),
+                            tmp.clone(),
+                            "-C".into(),
+                            f.dir.clone(),
+                        ];
+                        let (code, tail) = self.exec(id, argv, st, Some("root")).await?;
+                        let _ = self
+                            .exec(id, vec!["rm".into(), "-f".into(), tmp], st, Some("root"))
+                            .await;
+                        if code != 0 {
+                            return Err(AppError::invalid(format!(
+                                "Dockerfile line {line}: ADD could not unpack its archive into {}: {}",
+                                f.dir,
+                                tail.join("\n")
+                            )));
+                        }
+                    } else {
+                        self.write(id, &f.dest, f.mode, &owner, f.data).await?;
+                    }
+                }
+            }
+            _ => {}
+        }
+        let snap = self
+            .engine
+            .create_snapshot(
+                id,
+                CreateSnapshot {
+                    label: Some(format!("build step {line}")),
+                    kind: None,
+                },
+            )
+            .await?;
+        self.engine
+            .node
+            .import_template(
+                into,
+                TemplateSource::Snapshot {
+                    sandbox: id.to_string(),
+                    snapshot: snap.id,
+                    defaults: Some(st.defaults.clone()),
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Runs `argv` as the build's user; streams its output as lines. (exit status, last lines)
+    async fn exec(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        st: &BuildState,
+        user: Option<&str>,
+    ) -> AppResult<(i32, Vec<String>)> {
+        let req = ExecRequest {
+            cmd: argv,
+            env: st.args.clone(),
+            cwd: st.defaults.workdir.clone(),
+            user: user
+                .map(str::to_string)
+                .or_else(|| st.defaults.user.clone()),
+            ..Default::default()
+        };
+        let ExecReply::Events(mut events) = self.engine.exec(id, req).await? else {
+            return Err(AppError::internal("a build exec ran in the background"));
+        };
+        let mut tail: std::collections::VecDeque<String> = Default::default();
+        let mut partial: Vec<u8> = Vec::new();
+        let mut status = None;
+        let emit = |bytes: &[u8], tail: &mut std::collections::VecDeque<String>| {
+            let text = String::from_utf8_lossy(bytes)
+                .trim_end_matches('\r')
+                .to_string();
+            let _ = self.out.send(TemplateLog::Output { text: text.clone() });
+            tail.push_back(text);
+            if tail.len() > TAIL_LINES {
+                tail.pop_front();
+            }
+        };
+        while let Some(ev) = events.next().await {
+            match ev {
+                ExecEvent::Stdout { data, .. }
+                | ExecEvent::Stderr { data, .. }
+                | ExecEvent::Pty { data, .. } => {
+                    partial.extend_from_slice(&data);
+                    while let Some(pos) = partial.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = partial.drain(..=pos).collect();
+                        emit(&line[..line.len() - 1], &mut tail);
+                    }
+                }
+                ev @ ExecEvent::Exit { .. } => status = ev.exit_status(),
+                ExecEvent::Error { message, .. } => return Err(AppError::unavailable(message)),
+                _ => {}
+            }
+        }
+        if !partial.is_empty() {
+            emit(&partial, &mut tail);
+        }
+        let status = status.ok_or_else(|| {
+            AppError::unavailable("the step's process ended without an exit status")
+        })?;
+        Ok((status, tail.into_iter().collect()))
+    }
+
+    async fn mkdir(&self, id: &str, path: &str, user: &str) -> AppResult<()> {
+        let mut guest = self.engine.guest(id).await?;
+        match guest
+            .make_dir(pb::MakeDirRequest {
+                path: path.to_string(),
+                mode: 0o755,
+                parents: true,
+                user: user.to_string(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            // A directory that is there already is what mkdir -p wants.
+            Err(s) if s.code() == tonic::Code::AlreadyExists => Ok(()),
+            Err(s) => Err(s.into()),
+        }
+    }
+
+    async fn write(
+        &self,
+        id: &str,
+        path: &str,
+        mode: u32,
+        user: &str,
+        data: Vec<u8>,
+    ) -> AppResult<()> {
+        let mut guest = self.engine.guest(id).await?;
+        let open = pb::WriteFileRequest {
+            msg: Some(pb::write_file_request::Msg::Open(pb::WriteFileOpen {
+                path: path.to_string(),
+                mode,
+                make_parents: true,
+                user: user.to_string(),
+                append: false,
+            })),
+        };
+        let chunks: Vec<pb::WriteFileRequest> = data
+            .chunks(space_proto::CHUNK_BYTES)
+            .map(|c| pb::WriteFileRequest {
+                msg: Some(pb::write_file_request::Msg::Data(c.to_vec())),
+            })
+            .collect();
+        guest
+            .write_file(futures::stream::iter(std::iter::once(open).chain(chunks)))
+            .await?;
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Receives the context, parses the Dockerfile (errors name the line: 400 at once) and
+    /// starts the build; its progress as it happens.
+    pub async fn build_template<S, E>(
+        self: &Arc<Self>,
+        name: &str,
+        opts: BuildOptions,
+        content_length: Option<u64>,
+        body: S,
+    ) -> AppResult<BoxStream<'static, TemplateLog>>
+    where
+        S: futures::Stream<Item = Result<bytes::Bytes, E>> + Send + Unpin + 'static,
+        E: std::fmt::Display + Send + 'static,
+    {
+        check_template_name(name)?;
+        let tar = self.receive_upload("context", content_length, body).await?;
+        let dir = TempDir(
+            self.cfg
+                .data_dir
+                .join("tmp")
+                .join(format!("build-{:08x}", rand::random::<u32>())),
+        );
+        let (tar_path, ctx, df) = (
+            tar.0.clone(),
+            dir.0.join("context"),
+            opts.dockerfile.clone(),
+        );
+        let dockerfile = tokio::task::spawn_blocking(move || -> AppResult<String> {
+            std::fs::create_dir_all(&ctx)
+                .map_err(|e| AppError::internal(format_args!("create {}: {e}", ctx.display())))?;
+            let f = std::fs::File::open(&tar_path).map_err(AppError::internal)?;
+            space_node::oci::unpack::apply_layer(&ctx, f).map_err(|e| {
+                AppError::invalid(format!("the build context is not a valid tar archive: {e}"))
+            })?;
+            let rel = context_rel(&df).ok_or_else(|| {
+                AppError::invalid(format!("dockerfile {df:?} is outside the build context"))
+            })?;
+            let path = ctx.join(rel);
+            let md = std::fs::symlink_metadata(&path).map_err(|_| {
+                AppError::invalid(format!("no Dockerfile {df:?} in the build context"))
+            })?;
+            if !md.is_file() || md.len() > MAX_DOCKERFILE_BYTES {
+                return Err(AppError::invalid(format!(
+                    "Dockerfile {df:?} is not a regular file of at most 1 MiB"
+                )));
+            }
+            std::fs::read_to_string(&path)
+                .map_err(|e| AppError::invalid(format!("Dockerfile {df:?}: {e}")))
+        })
+        .await
+        .map_err(AppError::internal)??;
+        drop(tar);
+        let steps =
+            parse(&dockerfile, &opts.build_args).map_err(|e| AppError::invalid(e.to_string()))?;
+        self.check_name_free(name, opts.replace).await?;
+        let (out, rx) = tokio::sync::mpsc::unbounded_channel();
+        let build = Build {
+            engine: self.clone(),
+            name: name.to_string(),
+            opts,
+            context: dir.0.join("context"),
+            steps,
+            out: out.clone(),
+        };
+        tokio::spawn(async move {
+            let _dir = dir;
+            let last = match build.run().await {
+                Ok(template) => TemplateLog::Done { template },
+                Err(e) => TemplateLog::Error {
+                    error: e.body().error,
+                },
+            };
+            let _ = out.send(last);
+        });
+        Ok(tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed())
+    }
+}
+
+/// Removes a directory tree when dropped.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub(crate) async fn build_template(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, AppError> {
+    let opts = BuildOptions::from_query(q.as_deref())?;
+    let len = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let lines = s
+        .engine
+        .build_template(&p.name, opts, len, body.into_data_stream())
+        .await?;
+    Ok(log_response(lines))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_paths_never_climb_out() {
+        assert_eq!(context_rel("./a/../b").unwrap(), PathBuf::from("b"));
+        assert!(context_rel("../x").is_none());
+        assert!(context_rel("a/../../x").is_none());
+        assert_eq!(context_rel(".").unwrap(), PathBuf::new());
+    }
+
+    #[test]
+    fn options_come_from_the_query() {
+        let o = BuildOptions::from_query(Some(
+            "dockerfile=d%2FDockerfile&no_cache=true&build_arg=A%3D1&build_arg=B%3D2&egress=none",
+        ))
+        .unwrap();
+        assert_eq!(o.dockerfile, "d/Dockerfile");
+        assert!(o.no_cache);
+        assert_eq!(o.egress, Egress::None);
+        assert_eq!(o.build_args.len(), 2);
+        for bad in [
+            "bogus=1",
+            "egress=some",
+            "build_arg=novalue",
+            "replace=maybe",
+        ] {
+            assert!(BuildOptions::from_query(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}
