@@ -552,6 +552,25 @@ impl Client {
         Ok(ndjson_lines(resp))
     }
 
+    /// `GET /v1/templates/{name}`: every version and the settings.
+    pub async fn get_template(&self, name: &str) -> Result<crate::TemplateDetail> {
+        self.json(self.request(Method::GET, &format!("/v1/templates/{name}")))
+            .await
+    }
+
+    /// `DELETE /v1/templates/{name}`: one version, or all (`None`).
+    pub async fn remove_template(
+        &self,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<crate::TemplateRemoved> {
+        let mut rb = self.request(Method::DELETE, &format!("/v1/templates/{name}"));
+        if let Some(v) = version {
+            rb = rb.query(&[("version", v)]);
+        }
+        self.json(rb).await
+    }
+
     /// `POST /v1/templates/{name}/build`: builds a Dockerfile; `context` is the build
     /// context as a tar archive, `query` the options (`dockerfile`, `no_cache`, `replace`,
     /// `egress`, `insecure`, `build_arg=K=V`...). Progress lines, ending with `done` or

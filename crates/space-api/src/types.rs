@@ -855,3 +855,21 @@ pub enum TemplateLog {
     /// The work failed; nothing was left half-made.
     Error { error: ErrorDetail },
 }
+
+/// `GET /v1/templates/{name}`: every version, oldest first, and the template's settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateDetail {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
+    pub versions: Vec<Template>,
+}
+
+/// `DELETE /v1/templates/{name}[?version=N]`: what was deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateRemoved {
+    pub name: String,
+    pub versions: Vec<u32>,
+}

@@ -63,6 +63,19 @@ pub(crate) enum TemplateCmd {
         #[arg(long)]
         replace: bool,
     },
+    /// Show a template's versions (source, created, path) and settings.
+    Show {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a template (every version) or one version of it; refused while sandboxes use
+    /// it.
+    Rm {
+        name: String,
+        #[arg(long)]
+        version: Option<u32>,
+    },
     /// List templates.
     Ls {
         #[arg(long)]
@@ -86,6 +99,34 @@ pub(crate) enum TemplateCmd {
 
 pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
     match cmd {
+        TemplateCmd::Show { name, json } => {
+            let t = c.get_template(&name).await?;
+            if json {
+                print_json(&t)?;
+            } else {
+                println!(
+                    "{} (runtime {})",
+                    t.name,
+                    t.runtime.as_deref().unwrap_or("default")
+                );
+                println!("{:>7}  {:<25}  SOURCE", "VERSION", "CREATED");
+                for v in &t.versions {
+                    println!(
+                        "{:>7}  {:<25}  {}",
+                        v.version,
+                        v.created_at,
+                        v.source.as_deref().unwrap_or("-")
+                    );
+                }
+            }
+            Ok(0)
+        }
+        TemplateCmd::Rm { name, version } => {
+            let r = c.remove_template(&name, version).await?;
+            let vs: Vec<String> = r.versions.iter().map(u32::to_string).collect();
+            println!("removed {} version {}", r.name, vs.join(", "));
+            Ok(0)
+        }
         TemplateCmd::Build {
             name,
             context,

@@ -67,6 +67,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("DELETE", "/v1/secrets/{name}"),
     ("GET", "/v1/templates"),
     ("PUT", "/v1/templates/{name}"),
+    ("GET", "/v1/templates/{name}"),
+    ("DELETE", "/v1/templates/{name}"),
     ("PUT", "/v1/templates/{name}/settings"),
     ("POST", "/v1/templates/{name}/from-snapshot"),
     ("POST", "/v1/templates/{name}/pull"),
@@ -122,6 +124,8 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("DELETE", "/v1/secrets/{name}") => delete(crate::secrets::http_delete),
         ("GET", "/v1/templates") => get(list_templates),
         ("PUT", "/v1/templates/{name}") => put(import_template),
+        ("GET", "/v1/templates/{name}") => get(crate::templates::get_template),
+        ("DELETE", "/v1/templates/{name}") => delete(crate::templates::remove_template),
         ("PUT", "/v1/templates/{name}/settings") => put(crate::template_settings::http_set),
         ("POST", "/v1/templates/{name}/from-snapshot") => {
             post(crate::snapshots::template_from_snapshot)

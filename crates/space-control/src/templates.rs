@@ -129,6 +129,73 @@ fn log_line(ev: TemplateEvent) -> TemplateLog {
     }
 }
 
+impl Engine {
+    /// Every version of a template (internal ones are not shown: 404).
+    pub async fn get_template(&self, name: &str) -> AppResult<space_api::TemplateDetail> {
+        let versions = if name.starts_with(crate::build::BUILD_PREFIX) {
+            Vec::new()
+        } else {
+            self.node.template_versions(name).await?
+        };
+        if versions.is_empty() {
+            return Err(AppError::not_found(format!("template {name} not found")));
+        }
+        let runtime = self.store.template_runtime(name).await?;
+        Ok(space_api::TemplateDetail {
+            name: name.to_string(),
+            runtime: runtime.clone(),
+            versions: versions
+                .iter()
+                .map(|t| space_api::Template {
+                    runtime: runtime.clone(),
+                    ..template_dto(t)
+                })
+                .collect(),
+        })
+    }
+
+    /// Deletes a version, or the whole template; refused while sandboxes use it (409).
+    pub async fn remove_template(
+        &self,
+        name: &str,
+        version: Option<u32>,
+    ) -> AppResult<space_api::TemplateRemoved> {
+        check_template_name(name)?;
+        let versions = self.node.remove_template(name, version).await?;
+        if self.node.template_versions(name).await?.is_empty() {
+            // Settings of a template that is gone would surprise a later one of that name.
+            self.store.put_template_runtime(name, None).await?;
+        }
+        Ok(space_api::TemplateRemoved {
+            name: name.to_string(),
+            versions,
+        })
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RemoveQuery {
+    version: Option<u32>,
+}
+
+pub(crate) async fn get_template(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+) -> Result<axum::Json<space_api::TemplateDetail>, AppError> {
+    Ok(axum::Json(s.engine.get_template(&p.name).await?))
+}
+
+pub(crate) async fn remove_template(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    crate::http::ApiQuery(q): crate::http::ApiQuery<RemoveQuery>,
+) -> Result<axum::Json<space_api::TemplateRemoved>, AppError> {
+    Ok(axum::Json(
+        s.engine.remove_template(&p.name, q.version).await?,
+    ))
+}
+
 /// Template progress as an ndjson response.
 pub(crate) fn log_response(lines: BoxStream<'static, TemplateLog>) -> Response {
     let body = lines.map(|line| {

@@ -275,6 +275,30 @@ pub trait NodeApi: Send + Sync {
         name: &str,
         source: TemplateSource,
     ) -> Result<TemplateInfo, NodeError>;
+    /// Every version of template `name`, oldest first (empty: no such template).
+    async fn template_versions(&self, name: &str) -> Result<Vec<TemplateInfo>, NodeError> {
+        Ok(self
+            .list_templates()
+            .await?
+            .into_iter()
+            .filter(|t| t.name == name)
+            .collect())
+    }
+
+    /// Deletes one version of template `name`, or all of them (`None`). Refused (Conflict)
+    /// while a sandbox uses a version being deleted, or while the template has a warm pool
+    /// and its newest version would go. Returns the versions deleted.
+    async fn remove_template(
+        &self,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Vec<u32>, NodeError> {
+        let _ = (name, version);
+        Err(NodeError::InvalidArgument(
+            "this node cannot remove templates".into(),
+        ))
+    }
+
     /// [`Self::import_template`], saying what it does on `progress` as it goes (a pull's
     /// layers, a note for each device node dropped).
     async fn import_template_with_progress(

@@ -1222,6 +1222,18 @@ impl NodeApi for Node {
         Ok(self.templates.list())
     }
 
+    async fn template_versions(&self, name: &str) -> Result<Vec<TemplateInfo>, NodeError> {
+        Ok(self.templates.versions(name))
+    }
+
+    async fn remove_template(
+        &self,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Vec<u32>, NodeError> {
+        self.remove_template_impl(name, version).await
+    }
+
     #[tracing::instrument(name = "node.snapshot", skip_all, fields(sandbox = id, snapshot = snap))]
     async fn snapshot_sandbox(&self, id: &str, snap: &str) -> Result<SnapshotInfo, NodeError> {
         self.snapshot_impl(id, snap, false).await

@@ -13,6 +13,83 @@ use crate::oci::archive::{self, LocalImage};
 use crate::oci::{self, LayerCache, Resolved, human_bytes, registry, say, short};
 
 impl Node {
+    /// [`crate::api::NodeApi::remove_template`].
+    pub(super) async fn remove_template_impl(
+        &self,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Vec<u32>, NodeError> {
+        crate::ids::validate_template_name(name)?;
+        let all: Vec<u32> = self
+            .templates
+            .versions(name)
+            .iter()
+            .map(|t| t.version)
+            .collect();
+        let Some(&latest) = all.last() else {
+            return Err(NodeError::NotFound {
+                kind: "template",
+                id: name.to_string(),
+            });
+        };
+        let doomed: Vec<u32> = match version {
+            None => all.clone(),
+            Some(v) if all.contains(&v) => vec![v],
+            Some(v) => {
+                return Err(NodeError::NotFound {
+                    kind: "template version",
+                    id: format!("{name}@{v}"),
+                });
+            }
+        };
+        let users: Vec<String> = {
+            let table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            let mut u: Vec<String> = table
+                .values()
+                .filter(|e| {
+                    !e.record.pool_member
+                        && e.record.spec.template == name
+                        && doomed.contains(&e.record.template_version)
+                })
+                .map(|e| e.record.spec.id.clone())
+                .collect();
+            u.sort();
+            u
+        };
+        if !users.is_empty() {
+            let shown: Vec<&str> = users.iter().take(5).map(String::as_str).collect();
+            return Err(NodeError::Conflict(format!(
+                "template {name} is used by {} sandbox{} ({}{}): remove them first",
+                users.len(),
+                if users.len() == 1 { "" } else { "es" },
+                shown.join(", "),
+                if users.len() > 5 { ", ..." } else { "" }
+            )));
+        }
+        if doomed.contains(&latest)
+            && let Some(p) = self.pools.view(name)
+            && p.min > 0
+        {
+            return Err(NodeError::Conflict(format!(
+                "template {name} has a warm pool (min {}): `space pool set {name} --min 0` first",
+                p.min
+            )));
+        }
+        // Ready members of a version that goes are retired first.
+        let keep = all
+            .iter()
+            .rev()
+            .find(|v| !doomed.contains(v))
+            .copied()
+            .unwrap_or(u32::MAX);
+        let old = self.pools.retire_other_versions(name, keep);
+        self.retire_all(old).await;
+        let (store, n, d) = (self.templates.clone(), name.to_string(), doomed.clone());
+        blocking(move || Ok(store.remove(&n, &d)?)).await?;
+        tracing::info!(name, versions = ?doomed, "removed template versions");
+        Ok(doomed)
+    }
+
     /// Pulls `spec` from its registry into a new version of `name`.
     pub(super) async fn pull_image(
         &self,

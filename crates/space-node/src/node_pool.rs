@@ -518,7 +518,7 @@ impl Node {
         tracing::debug!(member = %name, "pool sandbox destroyed");
     }
 
-    async fn retire_all(&self, members: Vec<Entry>) {
+    pub(super) async fn retire_all(&self, members: Vec<Entry>) {
         futures::stream::iter(members)
             .for_each_concurrent(RETIRE_PARALLEL, |m| self.retire(m))
             .await;

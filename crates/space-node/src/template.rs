@@ -152,6 +152,44 @@ impl TemplateStore {
             .collect()
     }
 
+    /// Every version of `name`, oldest first.
+    pub fn versions(&self, name: &str) -> Vec<TemplateInfo> {
+        let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
+        cache
+            .get(name)
+            .map(|v| v.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Deletes `versions` of `name` (their rootfs subvolumes, disk images and warm
+    /// checkpoints); the name goes when its last version does.
+    pub fn remove(&self, name: &str, versions: &[u32]) -> Result<(), TemplateError> {
+        let _guard = self.build.lock().unwrap_or_else(|e| e.into_inner());
+        for v in versions {
+            let dir = self.layout.template_version_dir(name, *v);
+            // Out of the cache first: nothing new starts from a version being deleted.
+            {
+                let mut cache = self.cache.write().unwrap_or_else(|e| e.into_inner());
+                if let Some(m) = cache.get_mut(name) {
+                    m.remove(v);
+                    if m.is_empty() {
+                        cache.remove(name);
+                    }
+                }
+            }
+            let root = dir.join("rootfs");
+            if self.subvols.is_subvolume(&root) {
+                self.subvols.set_readonly(&root, false)?;
+            }
+            self.subvols.delete(&root)?;
+            storage::remove_tree(&dir)?;
+        }
+        if self.versions(name).is_empty() {
+            let _ = std::fs::remove_dir(self.layout.template_dir(name));
+        }
+        Ok(())
+    }
+
     /// Builds `minimal` from the host's static busybox when no version of it exists.
     pub fn ensure_minimal(&self, busybox: &Path) -> Result<TemplateInfo, TemplateError> {
         if let Some(t) = self.latest(MINIMAL_TEMPLATE) {
