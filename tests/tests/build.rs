@@ -192,3 +192,59 @@ fn build_errors_name_the_line_and_keep_the_cached_steps() {
         .map_or(0, |a| a.len());
     assert_eq!(n, 0, "build sandboxes are removed: {ls}");
 }
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `cargo test -p space-tests --test build -- --ignored --nocapture rebuild_bench`: a
+/// ten-step Dockerfile (FROM minimal; RUN, COPY, ENV, WORKDIR) built once, then rebuilt
+/// ROUNDS times with only its last step (a RUN) changed. Reports the wall time of `space
+/// template build` and that time minus the changed step's own (the server's `step N took`).
+#[test]
+#[ignore]
+fn rebuild_bench() {
+    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
+    let s = Spaced::start_with(&["--network", "off"]).unwrap();
+    let ctx = tempfile::tempdir().unwrap();
+    write(ctx.path(), "f1", &"one\n".repeat(1000));
+    write(ctx.path(), "f2", &"two\n".repeat(1000));
+    let dockerfile = |last: &str| {
+        format!(
+            "FROM minimal\nENV A=1\nRUN echo 1 > /s1\nRUN echo 2 > /s2\nCOPY f1 /f1\n\
+             RUN echo 3 > /s3\nWORKDIR /w\nRUN echo 4 > /s4\nCOPY f2 /f2\nRUN echo {last} > /last\n"
+        )
+    };
+    let c = ctx.path().to_str().unwrap().to_string();
+    write(ctx.path(), "Dockerfile", &dockerfile("first"));
+    let t0 = std::time::Instant::now();
+    build_ok(&s, &["b", &c, "--egress", "none"]);
+    let first = t0.elapsed().as_secs_f64();
+    let (mut total, mut overhead) = (Vec::new(), Vec::new());
+    for r in 0..rounds {
+        write(ctx.path(), "Dockerfile", &dockerfile(&format!("round-{r}")));
+        let t0 = std::time::Instant::now();
+        let log = build_ok(&s, &["b", &c, "--egress", "none", "--replace"]);
+        let wall = t0.elapsed().as_secs_f64();
+        assert_eq!(log.matches("(cached)").count(), 6, "{log}");
+        let step: f64 = log
+            .lines()
+            .find_map(|l| l.strip_prefix("note: step 10 took "))
+            .and_then(|t| t.trim_end_matches(" s").parse().ok())
+            .unwrap_or_else(|| panic!("no step time in:\n{log}"));
+        total.push(wall);
+        overhead.push(wall - step);
+    }
+    eprintln!("first build of 10 steps: {first:.2} s");
+    for (what, v) in [("rebuild, last step changed", &total), ("  minus that step's own time", &overhead)] {
+        eprintln!(
+            "{what}: p50 {:.3} s, p90 {:.3} s, p99 {:.3} s ({} rounds)",
+            percentile(v, 0.5),
+            percentile(v, 0.9),
+            percentile(v, 0.99),
+            v.len()
+        );
+    }
+}

@@ -93,3 +93,55 @@ fn versions_are_shown_and_removed_unless_in_use() {
         );
     }
 }
+
+#[test]
+fn start_and_ready_commands_run_before_a_create_answers() {
+    let s = Spaced::start().unwrap();
+    // A server (busybox httpd) that takes a second to come up.
+    let out = s.space_ok(&[
+        "template",
+        "set",
+        "minimal",
+        "--start-cmd",
+        "mkdir -p /srv && echo served > /srv/index.html && sleep 1 && exec httpd -f -p 8000 -h /srv",
+        "--ready-cmd",
+        "wget -q -O /dev/null http://127.0.0.1:8000/",
+    ]);
+    assert!(out.contains("minimal version 2"), "{out}");
+    let show: serde_json::Value =
+        serde_json::from_str(&s.space_ok(&["template", "show", "minimal", "--json"])).unwrap();
+    assert_eq!(show["versions"].as_array().unwrap().len(), 2, "{show}");
+
+    // Cold and pooled creates alike answer with the server up.
+    for _ in 0..3 {
+        let id = s.create(&["--template", "minimal"]);
+        let (code, out, err) = s.sh(&id, "wget -q -O- http://127.0.0.1:8000/");
+        assert_eq!((code, out.as_str()), (0, "served\n"), "{err}");
+        let ps = s.space_ok(&["ps", &id]);
+        assert!(ps.contains("start"), "the start command is a process of the sandbox: {ps}");
+    }
+
+    // A ready command that never succeeds fails the create, saying so.
+    s.space_ok(&[
+        "template",
+        "set",
+        "minimal",
+        "--start-cmd",
+        "none",
+        "--ready-cmd",
+        "echo not yet; false",
+        "--ready-timeout",
+        "2",
+    ]);
+    let out = s.space(&["create", "--template", "minimal"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("ready command") && err.contains("within 2 s") && err.contains("not yet"),
+        "{err}"
+    );
+    // Clearing both makes a plain template again.
+    s.space_ok(&["template", "set", "minimal", "--start-cmd", "none", "--ready-cmd", "none"]);
+    let id = s.create(&["--template", "minimal"]);
+    assert_eq!(s.sh(&id, "echo ok").1, "ok\n");
+}
