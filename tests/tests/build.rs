@@ -206,7 +206,10 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 #[test]
 #[ignore]
 fn rebuild_bench() {
-    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(10);
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(10);
     let s = Spaced::start_with(&["--network", "off"]).unwrap();
     let ctx = tempfile::tempdir().unwrap();
     write(ctx.path(), "f1", &"one\n".repeat(1000));
@@ -238,7 +241,10 @@ fn rebuild_bench() {
         overhead.push(wall - step);
     }
     eprintln!("first build of 10 steps: {first:.2} s");
-    for (what, v) in [("rebuild, last step changed", &total), ("  minus that step's own time", &overhead)] {
+    for (what, v) in [
+        ("rebuild, last step changed", &total),
+        ("  minus that step's own time", &overhead),
+    ] {
         eprintln!(
             "{what}: p50 {:.3} s, p90 {:.3} s, p99 {:.3} s ({} rounds)",
             percentile(v, 0.5),

@@ -118,7 +118,10 @@ fn start_and_ready_commands_run_before_a_create_answers() {
         let (code, out, err) = s.sh(&id, "wget -q -O- http://127.0.0.1:8000/");
         assert_eq!((code, out.as_str()), (0, "served\n"), "{err}");
         let ps = s.space_ok(&["ps", &id]);
-        assert!(ps.contains("start"), "the start command is a process of the sandbox: {ps}");
+        assert!(
+            ps.contains("start"),
+            "the start command is a process of the sandbox: {ps}"
+        );
     }
 
     // A ready command that never succeeds fails the create, saying so.
@@ -141,7 +144,15 @@ fn start_and_ready_commands_run_before_a_create_answers() {
         "{err}"
     );
     // Clearing both makes a plain template again.
-    s.space_ok(&["template", "set", "minimal", "--start-cmd", "none", "--ready-cmd", "none"]);
+    s.space_ok(&[
+        "template",
+        "set",
+        "minimal",
+        "--start-cmd",
+        "none",
+        "--ready-cmd",
+        "none",
+    ]);
     let id = s.create(&["--template", "minimal"]);
     assert_eq!(s.sh(&id, "echo ok").1, "ok\n");
 }

@@ -552,6 +552,19 @@ impl Client {
         Ok(ndjson_lines(resp))
     }
 
+    /// `PUT /v1/templates/{name}/start`: a new version with these start settings.
+    pub async fn set_template_start(
+        &self,
+        name: &str,
+        req: &crate::SetTemplateStart,
+    ) -> Result<Template> {
+        self.json(Self::with_json(
+            self.request(Method::PUT, &format!("/v1/templates/{name}/start")),
+            req,
+        ))
+        .await
+    }
+
     /// `GET /v1/templates/{name}`: every version and the settings.
     pub async fn get_template(&self, name: &str) -> Result<crate::TemplateDetail> {
         self.json(self.request(Method::GET, &format!("/v1/templates/{name}")))

@@ -603,6 +603,12 @@ pub struct Template {
     /// Where the version came from (`oci:REF@DIGEST`, `dir:...`, `snapshot:ID/SNAP`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// Run in the background in every new sandbox of this version (decision 0019).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    /// Retried until it succeeds; creates answer then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
     /// Host path of the template's read-only root filesystem (for operators and benchmarks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
@@ -872,4 +878,18 @@ pub struct TemplateDetail {
 pub struct TemplateRemoved {
     pub name: String,
     pub versions: Vec<u32>,
+}
+
+/// `PUT /v1/templates/{name}/start`: a new version with these start settings. A field that is
+/// absent keeps the newest version's; an empty string clears it; `start_cmd: "image"` is the
+/// image's ENTRYPOINT and CMD.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetTemplateStart {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_timeout_secs: Option<u64>,
 }

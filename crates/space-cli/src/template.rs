@@ -89,11 +89,22 @@ pub(crate) enum TemplateCmd {
         snap: String,
     },
     /// Set a template's settings: the runtime its creates get when they name none
-    /// (`default`: the node's).
+    /// (`default`: the node's), and its start and ready commands (a new version).
     Set {
         name: String,
         #[arg(long, value_name = "namespace|microvm|default")]
-        runtime: String,
+        runtime: Option<String>,
+        /// Started in the background in every new sandbox (`image`: the image's ENTRYPOINT
+        /// and CMD; `none`: no start command). Makes a new version.
+        #[arg(long, value_name = "CMD")]
+        start_cmd: Option<String>,
+        /// Retried until it exits 0; creates answer then (`none`: no ready command). Makes a
+        /// new version.
+        #[arg(long, value_name = "CMD")]
+        ready_cmd: Option<String>,
+        /// How long the ready command may take, in seconds (default 60).
+        #[arg(long, value_name = "SECS")]
+        ready_timeout: Option<u64>,
     },
 }
 
@@ -223,16 +234,50 @@ pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
             }
             Ok(0)
         }
-        TemplateCmd::Set { name, runtime } => {
-            let req = space_api::SetTemplateSettings {
-                runtime: (runtime != "default").then_some(runtime),
-            };
-            let t = c.set_template_settings(&name, &req).await?;
-            println!(
-                "{} runtime {}",
-                t.name,
-                t.runtime.as_deref().unwrap_or("default")
-            );
+        TemplateCmd::Set {
+            name,
+            runtime,
+            start_cmd,
+            ready_cmd,
+            ready_timeout,
+        } => {
+            if runtime.is_none()
+                && start_cmd.is_none()
+                && ready_cmd.is_none()
+                && ready_timeout.is_none()
+            {
+                bail!(
+                    "nothing to set: pass --runtime, --start-cmd, --ready-cmd or --ready-timeout"
+                );
+            }
+            if let Some(runtime) = runtime {
+                let req = space_api::SetTemplateSettings {
+                    runtime: (runtime != "default").then_some(runtime),
+                };
+                let t = c.set_template_settings(&name, &req).await?;
+                println!(
+                    "{} runtime {}",
+                    t.name,
+                    t.runtime.as_deref().unwrap_or("default")
+                );
+            }
+            if start_cmd.is_some() || ready_cmd.is_some() || ready_timeout.is_some() {
+                let clear =
+                    |v: Option<String>| v.map(|v| if v == "none" { String::new() } else { v });
+                let req = space_api::SetTemplateStart {
+                    start_cmd: clear(start_cmd),
+                    ready_cmd: clear(ready_cmd),
+                    ready_timeout_secs: ready_timeout,
+                };
+                let t = c.set_template_start(&name, &req).await?;
+                println!(
+                    "{} version {}: start {}, ready {}",
+                    t.name,
+                    t.version,
+                    t.start_cmd.as_deref().unwrap_or("none"),
+                    t.ready_cmd.as_deref().unwrap_or("none")
+                );
+            }
             Ok(0)
         }
     }

@@ -391,6 +391,8 @@ pub fn template_dto(t: &TemplateInfo) -> Template {
         created_at: rfc3339_from_unix_ms(t.created_unix_ms as i64),
         path: Some(t.path.display().to_string()),
         source: Some(t.source.clone()).filter(|s| !s.is_empty()),
+        start_cmd: t.defaults.start_cmd.clone(),
+        ready_cmd: t.defaults.ready_cmd.clone(),
         runtime: None,
     }
 }

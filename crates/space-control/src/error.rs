@@ -106,6 +106,7 @@ impl From<NodeError> for AppError {
                 tracing::warn!(error = %e, "guest unavailable");
                 Self::unavailable(format!("the guest of sandbox {id} is not answering"))
             }
+            NodeError::NotReady { .. } => Self::unavailable(e.to_string()),
             NodeError::Internal(_) => Self::internal(&e),
         }
     }

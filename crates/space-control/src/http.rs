@@ -70,6 +70,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/templates/{name}"),
     ("DELETE", "/v1/templates/{name}"),
     ("PUT", "/v1/templates/{name}/settings"),
+    ("PUT", "/v1/templates/{name}/start"),
     ("POST", "/v1/templates/{name}/from-snapshot"),
     ("POST", "/v1/templates/{name}/pull"),
     ("POST", "/v1/templates/{name}/build"),
@@ -127,6 +128,7 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("GET", "/v1/templates/{name}") => get(crate::templates::get_template),
         ("DELETE", "/v1/templates/{name}") => delete(crate::templates::remove_template),
         ("PUT", "/v1/templates/{name}/settings") => put(crate::template_settings::http_set),
+        ("PUT", "/v1/templates/{name}/start") => put(crate::templates::set_template_start),
         ("POST", "/v1/templates/{name}/from-snapshot") => {
             post(crate::snapshots::template_from_snapshot)
         }

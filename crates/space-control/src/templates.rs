@@ -19,6 +19,28 @@ use crate::engine::{Engine, template_dto};
 use crate::error::{AppError, AppResult};
 use crate::http::{ApiJson, ApiPath, NamePath};
 
+/// Longest start or ready command accepted.
+const MAX_COMMAND_LEN: usize = 16 * 1024;
+/// Longest ready timeout accepted.
+const MAX_READY_TIMEOUT_SECS: u64 = 3600;
+
+/// `argv` as one shell command line (each word single-quoted where it needs to be).
+fn shell_join(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@%+".contains(c))
+            {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Longest image reference accepted (registries allow 255 for a name, plus a tag or digest).
 const MAX_REFERENCE_LEN: usize = 512;
 
@@ -154,6 +176,68 @@ impl Engine {
         })
     }
 
+    /// A new version of `name` with the start settings of `req` merged over the newest
+    /// version's (decision 0019).
+    pub async fn set_template_start(
+        &self,
+        name: &str,
+        req: space_api::SetTemplateStart,
+    ) -> AppResult<space_api::Template> {
+        check_template_name(name)?;
+        let Some(latest) = self.node.template_versions(name).await?.pop() else {
+            return Err(AppError::not_found(format!("template {name} not found")));
+        };
+        let mut d = latest.defaults.clone();
+        let check = |what: &str, v: &str| -> AppResult<()> {
+            if v.len() > MAX_COMMAND_LEN || v.contains('\0') {
+                return Err(AppError::invalid(format!(
+                    "{what} must be at most {MAX_COMMAND_LEN} bytes with no NUL"
+                )));
+            }
+            Ok(())
+        };
+        if let Some(s) = req.start_cmd {
+            check("start_cmd", &s)?;
+            d.start_cmd = match s.as_str() {
+                "" => None,
+                "image" => {
+                    let argv: Vec<String> =
+                        d.entrypoint.iter().chain(d.cmd.iter()).cloned().collect();
+                    if argv.is_empty() {
+                        return Err(AppError::invalid(format!(
+                            "start_cmd \"image\": template {name} has no image ENTRYPOINT or CMD"
+                        )));
+                    }
+                    Some(shell_join(&argv))
+                }
+                _ => Some(s),
+            };
+        }
+        if let Some(r) = req.ready_cmd {
+            check("ready_cmd", &r)?;
+            d.ready_cmd = Some(r).filter(|r| !r.is_empty());
+        }
+        if let Some(t) = req.ready_timeout_secs {
+            if !(1..=MAX_READY_TIMEOUT_SECS).contains(&t) {
+                return Err(AppError::invalid(format!(
+                    "ready_timeout_secs must be 1..={MAX_READY_TIMEOUT_SECS}"
+                )));
+            }
+            d.ready_timeout_secs = Some(t);
+        }
+        let info = self
+            .node
+            .import_template(
+                name,
+                TemplateSource::Derived {
+                    from: name.to_string(),
+                    defaults: d,
+                },
+            )
+            .await?;
+        Ok(template_dto(&info))
+    }
+
     /// Deletes a version, or the whole template; refused while sandboxes use it (409).
     pub async fn remove_template(
         &self,
@@ -177,6 +261,14 @@ impl Engine {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RemoveQuery {
     version: Option<u32>,
+}
+
+pub(crate) async fn set_template_start(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    ApiJson(req): ApiJson<space_api::SetTemplateStart>,
+) -> Result<axum::Json<space_api::Template>, AppError> {
+    Ok(axum::Json(s.engine.set_template_start(&p.name, req).await?))
 }
 
 pub(crate) async fn get_template(
@@ -219,4 +311,19 @@ pub(crate) async fn pull_template(
     ApiJson(req): ApiJson<PullTemplate>,
 ) -> Result<Response, AppError> {
     Ok(log_response(s.engine.pull_template(&p.name, req).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shell_join_quotes_what_needs_it() {
+        let argv: Vec<String> = ["python3", "-m", "http.server", "it's here", ""]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            super::shell_join(&argv),
+            "python3 -m http.server 'it'\\''s here' ''"
+        );
+    }
 }

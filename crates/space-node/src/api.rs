@@ -129,6 +129,15 @@ pub struct TemplateDefaults {
     pub entrypoint: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cmd: Vec<String>,
+    /// Started in the background at every fresh launch (decision 0019).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    /// Retried until it exits 0; the launch answers then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
+    /// How long the ready command may take (default 60 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_timeout_secs: Option<u64>,
 }
 
 /// A registry pull: `reference` as `docker pull` takes it, credentials for basic or token
@@ -224,6 +233,9 @@ pub enum NodeError {
     Exhausted(String),
     #[error("guest channel of sandbox {id} unavailable: {reason}")]
     Unavailable { id: String, reason: String },
+    /// The template's start or ready command failed (decision 0019).
+    #[error("sandbox {id} did not become ready: {reason}")]
+    NotReady { id: String, reason: String },
     #[error("{0}")]
     Internal(String),
 }
@@ -236,6 +248,7 @@ impl NodeError {
             NodeError::Conflict(_) => "conflict",
             NodeError::Exhausted(_) => "resource_exhausted",
             NodeError::Unavailable { .. } => "unavailable",
+            NodeError::NotReady { .. } => "unavailable",
             NodeError::Internal(_) => "internal",
         }
     }

@@ -669,16 +669,29 @@ impl Node {
                 .await
                 .map_err(|e| e.to_string())
         };
+        // A fresh launch (not a checkpoint restore) runs the template's start command and
+        // waits for its ready command (node_start.rs).
+        let connected = match connected {
+            Ok(client) if from.is_none() => self
+                .start_and_wait_ready(rec, &client)
+                .await
+                .map(|()| client)
+                .map_err(|reason| NodeError::NotReady {
+                    id: id.clone(),
+                    reason,
+                }),
+            other => other.map_err(|reason| NodeError::Unavailable {
+                id: id.clone(),
+                reason,
+            }),
+        };
         match connected {
             Ok(client) => Ok((launched, client)),
             Err(e) => {
                 if let Err(d) = self.rt(rec).destroy(&plan.id, Some(&launched)).await {
                     tracing::warn!(id, error = %d, "destroy after failed connect failed");
                 }
-                Err(NodeError::Unavailable {
-                    id,
-                    reason: e.to_string(),
-                })
+                Err(e)
             }
         }
     }
@@ -1485,6 +1498,9 @@ mod vm_warm;
 
 #[path = "node_images.rs"]
 mod node_images;
+
+#[path = "node_start.rs"]
+mod node_start;
 
 #[cfg(test)]
 #[path = "node_tests.rs"]

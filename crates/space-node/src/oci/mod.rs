@@ -102,6 +102,7 @@ pub fn defaults_from_config(cfg: &ImageConfiguration) -> TemplateDefaults {
         workdir: non_empty(c.working_dir()),
         entrypoint: c.entrypoint().clone().unwrap_or_default(),
         cmd: c.cmd().clone().unwrap_or_default(),
+        ..TemplateDefaults::default()
     }
 }
 
