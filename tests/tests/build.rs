@@ -193,6 +193,34 @@ fn build_errors_name_the_line_and_keep_the_cached_steps() {
     assert_eq!(n, 0, "build sandboxes are removed: {ls}");
 }
 
+#[test]
+fn a_base_with_a_start_command_is_built_on_without_running_it() {
+    let s = Spaced::start().unwrap();
+    s.space_ok(&[
+        "template",
+        "set",
+        "minimal",
+        "--start-cmd",
+        "touch /started; exec sleep 100000",
+        "--ready-cmd",
+        "test -e /started",
+    ]);
+    let ctx = tempfile::tempdir().unwrap();
+    write(
+        ctx.path(),
+        "Dockerfile",
+        "FROM minimal\nRUN test ! -e /started && echo clean > /built\n",
+    );
+    build_ok(&s, &["svc", ctx.path().to_str().unwrap()]);
+    let id = s.create(&["--template", "svc"]);
+    let (code, out, err) = s.sh(&id, "cat /built; test -e /started && echo started");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out, "clean\nstarted\n",
+        "no build step ran the start command; the result runs it"
+    );
+}
+
 fn percentile(v: &[f64], p: f64) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.partial_cmp(b).unwrap());

@@ -148,9 +148,7 @@ pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
             insecure,
             replace,
         } => {
-            if !replace && c.list_templates().await?.iter().any(|t| t.name == name) {
-                bail!("template {name} exists: pass --replace to make a new version of it");
-            }
+            check_name(&c, &name, replace).await?;
             let dockerfile = file.unwrap_or_else(|| context.join("Dockerfile"));
             let (tar, n) = tokio::task::spawn_blocking(move || {
                 crate::build::context_tar(&context, &dockerfile)
@@ -197,9 +195,7 @@ pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
             path,
             replace,
         } => {
-            if !replace && c.list_templates().await?.iter().any(|t| t.name == name) {
-                bail!("template {name} exists: pass --replace to make a new version of it");
-            }
+            check_name(&c, &name, replace).await?;
             let t = import_template(&c, &name, &path, replace).await?;
             println!("{} {}", t.name, t.version);
             Ok(0)
@@ -333,4 +329,16 @@ pub(crate) async fn follow(
         t0.elapsed().as_secs_f64()
     );
     Ok(t)
+}
+
+/// Refuses, before anything is uploaded, a name the server would refuse (the server checks
+/// again): not a valid name, or taken without `--replace`.
+async fn check_name(c: &Client, name: &str, replace: bool) -> Result<()> {
+    if !space_api::is_valid_template_name(name) {
+        bail!("invalid template name {name:?}: expected [a-z0-9][a-z0-9._-]{{0,62}}");
+    }
+    if !replace && c.list_templates().await?.iter().any(|t| t.name == name) {
+        bail!("template {name} exists: pass --replace to make a new version of it");
+    }
+    Ok(())
 }

@@ -315,6 +315,8 @@ struct BuildState {
     shell: Vec<String>,
     /// Declared ARGs and their values, for RUN's environment.
     args: BTreeMap<String, String>,
+    /// The base's start command, ready command and timeout, given back to the result.
+    start: (Option<String>, Option<String>, Option<u64>),
 }
 
 struct Build {
@@ -411,13 +413,38 @@ impl Build {
             defaults: TemplateDefaults::default(),
             shell: vec!["/bin/sh".into(), "-c".into()],
             args: BTreeMap::new(),
+            start: (None, None, None),
         };
         for (i, step) in self.steps.iter().enumerate() {
             let line = step.line;
             match &step.instruction {
                 Instruction::From(image) => {
-                    let (base, desc, defaults) = self.from(image).await?;
+                    let (mut base, desc, mut defaults) = self.from(image).await?;
                     st.key = key_of("", step, &desc);
+                    // The base's start and ready commands are the result's too, but no build
+                    // sandbox runs them (as docker build never runs CMD): the steps start from
+                    // a version of the base without them.
+                    st.start = (
+                        defaults.start_cmd.take(),
+                        defaults.ready_cmd.take(),
+                        defaults.ready_timeout_secs.take(),
+                    );
+                    if st.start.0.is_some() || st.start.1.is_some() {
+                        let quiet = step_template(&st.key);
+                        if self.opts.no_cache || !have.contains_key(&quiet) {
+                            self.engine
+                                .node
+                                .import_template(
+                                    &quiet,
+                                    TemplateSource::Derived {
+                                        from: base.clone(),
+                                        defaults: defaults.clone(),
+                                    },
+                                )
+                                .await?;
+                        }
+                        base = quiet;
+                    }
                     st.base = base;
                     st.defaults = defaults;
                     self.step(i, format!("{} ({desc})", step.text));
@@ -526,6 +553,12 @@ impl Build {
         self.engine
             .check_name_free(&self.name, self.opts.replace)
             .await?;
+        let mut defaults = st.defaults.clone();
+        (
+            defaults.start_cmd,
+            defaults.ready_cmd,
+            defaults.ready_timeout_secs,
+        ) = st.start.clone();
         let info = self
             .engine
             .node
@@ -533,7 +566,7 @@ impl Build {
                 &self.name,
                 TemplateSource::Derived {
                     from: st.base.clone(),
-                    defaults: st.defaults.clone(),
+                    defaults,
                 },
             )
             .await?;
@@ -804,8 +837,10 @@ impl Engine {
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Send + Unpin + 'static,
         E: std::fmt::Display + Send + 'static,
     {
-        check_template_name(name)?;
+        // The body is read before anything is refused: a client cut short by an early answer
+        // sees a broken pipe, not the error.
         let tar = self.receive_upload("context", content_length, body).await?;
+        check_template_name(name)?;
         let dir = TempDir(
             self.cfg
                 .data_dir

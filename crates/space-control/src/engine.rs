@@ -1053,12 +1053,12 @@ impl Engine {
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
         E: std::fmt::Display + Send + 'static,
     {
-        crate::templates::check_template_name(name)?;
+        // The body is read before anything is refused: a client cut short by an early answer
+        // sees a broken pipe, not the error (the CLI checks the name first too).
         let tmp = self
             .receive_upload("template", content_length, body)
             .await?;
-        // After the upload: a client whose body is cut short by an early answer sees a broken
-        // pipe, not the error (the CLI checks the name before it uploads).
+        crate::templates::check_template_name(name)?;
         self.check_name_free(name, replace).await?;
         let info = self
             .node

@@ -669,10 +669,11 @@ impl Node {
                 .await
                 .map_err(|e| e.to_string())
         };
-        // A fresh launch (not a checkpoint restore) runs the template's start command and
-        // waits for its ready command (node_start.rs).
+        // Every launch, a checkpoint restore too (warm checkpoints are taken before any start
+        // command ran), runs the template's start command and waits for its ready command
+        // (node_start.rs).
         let connected = match connected {
-            Ok(client) if from.is_none() => self
+            Ok(client) => self
                 .start_and_wait_ready(rec, &client)
                 .await
                 .map(|()| client)

@@ -1,9 +1,9 @@
 //! Start and ready commands (issue 12 item 4, decision 0019): a template may name a start
-//! command, run in the background in every sandbox the node launches fresh (cold creates and
-//! warm pool members alike, as the template's default user), and a ready command, retried
-//! until it exits 0; the launch answers only then. A microvm's warm checkpoint is taken after
-//! its first boot is ready, so a restored VM has the server running already (and runs
-//! nothing again).
+//! command, run in the background in every sandbox the node launches (cold creates, warm pool
+//! members, restarts, microvm restores; as the template's default user), and a ready command,
+//! retried until it exits 0; the launch answers only then. A microvm's warm checkpoint is
+//! taken before any start command ran (its builder VM never has a host), so a restored VM
+//! runs them after the restore.
 
 use std::time::{Duration, Instant};
 
