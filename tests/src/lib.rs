@@ -919,3 +919,10 @@ impl Drop for Postgres {
             .status();
     }
 }
+
+/// The `p` quantile (0..=1) of unsorted seconds `v` (for benchmark reports).
+pub fn quantile(v: &[f64], p: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}

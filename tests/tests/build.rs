@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use space_tests::Spaced;
+use space_tests::{Spaced, quantile};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -221,12 +221,6 @@ fn a_base_with_a_start_command_is_built_on_without_running_it() {
     );
 }
 
-fn percentile(v: &[f64], p: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    s[((s.len() - 1) as f64 * p).round() as usize]
-}
-
 /// `cargo test -p space-tests --test build -- --ignored --nocapture rebuild_bench`: a
 /// ten-step Dockerfile (FROM minimal; RUN, COPY, ENV, WORKDIR) built once, then rebuilt
 /// ROUNDS times with only its last step (a RUN) changed. Reports the wall time of `space
@@ -275,9 +269,9 @@ fn rebuild_bench() {
     ] {
         eprintln!(
             "{what}: p50 {:.3} s, p90 {:.3} s, p99 {:.3} s ({} rounds)",
-            percentile(v, 0.5),
-            percentile(v, 0.9),
-            percentile(v, 0.99),
+            quantile(v, 0.5),
+            quantile(v, 0.9),
+            quantile(v, 0.99),
             v.len()
         );
     }

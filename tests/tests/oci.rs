@@ -10,11 +10,11 @@ use std::path::PathBuf;
 use std::process::{Output, Stdio};
 
 use serde_json::json;
-use space_tests::Spaced;
 use space_tests::oci::{
     self, BlobMode, Compression, Entry, Image, Registry, TokenFront, layer_tar, path_str,
     sample_image, tmp_layout,
 };
+use space_tests::{Spaced, quantile};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -466,12 +466,6 @@ fn host_tree(dir: &'static str) -> Vec<Entry> {
     out
 }
 
-fn percentile(v: &[f64], p: f64) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    s[((s.len() - 1) as f64 * p).round() as usize]
-}
-
 /// `cargo test -p space-tests --test oci -- --ignored --nocapture pull_bench`: pull and unpack
 /// of one three-layer image (python3.11, perl: ~100 MB, gzip) from the local registry, space
 /// against `skopeo copy` + `umoci unpack` into the same btrfs volume, interleaved, ROUNDS
@@ -559,15 +553,15 @@ fn pull_bench() {
     ] {
         eprintln!(
             "{what}: p50 {:.2} s, p90 {:.2} s, p99 {:.2} s ({} rounds)",
-            percentile(v, 0.5),
-            percentile(v, 0.9),
-            percentile(v, 0.99),
+            quantile(v, 0.5),
+            quantile(v, 0.9),
+            quantile(v, 0.99),
             v.len()
         );
     }
     let ratios: Vec<f64> = space_s.iter().zip(&peer_s).map(|(a, b)| a / b).collect();
     eprintln!(
         "space / peer per round: median {:.2}",
-        percentile(&ratios, 0.5)
+        quantile(&ratios, 0.5)
     );
 }

@@ -10,7 +10,7 @@ use crate::api::{
     NodeError, PullSpec, TemplateEvent, TemplateInfo, TemplateProgress, TemplateSource,
 };
 use crate::oci::archive::{self, LocalImage};
-use crate::oci::{self, LayerCache, Resolved, human_bytes, registry, say, short};
+use crate::oci::{self, LayerCache, Resolved, human_bytes, layer_done, registry, say, short};
 
 impl Node {
     /// [`crate::api::NodeApi::remove_template`].
@@ -197,7 +197,7 @@ fn apply_local(
     progress: &TemplateProgress,
 ) -> Result<(), NodeError> {
     let chains = image.resolved.chain_ids();
-    let n = chains.len() as u32;
+    let n = chains.len();
     for (i, chain) in chains.iter().enumerate() {
         let layer = &image.resolved.layers[i];
         let shown = if layer.digest.is_empty() {
@@ -206,34 +206,29 @@ fn apply_local(
             short(&layer.digest)
         };
         if cache.has(chain) {
-            say(
+            layer_done(
                 progress,
-                TemplateEvent::Step {
-                    n: i as u32 + 1,
-                    of: n,
-                    text: format!("layer {shown} already on the node"),
-                },
+                i,
+                n,
+                &[],
+                format!("layer {shown} already on the node"),
             );
             continue;
         }
         let t0 = Instant::now();
         let parent = (i > 0).then(|| chains[i - 1].as_str());
         let stats = cache.add(parent, chain, &layer.diff_id, image.open_layer(i)?)?;
-        for note in &stats.notes {
-            say(progress, TemplateEvent::Note(note.clone()));
-        }
-        say(
+        layer_done(
             progress,
-            TemplateEvent::Step {
-                n: i as u32 + 1,
-                of: n,
-                text: format!(
-                    "layer {shown}: {} files, {} unpacked in {:.1} s",
-                    stats.entries,
-                    human_bytes(stats.bytes),
-                    t0.elapsed().as_secs_f64()
-                ),
-            },
+            i,
+            n,
+            &stats.notes,
+            format!(
+                "layer {shown}: {} files, {} unpacked in {:.1} s",
+                stats.entries,
+                human_bytes(stats.bytes),
+                t0.elapsed().as_secs_f64()
+            ),
         );
     }
     Ok(())

@@ -45,7 +45,7 @@ pub(crate) struct MountAttr {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
-    #[error("failed to {op} {path}")]
+    #[error("failed to {op} {path}: {source}")]
     Io {
         op: &'static str,
         path: PathBuf,

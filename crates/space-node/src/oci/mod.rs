@@ -35,6 +35,21 @@ pub(crate) fn say(progress: &Progress, ev: TemplateEvent) {
     let _ = progress.send(ev);
 }
 
+/// Layer `i` of `n` is done: the layer's notes, then its step line.
+pub(crate) fn layer_done(progress: &Progress, i: usize, n: usize, notes: &[String], text: String) {
+    for note in notes {
+        say(progress, TemplateEvent::Note(note.clone()));
+    }
+    say(
+        progress,
+        TemplateEvent::Step {
+            n: i as u32 + 1,
+            of: n as u32,
+            text,
+        },
+    );
+}
+
 /// `sha256:<64 hex>`, the only digest algorithm images use in practice.
 pub fn check_digest(d: &str) -> Result<&str, TemplateError> {
     match d.strip_prefix("sha256:") {

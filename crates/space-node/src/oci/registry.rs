@@ -16,9 +16,9 @@ use oci_client::{Client, Reference};
 
 use super::{
     Layer, LayerCache, Progress, Resolved, check_digest, check_layer_media_type, human_bytes,
-    parse_config, say, short,
+    layer_done, parse_config, short,
 };
-use crate::api::{PullSpec, TemplateEvent};
+use crate::api::PullSpec;
 use crate::template::TemplateError;
 
 /// Layers downloaded at once.
@@ -218,14 +218,8 @@ impl Pull {
         for (i, fetch) in fetches.iter_mut().enumerate() {
             let layer = &self.resolved.layers[i];
             let Some(handle) = fetch.take() else {
-                say(
-                    progress,
-                    TemplateEvent::Step {
-                        n: i as u32 + 1,
-                        of: n as u32,
-                        text: format!("layer {} already on the node", short(&layer.digest)),
-                    },
-                );
+                let text = format!("layer {} already on the node", short(&layer.digest));
+                layer_done(progress, i, n, &[], text);
                 continue;
             };
             let (file, took) = match handle.await {
@@ -256,24 +250,15 @@ impl Pull {
             .and_then(|r| r);
             match applied {
                 Ok(stats) => {
-                    for note in &stats.notes {
-                        say(progress, TemplateEvent::Note(note.clone()));
-                    }
-                    say(
-                        progress,
-                        TemplateEvent::Step {
-                            n: i as u32 + 1,
-                            of: n as u32,
-                            text: format!(
-                                "layer {} {}: fetched in {:.1} s, {} files unpacked in {:.1} s",
-                                short(&layer.digest),
-                                human_bytes(layer.size),
-                                took.as_secs_f64(),
-                                stats.entries,
-                                t0.elapsed().as_secs_f64()
-                            ),
-                        },
+                    let text = format!(
+                        "layer {} {}: fetched in {:.1} s, {} files unpacked in {:.1} s",
+                        short(&layer.digest),
+                        human_bytes(layer.size),
+                        took.as_secs_f64(),
+                        stats.entries,
+                        t0.elapsed().as_secs_f64()
                     );
+                    layer_done(progress, i, n, &stats.notes, text);
                 }
                 Err(e) => {
                     result = Err(e);

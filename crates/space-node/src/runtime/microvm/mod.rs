@@ -192,7 +192,8 @@ impl Default for MicrovmConfig {
             daemon_binary: PathBuf::from("/usr/local/lib/space/space-daemon"),
             work_dir: PathBuf::from("/run/space/microvm"),
             accel: Accel::Auto,
-            boot_timeout: Duration::from_secs(30),
+            // TCG (no usable KVM) boots in 2-6 s alone, far slower on a loaded host.
+            boot_timeout: Duration::from_secs(60),
             destroy_timeout: Duration::from_secs(3),
             run_root: None,
             jail: true,
