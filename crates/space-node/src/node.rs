@@ -1405,54 +1405,7 @@ impl NodeApi for Node {
         progress: crate::api::TemplateProgress,
     ) -> Result<TemplateInfo, NodeError> {
         ids::validate_template_name(name)?;
-        let path = match &source {
-            TemplateSource::Dir(p) | TemplateSource::Tar(p) => p.clone(),
-            TemplateSource::Snapshot {
-                sandbox,
-                snapshot,
-                defaults,
-            } => {
-                let info = self
-                    .template_from_snapshot(name, sandbox, snapshot, defaults.clone())
-                    .await?;
-                self.template_changed(&info.name, info.version).await;
-                return Ok(info);
-            }
-            TemplateSource::Registry(spec) => {
-                let info = self.pull_image(name, spec, &progress).await?;
-                self.template_changed(&info.name, info.version).await;
-                return Ok(info);
-            }
-            TemplateSource::Derived { from, defaults } => {
-                let Some(base) = self.templates.latest(from) else {
-                    return Err(NodeError::NotFound {
-                        kind: "template",
-                        id: from.clone(),
-                    });
-                };
-                let (store, name, defaults) =
-                    (self.templates.clone(), name.to_string(), defaults.clone());
-                let desc = format!("{}:{}@{}", "derived", base.name, base.version);
-                let info =
-                    blocking(move || Ok(store.from_subvolume(&name, &base.path, &desc, defaults)?))
-                        .await?;
-                self.template_changed(&info.name, info.version).await;
-                return Ok(info);
-            }
-        };
-        if !Path::new(&path).exists() {
-            return Err(NodeError::InvalidArgument(format!(
-                "template source {} does not exist",
-                path.display()
-            )));
-        }
-        let info = match self.local_image(&source).await? {
-            Some(image) => self.import_local_image(name, image, &progress).await?,
-            None => {
-                let (store, name) = (self.templates.clone(), name.to_string());
-                blocking(move || Ok(store.import(&name, &source)?)).await?
-            }
-        };
+        let info = self.import_impl(name, source, &progress).await?;
         // Ready sandboxes of the old version are never handed out again.
         self.template_changed(&info.name, info.version).await;
         Ok(info)

@@ -13,6 +13,56 @@ use crate::oci::archive::{self, LocalImage};
 use crate::oci::{self, LayerCache, Resolved, human_bytes, layer_done, registry, say, short};
 
 impl Node {
+    /// A new version of `name` from `source` (the caller retires the old version's pool).
+    pub(super) async fn import_impl(
+        &self,
+        name: &str,
+        source: TemplateSource,
+        progress: &TemplateProgress,
+    ) -> Result<TemplateInfo, NodeError> {
+        let path = match &source {
+            TemplateSource::Dir(p) | TemplateSource::Tar(p) => p.clone(),
+            TemplateSource::Snapshot {
+                sandbox,
+                snapshot,
+                defaults,
+            } => {
+                return self
+                    .template_from_snapshot(name, sandbox, snapshot, defaults.clone())
+                    .await;
+            }
+            TemplateSource::Registry(spec) => return self.pull_image(name, spec, progress).await,
+            TemplateSource::Derived { from, defaults } => {
+                let Some(base) = self.templates.latest(from) else {
+                    return Err(NodeError::NotFound {
+                        kind: "template",
+                        id: from.clone(),
+                    });
+                };
+                let (store, name, defaults) =
+                    (self.templates.clone(), name.to_string(), defaults.clone());
+                let desc = format!("derived:{}@{}", base.name, base.version);
+                return blocking(move || {
+                    Ok(store.from_subvolume(&name, &base.path, &desc, defaults)?)
+                })
+                .await;
+            }
+        };
+        if !path.exists() {
+            return Err(NodeError::InvalidArgument(format!(
+                "template source {} does not exist",
+                path.display()
+            )));
+        }
+        match self.local_image(&source).await? {
+            Some(image) => self.import_local_image(name, image, progress).await,
+            None => {
+                let (store, name) = (self.templates.clone(), name.to_string());
+                blocking(move || Ok(store.import(&name, &source)?)).await
+            }
+        }
+    }
+
     /// [`crate::api::NodeApi::remove_template`].
     pub(super) async fn remove_template_impl(
         &self,
