@@ -814,6 +814,10 @@ mod tests {
     }
 }
 
+/// Where the CLI puts the Dockerfile in a build's context tar (`dockerfile=` names it; COPY
+/// never copies it).
+pub const BUILD_DOCKERFILE_ENTRY: &str = ".space-build.Dockerfile";
+
 /// `POST /v1/templates/{name}/pull`: an image from an OCI registry becomes a new version of
 /// template `name`.
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use globset::GlobMatcher;
 
-/// The name the server knows the uploaded Dockerfile by (`space_control::build`).
-const DOCKERFILE_ENTRY: &str = ".space-build.Dockerfile";
+use space_api::BUILD_DOCKERFILE_ENTRY as DOCKERFILE_ENTRY;
 
 /// `.dockerignore`: patterns in order, `!` re-includes; a path is excluded when the last
 /// pattern matching it (or one of its parent directories) excludes.

@@ -33,7 +33,7 @@ use crate::templates::{check_template_name, log_response};
 
 /// Internal templates (build steps, base images) carry this prefix; users cannot name one so.
 pub const BUILD_PREFIX: &str = "space-build-";
-/// The Dockerfile's name inside the uploaded context when the CLI adds it there.
+/// Largest Dockerfile accepted.
 const MAX_DOCKERFILE_BYTES: u64 = 1 << 20;
 /// Lines of a failed RUN's output repeated in its error.
 const TAIL_LINES: usize = 20;
@@ -265,7 +265,7 @@ fn walk(
     ents.sort_by_key(|e| e.file_name());
     for e in ents {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name == crate::build::CLI_DOCKERFILE {
+        if name == space_api::BUILD_DOCKERFILE_ENTRY {
             continue;
         }
         let md = std::fs::symlink_metadata(e.path()).map_err(|e| e.to_string())?;
@@ -291,9 +291,6 @@ fn walk(
     }
     Ok(())
 }
-
-/// The name the CLI gives a Dockerfile it adds to the context (never copied by COPY).
-pub const CLI_DOCKERFILE: &str = ".space-build.Dockerfile";
 
 fn key_of(parent: &str, step: &Step, extra: &str) -> String {
     format!(
