@@ -29,7 +29,7 @@ use crate::dockerfile::{Command, Instruction, Step, parse};
 use crate::engine::{Engine, ExecReply, template_dto};
 use crate::error::{AppError, AppResult};
 use crate::http::{ApiPath, NamePath};
-use crate::templates::{check_template_name, log_response};
+use crate::templates::check_template_name;
 
 /// Internal templates (build steps, base images) carry this prefix; users cannot name one so.
 pub const BUILD_PREFIX: &str = "space-build-";
@@ -192,35 +192,31 @@ fn collect_copy(
             let host = context.join(&m);
             let md = std::fs::symlink_metadata(&host)
                 .map_err(|_| format!("COPY source {src:?} is not in the build context"))?;
-            let target_of = |name: &Path| -> String {
-                if many || md.is_dir() {
-                    let n = name
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    if md.is_dir() {
-                        dest_abs.trim_end_matches('/').to_string()
-                    } else {
-                        format!("{}/{n}", dest_abs.trim_end_matches('/'))
-                    }
-                } else {
-                    dest_abs.clone()
-                }
-            };
             if md.is_dir() {
-                let base = target_of(&m);
+                // A directory's contents go into the destination.
+                let base = dest_abs.trim_end_matches('/').to_string();
                 dirs.push(base.clone());
-                walk(&host, &base, chmod, &mut files, &mut dirs, &mut notes)?;
-                for f in files.iter_mut().filter(|f| f.dir.is_empty()) {
-                    f.dir = base.clone();
-                }
+                let mut out = Out {
+                    top: &base,
+                    chmod,
+                    files: &mut files,
+                    dirs: &mut dirs,
+                    notes: &mut notes,
+                };
+                walk(&host, &base, &mut out)?;
             } else if md.is_file() {
                 let data =
                     std::fs::read(&host).map_err(|e| format!("read {}: {e}", m.display()))?;
                 let mode = chmod
                     .unwrap_or(std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o7777);
+                let dest = match m.file_name() {
+                    Some(n) if many => {
+                        format!("{}/{}", dest_abs.trim_end_matches('/'), n.to_string_lossy())
+                    }
+                    _ => dest_abs.clone(),
+                };
                 files.push(CopyFile {
-                    dest: target_of(&m),
+                    dest,
                     mode,
                     data,
                     dir: dest_abs.clone(),
@@ -250,14 +246,17 @@ fn collect_copy(
     })
 }
 
-fn walk(
-    dir: &Path,
-    dest: &str,
+/// Where [`walk`] puts what it finds.
+struct Out<'a> {
+    /// The COPY's destination directory (where ADD unpacks archives).
+    top: &'a str,
     chmod: Option<u32>,
-    files: &mut Vec<CopyFile>,
-    dirs: &mut Vec<String>,
-    notes: &mut Vec<String>,
-) -> Result<(), String> {
+    files: &'a mut Vec<CopyFile>,
+    dirs: &'a mut Vec<String>,
+    notes: &'a mut Vec<String>,
+}
+
+fn walk(dir: &Path, dest: &str, out: &mut Out<'_>) -> Result<(), String> {
     let mut ents: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| format!("read {}: {e}", dir.display()))?
         .flatten()
@@ -271,20 +270,21 @@ fn walk(
         let md = std::fs::symlink_metadata(e.path()).map_err(|e| e.to_string())?;
         let d = format!("{dest}/{name}");
         if md.is_dir() {
-            dirs.push(d.clone());
-            walk(&e.path(), &d, chmod, files, dirs, notes)?;
+            out.dirs.push(d.clone());
+            walk(&e.path(), &d, out)?;
         } else if md.is_file() {
             let data = std::fs::read(e.path()).map_err(|err| format!("read {name}: {err}"))?;
-            let mode = chmod
+            let mode = out
+                .chmod
                 .unwrap_or(std::os::unix::fs::PermissionsExt::mode(&md.permissions()) & 0o7777);
-            files.push(CopyFile {
+            out.files.push(CopyFile {
                 dest: d,
                 mode,
                 data,
-                dir: String::new(),
+                dir: out.top.to_string(),
             });
         } else {
-            notes.push(format!(
+            out.notes.push(format!(
                 "skipped {d} (a symlink or special file in the context)"
             ));
         }
@@ -338,20 +338,12 @@ impl Build {
         });
     }
 
-    async fn templates(&self) -> AppResult<BTreeMap<String, u32>> {
-        Ok(self
-            .engine
-            .node
-            .list_templates()
-            .await?
-            .into_iter()
-            .map(|t| (t.name, t.version))
-            .collect())
-    }
-
     /// FROM: a template on the node, else an image pulled once into an internal template.
-    async fn from(&self, image: &str) -> AppResult<(String, String, TemplateDefaults)> {
-        let all = self.engine.node.list_templates().await?;
+    async fn from(
+        &self,
+        image: &str,
+        all: &[space_node::TemplateInfo],
+    ) -> AppResult<(String, String, TemplateDefaults)> {
         if let Some(t) = all.iter().find(|t| t.name == image) {
             return Ok((
                 t.name.clone(),
@@ -403,7 +395,9 @@ impl Build {
 
     async fn run(self) -> AppResult<Template> {
         let t0 = Instant::now();
-        let have = self.templates().await?;
+        // The node's templates when the build starts: the step cache is looked up in them.
+        let all = self.engine.node.list_templates().await?;
+        let have: std::collections::HashSet<&str> = all.iter().map(|t| t.name.as_str()).collect();
         let mut st = BuildState {
             base: String::new(),
             key: String::new(),
@@ -416,7 +410,7 @@ impl Build {
             let line = step.line;
             match &step.instruction {
                 Instruction::From(image) => {
-                    let (mut base, desc, mut defaults) = self.from(image).await?;
+                    let (mut base, desc, mut defaults) = self.from(image, &all).await?;
                     st.key = key_of("", step, &desc);
                     // The base's start and ready commands are the result's too, but no build
                     // sandbox runs them (as docker build never runs CMD): the steps start from
@@ -428,7 +422,7 @@ impl Build {
                     );
                     if st.start.0.is_some() || st.start.1.is_some() {
                         let quiet = step_template(&st.key);
-                        if self.opts.no_cache || !have.contains_key(&quiet) {
+                        if self.opts.no_cache || !have.contains(quiet.as_str()) {
                             self.engine
                                 .node
                                 .import_template(
@@ -532,7 +526,7 @@ impl Build {
                     };
                     let key = key_of(&st.key, step, &extra);
                     let cached = step_template(&key);
-                    if !self.opts.no_cache && have.contains_key(&cached) {
+                    if !self.opts.no_cache && have.contains(cached.as_str()) {
                         self.step(i, format!("{} (cached)", step.text));
                     } else {
                         self.step(i, step.text.clone());
@@ -925,7 +919,7 @@ pub(crate) async fn build_template(
         .engine
         .build_template(&p.name, opts, len, body.into_data_stream())
         .await?;
-    Ok(log_response(lines))
+    Ok(crate::http::ndjson(lines))
 }
 
 #[cfg(test)]

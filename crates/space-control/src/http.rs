@@ -15,7 +15,7 @@ use futures::stream::BoxStream;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use space_api::{
-    EntryList, ExecEvent, ExecRequest, Health, MakeDirRequest, OutputQuery, PathQuery, ProcessList,
+    EntryList, ExecRequest, Health, MakeDirRequest, OutputQuery, PathQuery, ProcessList,
     RenameRequest, ResizeRequest, SandboxList, SignalRequest, Started, TemplateList,
     WriteFileQuery,
 };
@@ -348,7 +348,10 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-fn ndjson(events: BoxStream<'static, ExecEvent>) -> Response {
+/// A stream of events (exec output, template progress) as an ndjson response.
+pub(crate) fn ndjson<T: serde::Serialize + Send + 'static>(
+    events: BoxStream<'static, T>,
+) -> Response {
     let body = events.map(|ev| {
         let mut line = serde_json::to_vec(&ev).unwrap_or_default();
         line.push(b'\n');

@@ -3,12 +3,8 @@
 //! `done` (the new version) or `error`. The work runs to its end even when the client goes
 //! away: a template then appears all the same, or nothing does.
 
-use std::convert::Infallible;
-
-use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use space_api::{PullTemplate, TemplateLog, is_valid_template_name};
@@ -288,29 +284,14 @@ pub(crate) async fn remove_template(
     ))
 }
 
-/// Template progress as an ndjson response.
-pub(crate) fn log_response(lines: BoxStream<'static, TemplateLog>) -> Response {
-    let body = lines.map(|line| {
-        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
-        bytes.push(b'\n');
-        Ok::<_, Infallible>(Bytes::from(bytes))
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "application/x-ndjson"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
-}
-
 pub(crate) async fn pull_template(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<NamePath>,
     ApiJson(req): ApiJson<PullTemplate>,
 ) -> Result<Response, AppError> {
-    Ok(log_response(s.engine.pull_template(&p.name, req).await?))
+    Ok(crate::http::ndjson(
+        s.engine.pull_template(&p.name, req).await?,
+    ))
 }
 
 #[cfg(test)]

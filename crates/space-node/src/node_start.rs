@@ -33,18 +33,24 @@ impl Node {
         rec: &SandboxRecord,
         client: &GuestClient<Channel>,
     ) -> Result<(), String> {
-        let Some(t) = self.templates.get(&rec.spec.template, rec.template_version) else {
+        // Most templates have neither: that costs one lookup, no copy.
+        let Some(Some((name, start, ready, timeout))) =
+            self.templates
+                .with(&rec.spec.template, rec.template_version, |t| {
+                    let d = &t.defaults;
+                    (d.start_cmd.is_some() || d.ready_cmd.is_some()).then(|| {
+                        (
+                            t.name.clone(),
+                            d.start_cmd.clone(),
+                            d.ready_cmd.clone(),
+                            d.ready_timeout_secs,
+                        )
+                    })
+                })
+        else {
             return Ok(());
         };
-        let (start, ready) = (t.defaults.start_cmd, t.defaults.ready_cmd);
-        let timeout = Duration::from_secs(
-            t.defaults
-                .ready_timeout_secs
-                .unwrap_or(DEFAULT_READY_TIMEOUT_SECS),
-        );
-        if start.is_none() && ready.is_none() {
-            return Ok(());
-        }
+        let timeout = Duration::from_secs(timeout.unwrap_or(DEFAULT_READY_TIMEOUT_SECS));
         let id = &rec.spec.id;
         let mut guest = client.clone();
         let t0 = Instant::now();
@@ -59,7 +65,7 @@ impl Node {
                 .map_err(|s| {
                     format!(
                         "template {}'s start command {start:?} could not start: {}",
-                        t.name,
+                        name,
                         s.message()
                     )
                 })?;
@@ -77,7 +83,7 @@ impl Node {
                     return Err(format!(
                         "template {}'s ready command {ready:?} did not succeed within {} s \
                          (last exit {}; output: {})",
-                        t.name,
+                        name,
                         timeout.as_secs(),
                         code.map_or("none".to_string(), |c| c.to_string()),
                         out.trim()
@@ -86,7 +92,7 @@ impl Node {
                 tokio::time::sleep(READY_INTERVAL).await;
             }
         }
-        tracing::info!(id, template = %t.name, ms = t0.elapsed().as_millis() as u64, "start command ready");
+        tracing::info!(id, template = %name, ms = t0.elapsed().as_millis() as u64, "start command ready");
         Ok(())
     }
 }

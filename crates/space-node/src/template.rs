@@ -138,6 +138,17 @@ impl TemplateStore {
             .cloned()
     }
 
+    /// `f` of a version, without copying it out (for the launch path).
+    pub fn with<R>(
+        &self,
+        name: &str,
+        version: u32,
+        f: impl FnOnce(&TemplateInfo) -> R,
+    ) -> Option<R> {
+        let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
+        cache.get(name).and_then(|v| v.get(&version)).map(f)
+    }
+
     pub fn get(&self, name: &str, version: u32) -> Option<TemplateInfo> {
         let cache = self.cache.read().unwrap_or_else(|e| e.into_inner());
         cache.get(name).and_then(|v| v.get(&version)).cloned()
