@@ -221,7 +221,7 @@ fn a_base_with_a_start_command_is_built_on_without_running_it() {
     );
 }
 
-/// `cargo test -p space-tests --test build -- --ignored --nocapture rebuild_bench`: a
+/// `cargo test -p space-tests --test it -- --ignored --nocapture build::rebuild_bench`: a
 /// ten-step Dockerfile (FROM minimal; RUN, COPY, ENV, WORKDIR) built once, then rebuilt
 /// ROUNDS times with only its last step (a RUN) changed. Reports the wall time of `space
 /// template build` and that time minus the changed step's own (the server's `step N took`).

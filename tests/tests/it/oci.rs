@@ -466,7 +466,7 @@ fn host_tree(dir: &'static str) -> Vec<Entry> {
     out
 }
 
-/// `cargo test -p space-tests --test oci -- --ignored --nocapture pull_bench`: pull and unpack
+/// `cargo test -p space-tests --test it -- --ignored --nocapture oci::pull_bench`: pull and unpack
 /// of one three-layer image (python3.11, perl: ~100 MB, gzip) from the local registry, space
 /// against `skopeo copy` + `umoci unpack` into the same btrfs volume, interleaved, ROUNDS
 /// rounds. Each round's image has a fresh tiny first layer, so neither side has any of it
