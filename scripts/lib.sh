@@ -4,6 +4,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Debian packages space needs at run time and to build and test.
 PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables postgresql iproute2 util-linux procps tar gzip curl ca-certificates gcc libc6-dev pkg-config
+    libzstd-dev
     qemu-system-x86 e2fsprogs xz-utils mmdebstrap)
 # Only the test suite needs these: a real OCI registry, skopeo to fill it, umoci as the
 # pull benchmark's peer, htpasswd for the registry's basic auth (scripts/test installs them).

@@ -17,6 +17,7 @@ pub mod events;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
+pub mod migrations;
 pub mod net;
 pub mod pools;
 pub mod port_proxy;

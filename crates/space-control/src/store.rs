@@ -141,7 +141,9 @@ impl Store {
             .connect_with(opts)
             .await
             .map_err(open_err)?;
-        sqlx::migrate!("./migrations")
+        crate::migrations::migrator()
+            .await
+            .map_err(StoreError::Migrate)?
             .run(&pool)
             .await
             .map_err(StoreError::Migrate)?;
