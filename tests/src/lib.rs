@@ -698,9 +698,16 @@ impl Spaced {
 
     /// Copy the static probe into the sandbox and run it; returns its JSON report.
     pub fn probe(&self, id: &str, args: &[&str]) -> Value {
+        self.probe_via(id, &[], args)
+    }
+
+    /// [`Spaced::probe`], run through `via` inside (e.g. `["sudo", "-n"]`).
+    pub fn probe_via(&self, id: &str, via: &[&str], args: &[&str]) -> Value {
         let dst = format!("{id}:/tmp/space-probe");
         self.space_ok(&["cp", probe_binary().to_str().unwrap(), &dst]);
-        let mut all = vec!["exec", id, "--", "/tmp/space-probe"];
+        let mut all = vec!["exec", id, "--"];
+        all.extend_from_slice(via);
+        all.push("/tmp/space-probe");
         all.extend_from_slice(args);
         let out = self.space(&all);
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {

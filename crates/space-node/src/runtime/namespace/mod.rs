@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use space_sys::mount::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, idmapped_clone};
+use space_sys::mount::{MOUNT_ATTR_NODEV, idmapped_clone};
 use space_sys::ns::{self, InitSpec, NsError, SockFilter, caps};
 
 pub use self::seccomp::{DENIED as SECCOMP_DENIED, SeccompError};
@@ -366,15 +366,15 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
             inner.cgroups.add_process(&plan.id, child.pid())?;
         }
         let userns = child.open_userns()?;
-        let rootfs = idmapped_clone(
-            &plan.rootfs,
-            userns.as_fd(),
-            MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
-        )
-        .map_err(|e| RuntimeError::Setup {
-            step: "create the idmapped rootfs mount",
-            source: io::Error::other(e),
-        })?;
+        // nodev, but set-uid bits count: sudo inside becomes the sandbox's own root
+        // (decision 0021).
+        let rootfs =
+            idmapped_clone(&plan.rootfs, userns.as_fd(), MOUNT_ATTR_NODEV).map_err(|e| {
+                RuntimeError::Setup {
+                    step: "create the idmapped rootfs mount",
+                    source: io::Error::other(e),
+                }
+            })?;
         child.release(rootfs.as_fd())?;
         Ok(())
     })();
