@@ -51,6 +51,37 @@ fn vm_identity(id: &str) -> space_proto::PersonalizeRequest {
     }
 }
 
+/// The environment a template's processes start with: a login shell's basics, the template's
+/// defaults (a login shell's environment in `base`), then `create_env`; and, for the daemon
+/// only (it strips them), the template's default user and working directory.
+pub(crate) fn template_env(
+    defaults: &crate::api::TemplateDefaults,
+    hostname: &str,
+    create_env: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), "/root".into()),
+        ("TERM".into(), "xterm-256color".into()),
+        ("HOSTNAME".into(), hostname.to_owned()),
+    ];
+    for (k, v) in &defaults.env {
+        env.retain(|(k2, _)| k2 != k);
+        env.push((k.clone(), v.clone()));
+    }
+    env.retain(|(k, _)| !create_env.iter().any(|(k2, _)| k2 == k));
+    env.extend(create_env.iter().cloned());
+    if let Some(user) = &defaults.user {
+        // Who runs what names no user.
+        env.push((space_proto::DEFAULT_USER_ENV.into(), user.clone()));
+    }
+    if let Some(dir) = &defaults.workdir {
+        // Where an exec that names no cwd starts.
+        env.push((space_proto::DEFAULT_CWD_ENV.into(), dir.clone()));
+    }
+    env
+}
+
 /// The ext4 image of a template version, next to its rootfs subvolume.
 fn template_disk(template_rootfs: &Path) -> PathBuf {
     template_rootfs.with_file_name(SANDBOX_DISK)
@@ -494,32 +525,12 @@ impl Node {
     /// it strips): for a launch, and for handing out a warm pool's sandbox.
     fn sandbox_env(&self, rec: &SandboxRecord) -> Vec<(String, String)> {
         let (spec, runtime) = (&rec.spec, rec.runtime.as_str());
-        let mut env: Vec<(String, String)> = vec![
-            ("PATH".into(), DEFAULT_PATH.into()),
-            ("HOME".into(), "/root".into()),
-            ("TERM".into(), "xterm-256color".into()),
-            ("HOSTNAME".into(), spec.hostname.clone()),
-        ];
-        // The template's defaults (a login shell's environment in `base`), then the create's.
         let defaults = self
             .templates
             .get(&spec.template, rec.template_version)
             .map(|t| t.defaults)
             .unwrap_or_default();
-        for (k, v) in defaults.env {
-            env.retain(|(k2, _)| *k2 != k);
-            env.push((k, v));
-        }
-        env.retain(|(k, _)| !spec.env.iter().any(|(k2, _)| k2 == k));
-        env.extend(spec.env.iter().cloned());
-        if let Some(user) = defaults.user {
-            // For the daemon only: who runs what names no user.
-            env.push((space_proto::DEFAULT_USER_ENV.into(), user));
-        }
-        if let Some(dir) = defaults.workdir {
-            // For the daemon only: where an exec that names no cwd starts.
-            env.push((space_proto::DEFAULT_CWD_ENV.into(), dir));
-        }
+        let mut env = template_env(&defaults, &spec.hostname, &spec.env);
         env.push(("SPACE_SANDBOX_ID".into(), spec.id.clone()));
         // For the daemon only (it strips these from the processes it starts).
         env.push((
@@ -669,12 +680,12 @@ impl Node {
                 .await
                 .map_err(|e| e.to_string())
         };
-        // Every launch, a checkpoint restore too (warm checkpoints are taken before any start
-        // command ran), runs the template's start command and waits for its ready command
-        // (node_start.rs).
+        // Every boot runs the template's start command and waits for its ready command; a
+        // restore (its VM ran the start command before the checkpoint) only waits for the
+        // ready command (node_start.rs).
         let connected = match connected {
             Ok(client) => self
-                .start_and_wait_ready(rec, &client)
+                .start_and_wait_ready(rec, &client, from.is_some())
                 .await
                 .map(|()| client)
                 .map_err(|reason| NodeError::NotReady {

@@ -1,9 +1,12 @@
 //! Start and ready commands (issue 12 item 4, decision 0019): a template may name a start
-//! command, run in the background in every sandbox the node launches (cold creates, warm pool
-//! members, restarts, microvm restores; as the template's default user), and a ready command,
-//! retried until it exits 0; the launch answers only then. A microvm's warm checkpoint is
-//! taken before any start command ran (its builder VM never has a host), so a restored VM
-//! runs them after the restore.
+//! command, run in the background (as the template's default user) once per boot of every
+//! sandbox the node launches (cold creates, warm pool members, restarts), and a ready
+//! command, retried until it exits 0; the launch answers only then.
+//!
+//! A microvm restored from a memory checkpoint already ran the start command before the
+//! checkpoint: a template's warm checkpoint is taken after its builder VM ran the start
+//! command and passed the ready check (vm_warm.rs), and a paused sandbox's own checkpoint
+//! holds its processes. A restore therefore runs only the ready command, to confirm.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +16,7 @@ use space_proto::process_event::Event;
 use tonic::transport::Channel;
 
 use super::Node;
+use crate::api::TemplateDefaults;
 use crate::state::SandboxRecord;
 
 /// How long a ready command may take to succeed, unless the template says.
@@ -25,36 +29,40 @@ fn sh(cmd: &str) -> Vec<String> {
     vec!["/bin/sh".into(), "-c".into(), cmd.into()]
 }
 
-impl Node {
-    /// Runs the template's start command and waits for its ready command (no-op for a
-    /// template with neither).
-    pub(super) async fn start_and_wait_ready(
+/// A template's start and ready commands.
+#[derive(Debug, Clone)]
+pub(crate) struct StartSettings {
+    pub template: String,
+    pub start: Option<String>,
+    pub ready: Option<String>,
+    pub timeout: Duration,
+}
+
+impl StartSettings {
+    /// The settings of a template whose defaults name a start or a ready command.
+    pub(crate) fn of(template: &str, d: &TemplateDefaults) -> Option<StartSettings> {
+        (d.start_cmd.is_some() || d.ready_cmd.is_some()).then(|| StartSettings {
+            template: template.to_owned(),
+            start: d.start_cmd.clone(),
+            ready: d.ready_cmd.clone(),
+            timeout: Duration::from_secs(
+                d.ready_timeout_secs.unwrap_or(DEFAULT_READY_TIMEOUT_SECS),
+            ),
+        })
+    }
+
+    /// Starts the start command (unless `run_start` is false) and waits for the ready
+    /// command to succeed, within the timeout. `id` names the VM or sandbox in the log.
+    pub(crate) async fn run(
         &self,
-        rec: &SandboxRecord,
+        id: &str,
         client: &GuestClient<Channel>,
+        run_start: bool,
     ) -> Result<(), String> {
-        // Most templates have neither: that costs one lookup, no copy.
-        let Some(Some((name, start, ready, timeout))) =
-            self.templates
-                .with(&rec.spec.template, rec.template_version, |t| {
-                    let d = &t.defaults;
-                    (d.start_cmd.is_some() || d.ready_cmd.is_some()).then(|| {
-                        (
-                            t.name.clone(),
-                            d.start_cmd.clone(),
-                            d.ready_cmd.clone(),
-                            d.ready_timeout_secs,
-                        )
-                    })
-                })
-        else {
-            return Ok(());
-        };
-        let timeout = Duration::from_secs(timeout.unwrap_or(DEFAULT_READY_TIMEOUT_SECS));
-        let id = &rec.spec.id;
+        let name = &self.template;
         let mut guest = client.clone();
         let t0 = Instant::now();
-        if let Some(start) = &start {
+        if let Some(start) = self.start.as_ref().filter(|_| run_start) {
             guest
                 .start(ExecRequest {
                     argv: sh(start),
@@ -64,13 +72,12 @@ impl Node {
                 .await
                 .map_err(|s| {
                     format!(
-                        "template {}'s start command {start:?} could not start: {}",
-                        name,
+                        "template {name}'s start command {start:?} could not start: {}",
                         s.message()
                     )
                 })?;
         }
-        if let Some(ready) = &ready {
+        if let Some(ready) = &self.ready {
             loop {
                 let (code, out) = match run_once(&mut guest, ready).await {
                     Ok(r) => r,
@@ -79,12 +86,11 @@ impl Node {
                 if code == Some(0) {
                     break;
                 }
-                if t0.elapsed() >= timeout {
+                if t0.elapsed() >= self.timeout {
                     return Err(format!(
-                        "template {}'s ready command {ready:?} did not succeed within {} s \
+                        "template {name}'s ready command {ready:?} did not succeed within {} s \
                          (last exit {}; output: {})",
-                        name,
-                        timeout.as_secs(),
+                        self.timeout.as_secs(),
                         code.map_or("none".to_string(), |c| c.to_string()),
                         out.trim()
                     ));
@@ -92,8 +98,30 @@ impl Node {
                 tokio::time::sleep(READY_INTERVAL).await;
             }
         }
-        tracing::info!(id, template = %name, ms = t0.elapsed().as_millis() as u64, "start command ready");
+        tracing::info!(id, template = %name, run_start, ms = t0.elapsed().as_millis() as u64, "start command ready");
         Ok(())
+    }
+}
+
+impl Node {
+    /// Runs the template's start command (not after a restore: see the module docs) and
+    /// waits for its ready command (no-op for a template with neither).
+    pub(super) async fn start_and_wait_ready(
+        &self,
+        rec: &SandboxRecord,
+        client: &GuestClient<Channel>,
+        restored: bool,
+    ) -> Result<(), String> {
+        // Most templates have neither: that costs one lookup, no copy.
+        let Some(Some(settings)) =
+            self.templates
+                .with(&rec.spec.template, rec.template_version, |t| {
+                    StartSettings::of(&t.name, &t.defaults)
+                })
+        else {
+            return Ok(());
+        };
+        settings.run(&rec.spec.id, client, !restored).await
     }
 }
 

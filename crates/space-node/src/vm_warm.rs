@@ -6,10 +6,18 @@
 //! (`Runtime::checkpoint_key`) names what a restore must match: accelerator, RAM, vCPUs and
 //! the kernel + initramfs image. It is made by one background task per node, on the first
 //! create that finds none: a builder VM with no user data boots from the template's disk
-//! and, once its daemon serves the channel (no host ever connects), is checkpointed and
-//! goes; the directory is built aside and renamed into place, so it exists whole or not at
-//! all. A checkpoint a restore refuses (e.g. corrupted) is removed and made again; the create
-//! that found it boots instead.
+//! and, once its daemon serves the channel, is checkpointed and goes; the directory is built
+//! aside and renamed into place, so it exists whole or not at all. A checkpoint a restore
+//! refuses (e.g. corrupted) is removed and made again; the create that found it boots
+//! instead.
+//!
+//! A template with a start or ready command (decision 0019) is checkpointed once it is
+//! ready: the node connects to the builder, runs the start command, waits for the ready
+//! command, leaves, and only then checkpoints. A restored VM then already runs what the
+//! template starts (a server answers at once), and the launch only confirms the ready
+//! command. Such a checkpoint's directory name carries a hash of the two commands
+//! (`vm-<key>-s<hash>`), so that one made before the start command ran (by an earlier
+//! spaced, as `vm-<key>`) is never taken for it.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -17,9 +25,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use rand::Rng;
+use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::{Node, NodeError, SANDBOX_DISK, blocking, template_disk};
+use super::node_start::StartSettings;
+use super::{Node, NodeError, SANDBOX_DISK, blocking, template_disk, template_env, vm_identity};
 use crate::api::{Limits, TemplateInfo};
 use crate::runtime::{LaunchPlan, Runtime};
 use crate::storage;
@@ -27,13 +37,36 @@ use crate::storage;
 /// The runtime name of a builder VM starts with this (sandbox ids cannot: they have no '-').
 const BUILDER_PREFIX: &str = "warm-";
 
+/// The hostname of a builder VM (a restore gives each sandbox its own).
+const BUILDER_HOSTNAME: &str = "space";
+
 /// How long after a failed build a create may ask for the checkpoint again.
 const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// A checkpoint directory of template rootfs `tmpl_rootfs` for key `key`.
-pub(crate) fn checkpoint_dir(tmpl_rootfs: &Path, key: &str) -> PathBuf {
-    tmpl_rootfs.with_file_name(format!("vm-{key}"))
+/// The checkpoint directory of template `tmpl` for runtime key `key`.
+pub(crate) fn checkpoint_dir(tmpl: &TemplateInfo, key: &str) -> PathBuf {
+    let name = match StartSettings::of(&tmpl.name, &tmpl.defaults) {
+        None => format!("vm-{key}"),
+        Some(st) => {
+            let mut h = Sha256::new();
+            for cmd in [&st.start, &st.ready] {
+                h.update(cmd.as_deref().unwrap_or("").as_bytes());
+                h.update([0]);
+            }
+            let hash: String = h.finalize()[..6]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("vm-{key}-s{hash}")
+        }
+    };
+    tmpl.path.with_file_name(name)
 }
+
+/// How long the builder waits, after its host left, before the checkpoint: time for the
+/// guest to see the hang-up and end the session (a restored guest that did not would still
+/// take the next host's preface for a new session: see space-daemon's vport.rs).
+const HOST_LEFT_SETTLE: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Removes a checkpoint directory a restore refused: renamed aside first, so no later create
 /// finds half of it.
@@ -87,7 +120,7 @@ impl Node {
         limits: &Limits,
     ) -> Option<PathBuf> {
         let key = rt.checkpoint_key(limits)?;
-        let dir = checkpoint_dir(&tmpl.path, &key);
+        let dir = checkpoint_dir(tmpl, &key);
         if dir.is_dir() {
             return Some(dir);
         }
@@ -161,7 +194,7 @@ impl Node {
                 "this node's microvm runtime keeps no checkpoints".to_owned(),
             ));
         };
-        let dir = checkpoint_dir(&tmpl.path, &key);
+        let dir = checkpoint_dir(tmpl, &key);
         if dir.is_dir() {
             return Ok(dir);
         }
@@ -178,7 +211,7 @@ impl Node {
             rootfs: tmpl.path.clone(),
             uid_base,
             id_count: self.cfg.uid_count,
-            hostname: "space".to_owned(),
+            hostname: BUILDER_HOSTNAME.to_owned(),
             limits: *limits,
             env: Vec::new(),
             daemon_binary: self.cfg.daemon_binary.clone(),
@@ -208,9 +241,16 @@ impl Node {
                 .await
                 .map_err(|e| NodeError::Internal(format!("boot the builder VM: {e}")))?;
             let booted = t0.elapsed();
-            // No host ever connects to the builder: a restored guest's first session is then
-            // the node's own (a session of the builder's, checkpointed before the guest saw
-            // its host leave, would take the next host's preface for itself).
+            // A template that starts something is checkpointed once that is ready; the node
+            // leaves the builder first. Any other builder never has a host.
+            if let Some(st) = StartSettings::of(&tmpl.name, &tmpl.defaults)
+                && let Err(e) = self.start_in_builder(&id, &plan, tmpl, &st).await
+            {
+                if let Err(d) = rt.destroy(&id, Some(&launched)).await {
+                    tracing::warn!(id, error = %d, "destroy of the builder VM failed");
+                }
+                return Err(e);
+            }
             let made = rt
                 .checkpoint(&id, &building, false)
                 .await
@@ -262,6 +302,40 @@ impl Node {
         .await;
         result
     }
+
+    /// Runs template `tmpl`'s start command in builder VM `id` and waits for its ready
+    /// command, as a launch would (the template's environment and user, a fresh identity),
+    /// then leaves the guest and gives it time to see that.
+    async fn start_in_builder(
+        &self,
+        id: &str,
+        plan: &LaunchPlan,
+        tmpl: &TemplateInfo,
+        st: &StartSettings,
+    ) -> Result<(), NodeError> {
+        let env = template_env(&tmpl.defaults, BUILDER_HOSTNAME, &[]);
+        let client = self
+            .connector
+            .connect_personalized(
+                &plan.channel_socket,
+                space_proto::PersonalizeRequest {
+                    env: env.into_iter().collect(),
+                    hostname: BUILDER_HOSTNAME.to_owned(),
+                    ..vm_identity(id)
+                },
+            )
+            .await
+            .map_err(|e| NodeError::Internal(format!("connect to the builder VM: {e}")))?;
+        st.run(id, &client, true)
+            .await
+            .map_err(|reason| NodeError::NotReady {
+                id: tmpl.name.clone(),
+                reason,
+            })?;
+        drop(client);
+        tokio::time::sleep(HOST_LEFT_SETTLE).await;
+        Ok(())
+    }
 }
 
 async fn vm_warm_loop(weak: Weak<Node>, mut rx: mpsc::UnboundedReceiver<(TemplateInfo, Limits)>) {
@@ -280,7 +354,7 @@ async fn vm_warm_loop(weak: Weak<Node>, mut rx: mpsc::UnboundedReceiver<(Templat
                 // Asked again by a create after a minute, not by every create.
                 let rt = node.microvm().await.ok().cloned();
                 if let Some(key) = rt.and_then(|rt| rt.checkpoint_key(&limits)) {
-                    let dir = checkpoint_dir(&tmpl.path, &key);
+                    let dir = checkpoint_dir(&tmpl, &key);
                     let weak = weak.clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(RETRY_AFTER).await;

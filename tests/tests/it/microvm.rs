@@ -675,3 +675,58 @@ fn a_templates_runtime_is_the_default_of_its_creates() {
         s.space_ok(&["rm", id]);
     }
 }
+
+/// A microvm template that starts something is checkpointed once it is ready (issue 12 item
+/// 4, decision 0019): a restored VM already runs what the template started (started once, in
+/// the checkpoint's builder), and new commands (a new version) boot until theirs is made.
+#[test]
+fn a_microvm_template_is_checkpointed_after_its_start_command_is_ready() {
+    let s = Spaced::start().unwrap();
+    s.space_ok(&[
+        "template",
+        "set",
+        "minimal",
+        "--start-cmd",
+        "date +%s%N > /tmp/started; exec sleep 100000",
+        "--ready-cmd",
+        "test -s /tmp/started",
+    ]);
+    let running = "ps | grep -c '[s]leep 100000'";
+    // A boot runs the start command itself; it asks for the checkpoint.
+    let booted = s.create(&["--runtime", "microvm", "--memory", "256"]);
+    assert!(!restored(&s, &booted));
+    assert_eq!(out(&s, &booted, running), "1");
+    let ckpt = wait_warm_checkpoint(&s);
+    let name = ckpt.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.contains("-s"), "{name}: the start commands' hash");
+
+    let restored_ids: Vec<String> = (0..2)
+        .map(|_| s.create(&["--runtime", "microvm", "--memory", "256"]))
+        .collect();
+    let mut started = Vec::new();
+    for id in &restored_ids {
+        assert!(restored(&s, id), "{id} booted:\n{}", s.log_tail());
+        // Running at once, and not started again: one process, the builder's file.
+        assert_eq!(out(&s, id, running), "1");
+        started.push(out(&s, id, "cat /tmp/started"));
+    }
+    assert_eq!(started[0], started[1], "both restored the builder's start");
+    assert_ne!(started[0], out(&s, &booted, "cat /tmp/started"));
+
+    // New commands are a new version, without a checkpoint yet: the next create boots.
+    s.space_ok(&[
+        "template",
+        "set",
+        "minimal",
+        "--start-cmd",
+        "echo two > /tmp/started; exec sleep 100000",
+    ]);
+    let next = s.create(&["--runtime", "microvm", "--memory", "256"]);
+    assert!(!restored(&s, &next));
+    assert_eq!(out(&s, &next, "cat /tmp/started"), "two");
+    let mut all = restored_ids.clone();
+    all.extend([booted, next]);
+    for id in &all {
+        s.space_ok(&["rm", id]);
+    }
+}
