@@ -36,7 +36,6 @@ fn main() -> ExitCode {
         .unwrap_or(tracing::Level::INFO);
     tracing_subscriber::fmt()
         .compact()
-        .with_ansi(false)
         .with_target(false)
         .with_max_level(level)
         .with_writer(std::io::stderr)
