@@ -4,6 +4,11 @@ use std::collections::BTreeSet;
 
 use crate::api::NodeError;
 
+/// Bytes as lowercase hex: checksums, short hashes in names, random ids.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Sandbox ids: `[a-z0-9][a-z0-9-]{0,62}` (the control plane uses 20 characters of
 /// `[a-z0-9]`). They name directories, cgroups and sockets, so nothing else is accepted.
 pub fn validate_sandbox_id(id: &str) -> Result<(), NodeError> {

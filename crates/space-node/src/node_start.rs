@@ -39,9 +39,14 @@ pub(crate) struct StartSettings {
 }
 
 impl StartSettings {
+    /// Whether the defaults name a start or a ready command.
+    pub(crate) fn named(d: &TemplateDefaults) -> bool {
+        d.start_cmd.is_some() || d.ready_cmd.is_some()
+    }
+
     /// The settings of a template whose defaults name a start or a ready command.
     pub(crate) fn of(template: &str, d: &TemplateDefaults) -> Option<StartSettings> {
-        (d.start_cmd.is_some() || d.ready_cmd.is_some()).then(|| StartSettings {
+        Self::named(d).then(|| StartSettings {
             template: template.to_owned(),
             start: d.start_cmd.clone(),
             ready: d.ready_cmd.clone(),

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use super::node_start::StartSettings;
 use super::{Node, NodeError, SANDBOX_DISK, blocking, template_disk, template_env, vm_identity};
 use crate::api::{Limits, TemplateInfo};
+use crate::ids::hex;
 use crate::runtime::{LaunchPlan, Runtime};
 use crate::storage;
 
@@ -45,20 +46,16 @@ const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The checkpoint directory of template `tmpl` for runtime key `key`.
 pub(crate) fn checkpoint_dir(tmpl: &TemplateInfo, key: &str) -> PathBuf {
-    let name = match StartSettings::of(&tmpl.name, &tmpl.defaults) {
-        None => format!("vm-{key}"),
-        Some(st) => {
-            let mut h = Sha256::new();
-            for cmd in [&st.start, &st.ready] {
-                h.update(cmd.as_deref().unwrap_or("").as_bytes());
-                h.update([0]);
-            }
-            let hash: String = h.finalize()[..6]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            format!("vm-{key}-s{hash}")
+    let d = &tmpl.defaults;
+    let name = if StartSettings::named(d) {
+        let mut h = Sha256::new();
+        for cmd in [&d.start_cmd, &d.ready_cmd] {
+            h.update(cmd.as_deref().unwrap_or("").as_bytes());
+            h.update([0]);
         }
+        format!("vm-{key}-s{}", hex(&h.finalize()[..6]))
+    } else {
+        format!("vm-{key}")
     };
     tmpl.path.with_file_name(name)
 }
@@ -107,7 +104,7 @@ impl Default for VmWarm {
 pub(crate) fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     rand::rng().fill(&mut b[..]);
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    hex(&b)
 }
 
 impl Node {

@@ -42,6 +42,7 @@ use super::{
     LaunchPlan, Launched, MicrovmRuntime, RuntimeError, Tracked, clone_disk, kill_started,
     prepare_dirs, remove_if_exists, setup, setup_msg, start_qemu, validate,
 };
+use crate::ids::hex;
 
 /// The device state file in a checkpoint directory.
 pub const STATE_FILE: &str = "state";
@@ -312,10 +313,6 @@ impl Write for HashingWriter<'_> {
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub(super) fn checkpoint_blocking(

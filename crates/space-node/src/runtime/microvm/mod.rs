@@ -498,11 +498,7 @@ impl MicrovmRuntime {
             let mut h = sha2::Sha256::new();
             h.update(kernel.version.as_bytes());
             h.update(&bytes);
-            h.finalize()
-                .iter()
-                .take(6)
-                .map(|b| format!("{b:02x}"))
-                .collect()
+            crate::ids::hex(&h.finalize()[..6])
         };
         Ok(Self {
             inner: Arc::new(Inner {
