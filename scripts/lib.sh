@@ -8,7 +8,7 @@ PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables postgresql iproute
     qemu-system-x86 e2fsprogs xz-utils mmdebstrap)
 # Only the test suite needs these: a real OCI registry, skopeo to fill it, umoci as the
 # pull benchmark's peer, htpasswd for the registry's basic auth (scripts/test installs them).
-TEST_PACKAGES=(docker-registry skopeo umoci apache2-utils)
+TEST_PACKAGES=(docker-registry skopeo umoci apache2-utils python3-venv)
 GUEST_TARGET=x86_64-unknown-linux-gnu
 # Guest kernel for QEMU microvm guests (the bench peer, later the microvm runtime): Debian's
 # cloud kernel, unpacked (never installed on the host) into $VM_DIR with the modules below and
@@ -26,6 +26,11 @@ BASE_PACKAGES=(bash coreutils procps iproute2 ca-certificates curl git python3 p
     python3-venv nodejs npm less tar unzip sudo)
 BASE_RECIPE="2 $BASE_SUITE ${BASE_PACKAGES[*]}"
 BASE_PATH=/home/user/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# The official E2B SDKs the E2B-compatibility tests drive (decision 0022), pinned, each in its
+# own venv under $E2B_CACHE, installed from PyPI once per machine (scripts/test).
+E2B_CACHE=${SPACE_E2B_CACHE:-/var/cache/space/e2b}
+E2B_PY_VERSION=2.63.0
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -204,4 +209,17 @@ JSON
     rm -rf "$BASE_CACHE"
     mv "$new" "$BASE_CACHE"
     say "Debian base rootfs ready in $(( $(date +%s) - start )) s ($(du -sh "$BASE_CACHE/rootfs" | cut -f1))"
+}
+
+# Sets E2B_PYTHON to a venv's python with e2b==$E2B_PY_VERSION, made if missing.
+ensure_e2b_sdks() {
+    local venv="$E2B_CACHE/py-$E2B_PY_VERSION"
+    if ! "$venv/bin/python" -c "import e2b" 2>/dev/null; then
+        say "installing the E2B Python SDK $E2B_PY_VERSION from PyPI into $venv"
+        rm -rf "$venv"
+        mkdir -p "$E2B_CACHE"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check "e2b==$E2B_PY_VERSION"
+    fi
+    E2B_PYTHON="$venv/bin/python"
 }

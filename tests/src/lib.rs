@@ -78,6 +78,22 @@ pub fn base_cache() -> Option<PathBuf> {
     None
 }
 
+/// The Python of a venv with the official `e2b` SDK (`SPACE_E2B_PYTHON`, set by scripts/test,
+/// which installs it), or `None` where there is none. With SPACE_REQUIRE_E2B=1 that is a
+/// failure.
+pub fn e2b_python() -> Option<PathBuf> {
+    let why = match std::env::var_os("SPACE_E2B_PYTHON").map(PathBuf::from) {
+        Some(p) if p.is_file() => return Some(p),
+        Some(p) => format!("SPACE_E2B_PYTHON={} is not a file", p.display()),
+        None => "SPACE_E2B_PYTHON is not set (scripts/test installs the SDK)".to_string(),
+    };
+    if std::env::var("SPACE_REQUIRE_E2B").as_deref() == Ok("1") {
+        panic!("SPACE_REQUIRE_E2B=1 but {why}");
+    }
+    eprintln!("skipping: {why} (set SPACE_REQUIRE_E2B=1 to require it)");
+    None
+}
+
 pub fn require_root() {
     assert!(
         rustix::process::geteuid().is_root(),

@@ -14,6 +14,19 @@ pub const DEFAULT_CPU: f64 = 1.0;
 pub const DEFAULT_MEMORY_MIB: u64 = 512;
 pub const DEFAULT_PIDS: u32 = 512;
 
+/// What recent E2B SDKs require of an API key: `e2b_` and hex digits.
+pub const E2B_KEY_PREFIX: &str = "e2b_";
+
+/// The E2B form of a space API key: `e2b_` + the hex of its bytes. The server maps it back
+/// with no table, so a key revoked in one form is revoked in both (decision 0022).
+pub fn e2b_key(key: &str) -> String {
+    let mut out = String::from(E2B_KEY_PREFIX);
+    for b in key.as_bytes() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
 /// Whether `id` has the shape of a sandbox id (20 chars of `[a-z0-9]`).
 pub fn is_valid_sandbox_id(id: &str) -> bool {
     id.len() == SANDBOX_ID_LEN
@@ -94,6 +107,10 @@ pub struct CreateSandbox {
     pub pids: Option<u32>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// The caller's own labels (at most 64; keys 1..=128 bytes, values up to 512); listed
+    /// with the sandbox and filtered on by `GET /sandboxes?metadata=` of the E2B API.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
     /// Seconds from now after which `on_timeout` happens; none = no timeout (no hard cap).
@@ -220,6 +237,8 @@ pub struct Sandbox {
     pub pids: u32,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
     pub hostname: String,
     /// Why the sandbox failed or stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -105,6 +105,9 @@ enum Command {
     Net(net::NetArgs),
     /// Print a URL that reaches a TCP port the sandbox listens on.
     Port(net::PortArgs),
+    /// E2B compatibility: `eval "$(space e2b env)"` points the official E2B SDKs here.
+    #[command(subcommand)]
+    E2b(E2bCmd),
     /// Manage secrets (values used by sandboxes without ever being visible inside).
     #[command(subcommand)]
     Secret(net::SecretCmd),
@@ -136,6 +139,9 @@ struct CreateArgs {
     /// Environment variable (repeatable).
     #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_kv)]
     env: Vec<(String, String)>,
+    /// A label of your own (repeatable), shown by inspect and filtered on by E2B's list.
+    #[arg(long = "metadata", value_name = "K=V", value_parser = parse_kv)]
+    metadata: Vec<(String, String)>,
     #[arg(long)]
     hostname: Option<String>,
     /// Timeout in seconds (none: no timeout); what happens then: --on-timeout.
@@ -184,7 +190,29 @@ pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
     }
 }
 
+#[derive(Debug, Subcommand)]
+enum E2bCmd {
+    /// Print `export` lines for E2B_API_KEY (this key in E2B's form), E2B_API_URL and
+    /// E2B_SANDBOX_URL (this API's address, which serves both E2B APIs).
+    Env,
+}
+
+/// The shell lines `space e2b env` prints.
+fn e2b_env(url: &str, key: &str) -> String {
+    format!(
+        "export E2B_API_KEY={}\nexport E2B_API_URL={url}\nexport E2B_SANDBOX_URL={url}\n",
+        space_api::e2b_key(key)
+    )
+}
+
 fn client() -> Result<Client> {
+    let (url, key) = connection()?;
+    Ok(Client::new(&url, &key)?)
+}
+
+/// The API's address and key: `SPACE_URL` (default http://127.0.0.1:7070) and
+/// `SPACE_API_KEY`, or the admin key in `SPACE_DATA_DIR` (default /var/lib/space).
+fn connection() -> Result<(String, String)> {
     let url = std::env::var("SPACE_URL").unwrap_or_else(|_| "http://127.0.0.1:7070".into());
     let key = match std::env::var("SPACE_API_KEY") {
         Ok(k) if !k.trim().is_empty() => k.trim().to_string(),
@@ -204,7 +232,7 @@ fn client() -> Result<Client> {
                 .to_string()
         }
     };
-    Ok(Client::new(&url, &key)?)
+    Ok((url.trim_end_matches('/').to_string(), key))
 }
 
 fn print_json<T: serde::Serialize>(v: &T) -> Result<()> {
@@ -255,6 +283,7 @@ async fn run(cli: Cli) -> Result<i32> {
                     memory_mib: a.memory,
                     pids: a.pids,
                     env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
+                    metadata: a.metadata.into_iter().collect(),
                     hostname: a.hostname,
                     timeout_secs: a.timeout,
                     auto_pause_secs: a.auto_pause,
@@ -399,6 +428,11 @@ async fn run(cli: Cli) -> Result<i32> {
         Command::Net(a) => net::run_net(client()?, a).await,
         Command::Port(a) => net::run_port(client()?, a).await,
         Command::Secret(c) => net::run_secret(client()?, c).await,
+        Command::E2b(E2bCmd::Env) => {
+            let (url, key) = connection()?;
+            print!("{}", e2b_env(&url, &key));
+            Ok(0)
+        }
         Command::Pool(c) => pool::run(client()?, c).await,
     }
 }
@@ -551,6 +585,18 @@ mod tests {
             message: "sandbox x not found".into(),
         });
         assert_eq!(report(&e), "error: sandbox x not found (not_found)");
+    }
+
+    #[test]
+    fn e2b_env_prints_the_three_exports_with_the_key_in_e2b_form() {
+        let out = e2b_env("http://10.1.2.3:7070", "sk_AB");
+        assert_eq!(
+            out,
+            "export E2B_API_KEY=e2b_736b5f4142\n\
+             export E2B_API_URL=http://10.1.2.3:7070\n\
+             export E2B_SANDBOX_URL=http://10.1.2.3:7070\n"
+        );
+        assert!(Cli::try_parse_from(["space", "e2b", "env"]).is_ok());
     }
 
     #[test]

@@ -45,21 +45,12 @@ pub fn hash_key(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
-fn to_hex(bytes: &[u8]) -> String {
+pub(crate) fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn from_hex(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, chunk) in s.as_bytes().chunks(2).enumerate() {
-        let hi = (chunk[0] as char).to_digit(16)?;
-        let lo = (chunk[1] as char).to_digit(16)?;
-        out[i] = (hi * 16 + lo) as u8;
-    }
-    Some(out)
+    from_hex_bytes(s)?.try_into().ok()
 }
 
 /// Compares two hashes without an early exit.
@@ -104,14 +95,48 @@ impl Auth {
             .fold(false, |found, h| ct_eq(h, &presented) | found)
     }
 
-    /// Verifies an `Authorization` header value (`Bearer <key>`).
-    pub fn verify_header(&self, value: Option<&str>) -> bool {
-        let Some(value) = value else { return false };
-        let Some((scheme, key)) = value.split_once(' ') else {
-            return false;
-        };
-        scheme.eq_ignore_ascii_case("bearer") && self.verify(key.trim())
+    /// Verifies the key a request presents ([`presented_key`]); returns it when valid.
+    pub fn verify_request(&self, headers: &axum::http::HeaderMap) -> Option<String> {
+        presented_key(headers).filter(|k| self.verify(k))
     }
+}
+
+/// The API key a request presents: `Authorization: Bearer <key>`, or `X-API-KEY` (what the
+/// E2B SDKs send) holding the key or its E2B form ([`space_api::e2b_key`]).
+pub fn presented_key(headers: &axum::http::HeaderMap) -> Option<String> {
+    if let Some(v) = headers.get(axum::http::header::AUTHORIZATION) {
+        let (scheme, key) = v.to_str().ok()?.split_once(' ')?;
+        return scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| key.trim().to_string());
+    }
+    let v = headers.get("x-api-key")?.to_str().ok()?.trim();
+    match v.strip_prefix(space_api::E2B_KEY_PREFIX) {
+        Some(hex) => from_e2b_hex(hex),
+        None => Some(v.to_string()),
+    }
+}
+
+fn from_e2b_hex(hex: &str) -> Option<String> {
+    if hex.len() > 256 {
+        return None;
+    }
+    String::from_utf8(from_hex_bytes(hex)?).ok()
+}
+
+/// The bytes of an even number of hex digits.
+pub(crate) fn from_hex_bytes(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    hex.as_bytes()
+        .chunks(2)
+        .map(|c| {
+            let hi = (c[0] as char).to_digit(16)?;
+            let lo = (c[1] as char).to_digit(16)?;
+            Some((hi * 16 + lo) as u8)
+        })
+        .collect()
 }
 
 /// Makes sure an admin key exists and its plaintext is in `data_dir/admin.key`. Reuses the
@@ -171,6 +196,17 @@ mod tests {
     }
 
     #[test]
+    fn the_e2b_form_is_e2b_and_hex_and_maps_back() {
+        let k = generate_key();
+        let form = space_api::e2b_key(&k);
+        assert!(form.starts_with("e2b_"));
+        assert!(form[4..].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(from_e2b_hex(&form[4..]), Some(k));
+        assert_eq!(from_e2b_hex("abc"), None);
+        assert_eq!(from_e2b_hex("ff"), None); // not UTF-8
+    }
+
+    #[test]
     fn hex_roundtrip_and_ct_eq() {
         let h = hash_key("x");
         assert_eq!(from_hex(&to_hex(&h)), Some(h));
@@ -199,11 +235,34 @@ mod tests {
         assert!(auth.verify(&key));
         assert!(!auth.verify("sk_wrong"));
         assert!(!auth.verify(""));
-        assert!(auth.verify_header(Some(&format!("Bearer {key}"))));
-        assert!(auth.verify_header(Some(&format!("bearer {key}"))));
-        assert!(!auth.verify_header(Some(&format!("Basic {key}"))));
-        assert!(!auth.verify_header(Some(&key)));
-        assert!(!auth.verify_header(None));
+        let with = |name: &str, value: &str| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+            auth.verify_request(&h)
+        };
+        assert_eq!(
+            with("authorization", &format!("Bearer {key}")),
+            Some(key.clone())
+        );
+        assert_eq!(
+            with("authorization", &format!("bearer {key}")),
+            Some(key.clone())
+        );
+        assert_eq!(with("authorization", &format!("Basic {key}")), None);
+        assert_eq!(with("authorization", &key), None);
+        assert_eq!(with("x-api-key", &key), Some(key.clone()));
+        assert_eq!(
+            with("x-api-key", &space_api::e2b_key(&key)),
+            Some(key.clone())
+        );
+        // The E2B form of a wrong key, odd or non-hex digits, and no header at all.
+        assert_eq!(with("x-api-key", &space_api::e2b_key("sk_wrong")), None);
+        assert_eq!(with("x-api-key", &space_api::e2b_key(&key)[..20]), None);
+        assert_eq!(with("x-api-key", "e2b_zz"), None);
+        assert_eq!(auth.verify_request(&axum::http::HeaderMap::new()), None);
 
         // Losing the file rotates the key; the old one stops working.
         std::fs::remove_file(&path).unwrap();

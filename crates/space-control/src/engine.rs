@@ -285,6 +285,7 @@ pub fn validate_create_with(
         )));
     }
     check_env(&req.env)?;
+    check_metadata(&req.metadata)?;
     let hostname = req.hostname.unwrap_or_else(|| id.to_string());
     check_hostname(&hostname)?;
     if let Some(rt) = &req.runtime
@@ -301,11 +302,30 @@ pub fn validate_create_with(
         memory_mib,
         pids,
         env: req.env,
+        metadata: req.metadata,
         hostname,
         network,
         secrets: Vec::new(),
         runtime: req.runtime,
     })
+}
+
+/// Metadata limits: 64 entries, keys of 1..=128 bytes, values up to 512 bytes, no NUL.
+fn check_metadata(m: &std::collections::BTreeMap<String, String>) -> AppResult<()> {
+    if m.len() > 64 {
+        return Err(AppError::invalid(format!(
+            "at most 64 metadata entries, got {}",
+            m.len()
+        )));
+    }
+    for (k, v) in m {
+        if k.is_empty() || k.len() > 128 || v.len() > 512 || k.contains('\0') || v.contains('\0') {
+            return Err(AppError::invalid(format!(
+                "invalid metadata entry {k:?}: keys are 1..=128 bytes, values up to 512, no NUL"
+            )));
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn node_spec(id: &str, spec: &SandboxSpecRecord) -> SandboxSpec {
@@ -359,6 +379,7 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
         memory_mib: row.spec.memory_mib,
         pids: row.spec.pids,
         env: row.spec.env.clone(),
+        metadata: row.spec.metadata.clone(),
         hostname: row.spec.hostname.clone(),
         error: row.error.clone(),
         init_pid: live

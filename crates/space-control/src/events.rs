@@ -278,6 +278,20 @@ impl Store {
 /// that are not audited (stat, list, status, output) and for hot, content-only calls
 /// (stdin writes, resize). Sandbox creation is recorded by the engine (the id is new).
 pub fn api_action(method: &str, route: &str) -> Option<&'static str> {
+    if let Some(rest) = route
+        .strip_prefix("/sandboxes/{id}")
+        .or_else(|| route.strip_prefix("/v2/sandboxes/{id}"))
+    {
+        // E2B's control API (crate::e2b::control).
+        return Some(match (method, rest) {
+            ("DELETE", "") => "delete",
+            ("POST", "/pause") => "pause",
+            ("POST", "/resume") => "resume",
+            ("POST", "/connect") => "connect",
+            ("POST", "/timeout") => "set_timeout",
+            _ => return None,
+        });
+    }
     let rest = route.strip_prefix("/v1/sandboxes/{id}")?;
     Some(match (method, rest) {
         ("DELETE", "") => "delete",
@@ -325,7 +339,7 @@ pub fn api_detail(uri: &axum::http::Uri) -> String {
     parts.join(" ")
 }
 
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -352,7 +366,11 @@ fn percent_decode(s: &str) -> String {
 
 /// The sandbox id of a `/v1/sandboxes/{id}...` path.
 pub fn sandbox_of(path: &str) -> Option<&str> {
-    let id = path.strip_prefix("/v1/sandboxes/")?.split('/').next()?;
+    let id = ["/v1/sandboxes/", "/sandboxes/", "/v2/sandboxes/"]
+        .iter()
+        .find_map(|p| path.strip_prefix(p))?
+        .split('/')
+        .next()?;
     space_api::is_valid_sandbox_id(id).then_some(id)
 }
 
@@ -414,6 +432,16 @@ mod tests {
         );
         assert_eq!(api_action("DELETE", "/v1/sandboxes/{id}"), Some("delete"));
         assert_eq!(api_action("GET", "/v1/sandboxes/{id}"), None);
+        assert_eq!(api_action("DELETE", "/sandboxes/{id}"), Some("delete"));
+        assert_eq!(
+            api_action("POST", "/v2/sandboxes/{id}/connect"),
+            Some("connect")
+        );
+        assert_eq!(api_action("GET", "/sandboxes/{id}"), None);
+        assert_eq!(
+            sandbox_of("/v2/sandboxes/abcdefghij0123456789/connect"),
+            Some("abcdefghij0123456789")
+        );
         assert_eq!(api_action("GET", "/v1/sandboxes/{id}/files/stat"), None);
         assert_eq!(api_action("POST", "/v1/sandboxes"), None);
         assert_eq!(api_action("GET", "/v1/templates"), None);
@@ -449,14 +477,11 @@ mod tests {
 /// audited ([`api_action`]). The result is `ok` for 2xx, else the error code.
 pub(crate) async fn audited(
     state: &crate::AppState,
-    authorization: Option<&str>,
+    key: &str,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let key = authorization
-        .and_then(|h| h.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let actor: Arc<str> = format!("api:{}", key_id(key.trim())).into();
+    let actor: Arc<str> = format!("api:{}", key_id(key)).into();
     let audit = req
         .extensions()
         .get::<axum::extract::MatchedPath>()

@@ -148,6 +148,9 @@ pub fn app(state: AppState) -> Router {
     for (method, path) in ROUTES {
         router = router.route(path, handler(method, path));
     }
+    for (method, path) in crate::e2b::control::ROUTES {
+        router = router.route(path, crate::e2b::control::handler(method, path));
+    }
     for path in crate::port_proxy::PROXY_ROUTER_PATHS {
         router = router.route(path, any(crate::port_proxy::proxy));
     }
@@ -157,6 +160,11 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(json_limit))
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        // envd's requests (E2b-Sandbox-Id) leave here for envd's router: no API key.
+        .layer(axum::middleware::from_fn_with_state(
+            crate::e2b::envd::Envd::new(state.clone()),
+            crate::e2b::dispatch,
+        ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), trace))
         .layer(axum::middleware::from_fn(close_after_unread_body))
         .with_state(state)
@@ -199,22 +207,22 @@ async fn method_not_allowed(req: Request) -> AppError {
     )
 }
 
-/// Bearer-key check on everything but `/healthz` and the port proxy (`/p/...`, whose token
+/// API-key check ([`crate::auth::presented_key`]) on everything but `/healthz` and the port proxy (`/p/...`, whose token
 /// is its credential).
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if req.uri().path() == "/healthz" || req.uri().path().starts_with("/p/") {
         return next.run(req).await;
     }
-    let header = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
-    if !state.auth.verify_header(header) {
-        return AppError::unauthorized("missing or invalid API key (Authorization: Bearer <key>)")
-            .into_response();
-    }
-    let header = header.map(str::to_owned);
-    crate::events::audited(&state, header.as_deref(), req, next).await
+    let Some(key) = state.auth.verify_request(req.headers()) else {
+        let err = AppError::unauthorized(
+            "missing or invalid API key (Authorization: Bearer <key>, or X-API-KEY)",
+        );
+        if crate::e2b::is_control_path(req.uri().path()) {
+            return crate::e2b::E2bError(err).into_response();
+        }
+        return err.into_response();
+    };
+    crate::events::audited(&state, &key, req, next).await
 }
 
 async fn trace(State(state): State<AppState>, req: Request, next: Next) -> Response {

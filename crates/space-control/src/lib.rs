@@ -11,6 +11,7 @@ pub mod checkpoints;
 pub mod convert;
 pub mod diff;
 pub mod dockerfile;
+pub mod e2b;
 pub mod engine;
 pub mod error;
 pub mod events;

@@ -446,6 +446,31 @@ impl Engine {
         self.get_sandbox(id).await
     }
 
+    /// E2B's connect (decision 0022): the deadline becomes now + `secs` when that is later.
+    /// A running sandbox's deadline is never shortened, and one without a deadline keeps
+    /// none. `resumed`: the connect has just resumed the sandbox, which then gets a deadline
+    /// of at least now + `secs` even if its pause had consumed the old one.
+    pub async fn extend_timeout(&self, id: &str, secs: u64, resumed: bool) -> AppResult<()> {
+        let add = check_secs("timeout", secs)?;
+        {
+            let _guard = self.locks.lock(id).await;
+            let mut l = self.lifecycle_or_default(id).await?;
+            let wanted = now_ms() + add;
+            let extend = match l.timeout_at {
+                Some(at) => wanted > at,
+                None => resumed,
+            };
+            if !extend {
+                return Ok(());
+            }
+            l.timeout_at = Some(wanted);
+            self.store.put_lifecycle(&l).await?;
+            tracing::info!(sandbox = id, timeout_at = wanted, "timeout extended");
+        }
+        self.wake_reconciler();
+        Ok(())
+    }
+
     async fn load_checked(&self, id: &str) -> AppResult<SandboxRow> {
         if !space_api::is_valid_sandbox_id(id) {
             return Err(AppError::invalid(format!("invalid sandbox id {id:?}")));

@@ -145,6 +145,21 @@ impl PortSigner {
             .collect()
     }
 
+    /// The envd access token of sandbox `id` (E2B's `envdAccessToken`, decision 0022): the
+    /// hex of HMAC-SHA256(key, "envd:<id>"). No port token can equal it: those sign
+    /// "<id>:<port>", and an id is 20 characters of [a-z0-9].
+    pub fn envd_token(&self, id: &str) -> String {
+        crate::auth::to_hex(hmac::sign(&self.key, format!("envd:{id}").as_bytes()).as_ref())
+    }
+
+    /// Whether `token` is sandbox `id`'s envd access token (compared in constant time).
+    pub fn verify_envd_token(&self, id: &str, token: &str) -> bool {
+        let Some(tag) = crate::auth::from_hex_bytes(token) else {
+            return false;
+        };
+        hmac::verify(&self.key, format!("envd:{id}").as_bytes(), &tag).is_ok()
+    }
+
     pub fn token(&self, id: &str, port: u16) -> String {
         format!("{id}.{port}.{}", self.mac(id, port))
     }
@@ -373,6 +388,20 @@ mod tests {
         }
         let e = resolve_policy(&pol(Some(Egress::None), &["x.com"]), Egress::Open).unwrap_err();
         assert_eq!(e.code, "invalid_argument");
+    }
+
+    #[test]
+    fn envd_tokens_are_per_sandbox_and_per_key() {
+        let s = PortSigner::new(&[1u8; 32]);
+        let (a, b) = ("a".repeat(20), "b".repeat(20));
+        let t = s.envd_token(&a);
+        assert_eq!(t.len(), 64);
+        assert!(s.verify_envd_token(&a, &t));
+        assert!(!s.verify_envd_token(&b, &t));
+        assert!(!s.verify_envd_token(&a, &s.envd_token(&b)));
+        assert!(!s.verify_envd_token(&a, &t[..63]));
+        assert!(!s.verify_envd_token(&a, ""));
+        assert!(!PortSigner::new(&[2u8; 32]).verify_envd_token(&a, &t));
     }
 
     #[test]

@@ -43,6 +43,8 @@ pub struct SandboxSpecRecord {
     pub pids: u32,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
     pub hostname: String,
     /// Egress policy (rows from before decision 0012 have none: open).
     #[serde(default)]
@@ -366,6 +368,7 @@ pub(crate) mod tests {
             memory_mib: 512,
             pids: 512,
             env: BTreeMap::from([("A".to_string(), "1".to_string())]),
+            metadata: BTreeMap::new(),
             hostname: "h".into(),
             network: NetworkRecord::default(),
             secrets: Vec::new(),

@@ -42,6 +42,11 @@ impl OutputRing {
         }
     }
 
+    /// How many bytes it keeps.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
     /// Offset of the oldest retained byte.
     pub fn start(&self) -> u64 {
         self.start

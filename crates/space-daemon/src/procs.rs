@@ -89,6 +89,8 @@ pub struct Proc {
     pty: Mutex<Option<OwnedFd>>,
     state: Mutex<ProcState>,
     changed: watch::Sender<()>,
+    /// Signalled when a holding reader moves on or goes away (see [`ProcState::holds`]).
+    progress: tokio::sync::Notify,
 }
 
 struct ProcState {
@@ -98,6 +100,23 @@ struct ProcState {
     /// Exit status known and output drained: the Exit event may be sent.
     finished: bool,
     exit_tx: Option<oneshot::Sender<()>>,
+    /// The cursors of live foreground exec streams, by reader id. While one is more than the
+    /// ring's capacity behind, the output readers wait for it instead of dropping bytes it has
+    /// not read: a foreground exec loses nothing, as over a pipe, and a reader that goes away
+    /// (its client left) releases the process at once.
+    holds: HashMap<u64, u64>,
+    next_hold: u64,
+}
+
+impl ProcState {
+    /// Whether appending `chunk` more bytes would drop output a holding reader has not read.
+    fn held(&self, chunk: usize) -> bool {
+        let start = self.ring.start();
+        let end = self.ring.end() + chunk as u64;
+        self.holds
+            .values()
+            .any(|&cursor| end - cursor.max(start) > self.ring.cap() as u64)
+    }
 }
 
 impl Proc {
@@ -286,8 +305,11 @@ impl Procs {
                 exit: None,
                 finished: false,
                 exit_tx: Some(exit_tx),
+                holds: HashMap::new(),
+                next_hold: 0,
             }),
             changed: watch::channel(()).0,
+            progress: tokio::sync::Notify::new(),
         });
         // A retained, exited process with a reused pid is replaced.
         self.table().insert(pid, proc.clone());
@@ -335,7 +357,13 @@ impl Procs {
             tokio::pin!(reading);
             tokio::select! {
                 _ = &mut reading => { let _ = (&mut exit_rx).await; }
-                _ = &mut exit_rx => { let _ = tokio::time::timeout(EXIT_GRACE, &mut reading).await; }
+                _ = &mut exit_rx => {
+                    // The grace runs while the readers are free: output a holding reader has
+                    // yet to take (a foreground exec's) is not cut off by it.
+                    while tokio::time::timeout(EXIT_GRACE, &mut reading).await.is_err()
+                        && proc.state().held(OUTPUT_CHUNK)
+                    {}
+                }
             }
         }
         {
@@ -412,7 +440,7 @@ impl Procs {
         if offset > end {
             return Err(ProcError::OutOfRange { offset, end });
         }
-        Ok(events(proc, offset, follow, false))
+        Ok(events(proc, offset, follow, false, false))
     }
 
     pub fn signal(&self, pid: u32, signal: i32, group: bool) -> Result<(), ProcError> {
@@ -481,6 +509,16 @@ impl Procs {
 async fn read_loop(proc: &Proc, rx: pipe::Receiver, stream: OutStream) {
     let mut buf = vec![0u8; OUTPUT_CHUNK];
     loop {
+        // Back-pressure from a foreground exec's reader: the process blocks on its full pipe.
+        loop {
+            let progressed = proc.progress.notified();
+            tokio::pin!(progressed);
+            progressed.as_mut().enable();
+            if !proc.state().held(OUTPUT_CHUNK) {
+                break;
+            }
+            progressed.await;
+        }
         if rx.readable().await.is_err() {
             return;
         }
@@ -516,9 +554,16 @@ async fn write_all(tx: &pipe::Sender, mut data: &[u8]) -> io::Result<()> {
 
 /// The event stream of `proc` from `offset`: a Gap if that part was dropped, the output, and
 /// (when `follow`, or when the process already finished) Exit at the end. With `started`,
-/// Started{pid} comes first. The stream only reads the ring: a slow or vanished client never
-/// blocks the process; if it falls behind the ring it gets a Gap.
-pub fn events(proc: Arc<Proc>, offset: u64, follow: bool, started: bool) -> EventStream {
+/// Started{pid} comes first. Without `hold` the stream only reads the ring: a slow or vanished
+/// client never blocks the process, and one that falls behind the ring gets a Gap. With `hold`
+/// (a foreground exec) the process waits for this reader while it lives (`ProcState::holds`).
+pub fn events(
+    proc: Arc<Proc>,
+    offset: u64,
+    follow: bool,
+    started: bool,
+    hold: bool,
+) -> EventStream {
     struct Sub {
         proc: Arc<Proc>,
         cursor: u64,
@@ -526,6 +571,24 @@ pub fn events(proc: Arc<Proc>, offset: u64, follow: bool, started: bool) -> Even
         follow: bool,
         started: bool,
         done: bool,
+        hold: Option<u64>,
+    }
+    impl Sub {
+        fn advance(&mut self, st: &mut ProcState, to: u64) {
+            self.cursor = to;
+            if let Some(h) = self.hold {
+                st.holds.insert(h, to);
+                self.proc.progress.notify_waiters();
+            }
+        }
+    }
+    impl Drop for Sub {
+        fn drop(&mut self) {
+            if let Some(h) = self.hold {
+                self.proc.state().holds.remove(&h);
+                self.proc.progress.notify_waiters();
+            }
+        }
     }
     enum Step {
         Emit(process_event::Event),
@@ -534,6 +597,13 @@ pub fn events(proc: Arc<Proc>, offset: u64, follow: bool, started: bool) -> Even
         Wait,
     }
     let rx = proc.changed.subscribe();
+    let hold = hold.then(|| {
+        let mut st = proc.state();
+        let h = st.next_hold;
+        st.next_hold += 1;
+        st.holds.insert(h, offset);
+        h
+    });
     let sub = Sub {
         proc,
         cursor: offset,
@@ -541,6 +611,7 @@ pub fn events(proc: Arc<Proc>, offset: u64, follow: bool, started: bool) -> Even
         follow,
         started,
         done: false,
+        hold,
     };
     Box::pin(futures::stream::unfold(sub, |mut s| async move {
         if s.started {
@@ -554,10 +625,11 @@ pub fn events(proc: Arc<Proc>, offset: u64, follow: bool, started: bool) -> Even
         loop {
             s.rx.borrow_and_update();
             let step = {
-                let st = s.proc.state();
+                let proc = s.proc.clone();
+                let mut st = proc.state();
                 match st.ring.read(s.cursor, OUTPUT_CHUNK) {
                     RingRead::Gap { from, to } => {
-                        s.cursor = to;
+                        s.advance(&mut st, to);
                         Step::Emit(process_event::Event::Gap(space_proto::Gap { from, to }))
                     }
                     RingRead::Data {
@@ -565,7 +637,7 @@ pub fn events(proc: Arc<Proc>, offset: u64, follow: bool, started: bool) -> Even
                         offset,
                         data,
                     } => {
-                        s.cursor = offset + data.len() as u64;
+                        s.advance(&mut st, offset + data.len() as u64);
                         Step::Emit(process_event::Event::Output(space_proto::Output {
                             stream: stream as i32,
                             offset,

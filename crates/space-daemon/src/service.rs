@@ -147,7 +147,9 @@ impl Guest for GuestService {
 
     async fn exec(&self, req: Request<ExecRequest>) -> Result<Response<Self::ExecStream>, Status> {
         let proc = self.procs.spawn(req.into_inner())?;
-        Ok(Response::new(Box::pin(events(proc, 0, true, true).map(Ok))))
+        Ok(Response::new(Box::pin(
+            events(proc, 0, true, true, true).map(Ok),
+        )))
     }
 
     async fn start(&self, req: Request<ExecRequest>) -> Result<Response<StartReply>, Status> {

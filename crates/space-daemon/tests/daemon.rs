@@ -730,56 +730,89 @@ async fn dropping_the_client_does_not_stop_or_block_the_process() {
     assert_eq!(String::from_utf8(output_bytes(&ev)).unwrap(), expected);
     assert_eq!(exit_of(&ev).code, 0);
 
-    // A subscriber that never reads: the process still runs to completion (its output far
-    // exceeds what HTTP/2 windows and the 1 MiB ring hold); reading later yields a Gap.
+    // A foreground exec's subscriber that does not read holds the process (decision 0023):
+    // it blocks on its full pipe instead of losing output the stream has not delivered ...
+    let mut c2 = d.client().await;
     let mut events = c
         .exec(req(&["sh", "-c", "head -c 8000000 /dev/zero"]))
         .await
         .unwrap()
         .into_inner();
-    let Some(Ok(ProcessEvent {
-        event: Some(Event::Started(s)),
-    })) = events.next().await
-    else {
-        panic!("no Started")
-    };
-    let mut c2 = d.client().await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let list = c2
-            .list_processes(ListProcessesRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        if list.processes.iter().any(|p| p.pid == s.pid && !p.running) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "process blocked by an unread stream"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let pid = started_pid(&mut events).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        is_running(&mut c2, pid).await,
+        "the process ran past an unread stream"
+    );
+    // ... and the reader then gets every byte, in order, with no gap.
     let rest = collect(events).await;
     assert!(
-        rest.iter().any(|e| matches!(e, Event::Gap(_))),
-        "no gap for a lagging reader"
+        !rest.iter().any(|e| matches!(e, Event::Gap(_))),
+        "a foreground exec lost output"
     );
     let exit = exit_of(&rest);
     assert_eq!((exit.code, exit.end_offset), (0, 8_000_000));
     let mut total = 0u64;
     for e in &rest {
-        match e {
-            Event::Gap(g) => total += g.to - g.from,
-            Event::Output(o) => {
-                assert!(o.data.len() <= 64 * 1024);
-                assert_eq!(o.offset, total);
-                total += o.data.len() as u64;
-            }
-            _ => {}
+        if let Event::Output(o) = e {
+            assert!(o.data.len() <= 64 * 1024);
+            assert_eq!(o.offset, total);
+            total += o.data.len() as u64;
         }
     }
     assert_eq!(total, 8_000_000);
+
+    // A subscriber that goes away releases the process at once: it runs to completion, and
+    // a later attach finds the overwritten part as a Gap.
+    let mut events = c
+        .exec(req(&["sh", "-c", "head -c 8000000 /dev/zero"]))
+        .await
+        .unwrap()
+        .into_inner();
+    let pid = started_pid(&mut events).await;
+    drop(events);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while is_running(&mut c2, pid).await {
+        assert!(
+            Instant::now() < deadline,
+            "process blocked by a dropped stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ev = collect(
+        c2.attach(AttachRequest {
+            pid,
+            offset: 0,
+            follow: true,
+        })
+        .await
+        .unwrap()
+        .into_inner(),
+    )
+    .await;
+    assert!(
+        ev.iter().any(|e| matches!(e, Event::Gap(_))),
+        "no gap for output nobody read"
+    );
+    assert_eq!(exit_of(&ev).end_offset, 8_000_000);
+}
+
+async fn is_running(c: &mut GuestClient<Channel>, pid: u32) -> bool {
+    let list = c
+        .list_processes(ListProcessesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    list.processes.iter().any(|p| p.pid == pid && p.running)
+}
+
+async fn started_pid(events: &mut tonic::Streaming<ProcessEvent>) -> u32 {
+    match events.next().await {
+        Some(Ok(ProcessEvent {
+            event: Some(Event::Started(s)),
+        })) => s.pid,
+        other => panic!("no Started: {other:?}"),
+    }
 }
 
 #[tokio::test]

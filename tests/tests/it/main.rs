@@ -11,6 +11,7 @@ mod checkpoint;
 mod cli;
 mod cp_hostile;
 mod diff;
+mod e2b;
 mod isolation;
 mod metrics;
 mod microvm;

@@ -1,0 +1,619 @@
+//! E2B's control API over space's engine (decision 0022). Same paths, fields, status codes
+//! and error bodies as E2B; what each call does to a sandbox's deadline:
+//!
+//! - **create** with `timeout` T (default 15 s, as E2B's API; the SDKs send 300): the
+//!   deadline is now + T. At the deadline the sandbox is deleted, or paused with `autoPause`.
+//! - **timeout** T: the deadline becomes now + T, shorter or longer, as on E2B.
+//! - **connect** T: a running sandbox's deadline only ever moves later (never shortened,
+//!   never silently reset); a paused one is resumed and gets at least now + T (300 s when no
+//!   T is given).
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, delete, get, post};
+use serde::{Deserialize, Serialize};
+use space_api::{CreateSandbox, OnTimeout, Sandbox, SandboxState, SetTimeout};
+
+use super::E2bError;
+use crate::AppState;
+use crate::error::AppError;
+use crate::http::{ApiJson, ApiPath, ApiQuery};
+
+type E2bResult<T> = Result<T, E2bError>;
+
+/// E2B's control routes: (method, path). `http::app` registers them beside `/v1`.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/sandboxes"),
+    ("GET", "/sandboxes"),
+    ("POST", "/v2/sandboxes"),
+    ("GET", "/v2/sandboxes"),
+    ("GET", "/sandboxes/{id}"),
+    ("DELETE", "/sandboxes/{id}"),
+    ("POST", "/sandboxes/{id}/timeout"),
+    ("POST", "/sandboxes/{id}/connect"),
+    ("POST", "/v2/sandboxes/{id}/connect"),
+    ("POST", "/sandboxes/{id}/pause"),
+    ("POST", "/sandboxes/{id}/resume"),
+];
+
+pub fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
+    match (method, path) {
+        ("POST", "/sandboxes" | "/v2/sandboxes") => post(create),
+        ("GET", "/sandboxes") => get(list_running),
+        ("GET", "/v2/sandboxes") => get(list),
+        ("GET", "/sandboxes/{id}") => get(info),
+        ("DELETE", "/sandboxes/{id}") => delete(kill),
+        ("POST", "/sandboxes/{id}/timeout") => post(set_timeout),
+        ("POST", "/sandboxes/{id}/connect" | "/v2/sandboxes/{id}/connect") => post(connect),
+        ("POST", "/sandboxes/{id}/pause") => post(pause),
+        ("POST", "/sandboxes/{id}/resume") => post(resume),
+        _ => unreachable!("E2B route {method} {path} has no handler"),
+    }
+}
+
+/// E2B's create timeout when none is given (its API's default).
+const DEFAULT_CREATE_TIMEOUT_SECS: u64 = 15;
+/// The deadline a connect gives a sandbox it resumes when it names no timeout.
+const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 300;
+/// Largest page of a list.
+const MAX_PAGE: usize = 100;
+/// `clientID`: the node that runs the sandbox (one all-in-one node).
+const CLIENT_ID: &str = "space";
+/// `endAt` of a sandbox that has no deadline.
+const NO_DEADLINE: &str = "9999-12-31T23:59:59Z";
+
+/// `NewSandbox` (POST /sandboxes) and `NewSandboxV2` (POST /v2/sandboxes). Unknown fields are
+/// ignored, as E2B's API does; known features space does not serve are refused by name.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    #[serde(default)]
+    auto_pause: bool,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+    network: Option<serde_json::Value>,
+    mcp: Option<serde_json::Value>,
+    volume_mounts: Option<serde_json::Value>,
+    iam: Option<serde_json::Value>,
+}
+
+/// `Sandbox`: what create, connect and resume answer.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct E2bSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    envd_version: &'static str,
+    envd_access_token: String,
+    traffic_access_token: Option<String>,
+    domain: Option<String>,
+}
+
+/// `SandboxDetail` (get) and `ListedSandbox` (list).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct E2bInfo {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    started_at: String,
+    end_at: String,
+    /// The sandbox's CPU limit rounded up to whole cores.
+    cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    memory_mb: u64,
+    /// 0: space has no per-sandbox disk limit (yet).
+    #[serde(rename = "diskSizeMB")]
+    disk_size_mb: u64,
+    state: &'static str,
+    envd_version: &'static str,
+    metadata: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    envd_access_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    allow_internet_access: Option<bool>,
+    domain: Option<String>,
+}
+
+/// E2B knows two states: a sandbox being deleted is gone, every other one runs or is paused.
+fn e2b_state(s: SandboxState) -> Option<&'static str> {
+    match s {
+        SandboxState::Paused => Some("paused"),
+        SandboxState::Deleting => None,
+        _ => Some("running"),
+    }
+}
+
+fn sandbox_reply(s: &AppState, sb: &Sandbox) -> E2bSandbox {
+    E2bSandbox {
+        template_id: sb.template.clone(),
+        sandbox_id: sb.id.clone(),
+        client_id: CLIENT_ID,
+        envd_version: super::ENVD_VERSION,
+        envd_access_token: s.engine.ports.envd_token(&sb.id),
+        traffic_access_token: None,
+        domain: None,
+    }
+}
+
+fn info_of(sb: &Sandbox, token: Option<String>) -> E2bInfo {
+    E2bInfo {
+        template_id: sb.template.clone(),
+        sandbox_id: sb.id.clone(),
+        client_id: CLIENT_ID,
+        started_at: sb.created_at.clone(),
+        end_at: sb.timeout_at.clone().unwrap_or_else(|| NO_DEADLINE.into()),
+        cpu_count: sb.cpu.ceil().max(1.0) as u32,
+        memory_mb: sb.memory_mib,
+        disk_size_mb: 0,
+        state: e2b_state(sb.state).unwrap_or("running"),
+        envd_version: super::ENVD_VERSION,
+        metadata: sb.metadata.clone(),
+        envd_access_token: token,
+        allow_internet_access: sb
+            .network
+            .as_ref()
+            .map(|n| n.egress != space_api::Egress::None),
+        domain: None,
+    }
+}
+
+/// A missing sandbox in E2B's words (the SDKs match "not found").
+fn not_found(id: &str) -> E2bError {
+    E2bError(AppError::not_found(format!("sandbox \"{id}\" not found")))
+}
+
+/// The sandbox `id`, or E2B's 404 (also for a malformed id and one being deleted).
+async fn load(s: &AppState, id: &str) -> E2bResult<Sandbox> {
+    if !space_api::is_valid_sandbox_id(id) {
+        return Err(not_found(id));
+    }
+    match s.engine.get_sandbox(id).await {
+        Ok(sb) if e2b_state(sb.state).is_some() => Ok(sb),
+        Ok(_) => Err(not_found(id)),
+        Err(e) if e.status == StatusCode::NOT_FOUND => Err(not_found(id)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn refuse_unsupported(req: &NewSandbox) -> E2bResult<()> {
+    for (name, given) in [
+        ("network", req.network.is_some()),
+        ("mcp", req.mcp.as_ref().is_some_and(|v| !v.is_null())),
+        ("volumeMounts", req.volume_mounts.is_some()),
+        ("iam", req.iam.is_some()),
+    ] {
+        if given {
+            return Err(E2bError(AppError::invalid(format!(
+                "{name} is not supported by space's E2B API yet"
+            ))));
+        }
+    }
+    Ok(())
+}
+
+async fn create(
+    State(s): State<AppState>,
+    ApiJson(req): ApiJson<NewSandbox>,
+) -> E2bResult<Response> {
+    refuse_unsupported(&req)?;
+    let network = req
+        .allow_internet_access
+        .map(|open| space_api::NetworkPolicy {
+            egress: Some(if open {
+                space_api::Egress::Open
+            } else {
+                space_api::Egress::None
+            }),
+            allow: Vec::new(),
+        });
+    let create = CreateSandbox {
+        template: Some(req.template_id),
+        env: req.env_vars.unwrap_or_default(),
+        metadata: req.metadata.unwrap_or_default(),
+        timeout_secs: Some(req.timeout.unwrap_or(DEFAULT_CREATE_TIMEOUT_SECS)),
+        on_timeout: Some(if req.auto_pause {
+            OnTimeout::Pause
+        } else {
+            OnTimeout::Delete
+        }),
+        network,
+        ..Default::default()
+    };
+    let sb = s.engine.create_sandbox(create).await?;
+    Ok((StatusCode::CREATED, Json(sandbox_reply(&s, &sb))).into_response())
+}
+
+async fn info(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+) -> E2bResult<Json<E2bInfo>> {
+    let sb = load(&s, &p.id).await?;
+    let token = s.engine.ports.envd_token(&sb.id);
+    Ok(Json(info_of(&sb, Some(token))))
+}
+
+async fn kill(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+) -> E2bResult<StatusCode> {
+    load(&s, &p.id).await?;
+    match s.engine.delete_sandbox(&p.id).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(e) if e.status == StatusCode::NOT_FOUND => Err(not_found(&p.id)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct TimeoutBody {
+    timeout: u64,
+}
+
+async fn set_timeout(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+    ApiJson(req): ApiJson<TimeoutBody>,
+) -> E2bResult<StatusCode> {
+    load(&s, &p.id).await?;
+    s.engine
+        .set_timeout(
+            &p.id,
+            SetTimeout {
+                timeout_secs: Some(req.timeout),
+                on_timeout: None,
+            },
+        )
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ConnectBody {
+    timeout: Option<u64>,
+}
+
+/// An optional JSON body: none, or empty, is `T::default()`.
+fn optional_body<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> E2bResult<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| E2bError(AppError::invalid(format!("invalid JSON body: {e}"))))
+}
+
+/// Connect: resume a paused sandbox (201), or extend a running one's deadline (200).
+async fn connect(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+    body: axum::body::Bytes,
+) -> E2bResult<Response> {
+    let req: ConnectBody = optional_body(&body)?;
+    let sb = load(&s, &p.id).await?;
+    let resumed = sb.state == SandboxState::Paused;
+    if resumed {
+        match s.engine.resume_sandbox(&p.id).await {
+            Ok(_) => {}
+            // Resumed by someone else meanwhile: connect to it as it runs.
+            Err(e) if e.status == StatusCode::CONFLICT => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let secs = req
+        .timeout
+        .or(resumed.then_some(DEFAULT_CONNECT_TIMEOUT_SECS));
+    if let Some(secs) = secs {
+        s.engine.extend_timeout(&p.id, secs, resumed).await?;
+    }
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(sandbox_reply(&s, &sb))).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct PauseBody {
+    memory: Option<bool>,
+}
+
+async fn pause(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+    body: axum::body::Bytes,
+) -> E2bResult<StatusCode> {
+    let req: PauseBody = optional_body(&body)?;
+    if req.memory == Some(false) {
+        return Err(E2bError(AppError::invalid(
+            "a filesystem-only pause (memory: false) is not supported by space's E2B API yet",
+        )));
+    }
+    let sb = load(&s, &p.id).await?;
+    if sb.state == SandboxState::Paused {
+        return Err(E2bError(AppError::conflict(format!(
+            "sandbox \"{}\" is already paused",
+            p.id
+        ))));
+    }
+    s.engine.pause_sandbox(&p.id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The older SDKs' resume: 201 with the sandbox, 409 when it runs already.
+async fn resume(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+    body: axum::body::Bytes,
+) -> E2bResult<Response> {
+    let req: ConnectBody = optional_body(&body)?;
+    let sb = load(&s, &p.id).await?;
+    if sb.state != SandboxState::Paused {
+        return Err(E2bError(AppError::conflict(format!(
+            "sandbox \"{}\" is already running",
+            p.id
+        ))));
+    }
+    s.engine.resume_sandbox(&p.id).await?;
+    let secs = req.timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT_SECS);
+    s.engine.extend_timeout(&p.id, secs, true).await?;
+    Ok((StatusCode::CREATED, Json(sandbox_reply(&s, &sb))).into_response())
+}
+
+// ---- lists ----
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    order: Option<String>,
+    started_after: Option<String>,
+    template: Option<String>,
+    next_token: Option<String>,
+    limit: Option<usize>,
+}
+
+/// The filters of a list, parsed.
+struct Filter {
+    metadata: Vec<(String, String)>,
+    states: Vec<&'static str>,
+    template: Option<String>,
+    started_after_ms: Option<i64>,
+}
+
+impl Filter {
+    fn parse(q: &ListQuery, default_states: &[&'static str]) -> E2bResult<Self> {
+        let invalid = |m: String| E2bError(AppError::invalid(m));
+        let metadata = match &q.metadata {
+            None => Vec::new(),
+            Some(m) => {
+                // `k=v&k2=v2`, each key and value percent-encoded once more by the SDKs.
+                let pairs: Vec<(String, String)> = serde_urlencoded::from_str(m)
+                    .map_err(|e| invalid(format!("invalid metadata filter {m:?}: {e}")))?;
+                pairs
+                    .into_iter()
+                    .map(|(k, v)| {
+                        (
+                            crate::events::percent_decode(&k),
+                            crate::events::percent_decode(&v),
+                        )
+                    })
+                    .collect()
+            }
+        };
+        let states = match &q.state {
+            None => default_states.to_vec(),
+            Some(list) => list
+                .split(',')
+                .map(|st| match st.trim() {
+                    "running" => Ok("running"),
+                    "paused" => Ok("paused"),
+                    other => Err(invalid(format!(
+                        "unknown state {other:?}: expected running or paused"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let started_after_ms = match &q.started_after {
+            None => None,
+            Some(t) => Some(
+                parse_time(t)
+                    .ok_or_else(|| invalid(format!("invalid startedAfter {t:?}: RFC 3339")))?,
+            ),
+        };
+        Ok(Self {
+            metadata,
+            states,
+            template: q.template.clone(),
+            started_after_ms,
+        })
+    }
+
+    fn keeps(&self, sb: &Sandbox) -> bool {
+        let Some(state) = e2b_state(sb.state) else {
+            return false;
+        };
+        self.states.contains(&state)
+            && self
+                .metadata
+                .iter()
+                .all(|(k, v)| sb.metadata.get(k) == Some(v))
+            && self.template.as_ref().is_none_or(|t| &sb.template == t)
+            && self.started_after_ms.is_none_or(|after| {
+                space_api::unix_ms_from_rfc3339(&sb.created_at).is_some_and(|at| at > after)
+            })
+    }
+}
+
+/// RFC 3339 with any fraction and a `Z` or `±HH:MM` offset (what the SDKs' `isoformat`
+/// writes) to unix milliseconds.
+fn parse_time(t: &str) -> Option<i64> {
+    if t.len() < 20 || !t.is_char_boundary(19) {
+        return None;
+    }
+    let (base, rest) = t.split_at(19);
+    let (frac, offset) = match rest.find(['Z', '+', '-']) {
+        Some(i) => rest.split_at(i),
+        None => return None,
+    };
+    let millis = match frac.strip_prefix('.') {
+        None if frac.is_empty() => 0,
+        Some(digits) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+            format!("{digits:0<3}")[..3].parse::<i64>().ok()?
+        }
+        _ => return None,
+    };
+    let offset_ms = match offset {
+        "Z" => 0,
+        o => {
+            let sign = if o.starts_with('-') { -1 } else { 1 };
+            let (h, m) = o[1..].split_once(':')?;
+            sign * (h.parse::<i64>().ok()? * 60 + m.parse::<i64>().ok()?) * 60_000
+        }
+    };
+    Some(space_api::unix_ms_from_rfc3339(&format!("{base}Z"))? + millis - offset_ms)
+}
+
+/// The older SDKs' list: the running sandboxes, no pages.
+async fn list_running(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> E2bResult<Json<Vec<E2bInfo>>> {
+    let filter = Filter::parse(&q, &["running"])?;
+    let list = s.engine.list_sandboxes().await?;
+    Ok(Json(
+        list.iter()
+            .filter(|sb| filter.keeps(sb))
+            .map(|sb| info_of(sb, None))
+            .collect(),
+    ))
+}
+
+/// `GET /v2/sandboxes`: filtered, ordered by start (newest first unless `order=asc`), in
+/// pages of `limit` (default and most 100) with `x-next-token` naming the next page.
+async fn list(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> E2bResult<Response> {
+    let filter = Filter::parse(&q, &["running", "paused"])?;
+    let invalid = |m: String| E2bError(AppError::invalid(m));
+    let limit = q.limit.unwrap_or(MAX_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(invalid(format!(
+            "limit must be between 1 and {MAX_PAGE}, got {limit}"
+        )));
+    }
+    let desc = match q.order.as_deref() {
+        None | Some("desc") => true,
+        Some("asc") => false,
+        Some(o) => return Err(invalid(format!("order must be asc or desc, got {o:?}"))),
+    };
+    let after = match &q.next_token {
+        None => None,
+        Some(t) => {
+            Some(PageToken::parse(t).ok_or_else(|| invalid(format!("invalid nextToken {t:?}")))?)
+        }
+    };
+    let mut list: Vec<(PageToken, Sandbox)> = s
+        .engine
+        .list_sandboxes()
+        .await?
+        .into_iter()
+        .filter(|sb| filter.keeps(sb))
+        .map(|sb| (PageToken::of(&sb), sb))
+        .collect();
+    list.sort_by(|a, b| a.0.cmp(&b.0));
+    if desc {
+        list.reverse();
+    }
+    let start = match &after {
+        None => 0,
+        Some(t) => list
+            .iter()
+            .position(|(k, _)| if desc { k < t } else { k > t })
+            .unwrap_or(list.len()),
+    };
+    let page: Vec<&(PageToken, Sandbox)> = list[start..].iter().take(limit).collect();
+    let next = (start + page.len() < list.len())
+        .then(|| page.last().map(|(k, _)| k.to_string()))
+        .flatten();
+    let body: Vec<E2bInfo> = page.iter().map(|(_, sb)| info_of(sb, None)).collect();
+    let mut resp = Json(body).into_response();
+    if let Some(next) = next
+        && let Ok(v) = HeaderValue::from_str(&next)
+    {
+        resp.headers_mut().insert("x-next-token", v);
+    }
+    Ok(resp)
+}
+
+/// Where a page ends: the sandbox's start (unix ms) and id, as `<ms>_<id>`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct PageToken(i64, String);
+
+impl PageToken {
+    fn of(sb: &Sandbox) -> Self {
+        Self(
+            space_api::unix_ms_from_rfc3339(&sb.created_at).unwrap_or(0),
+            sb.id.clone(),
+        )
+    }
+
+    fn parse(t: &str) -> Option<Self> {
+        let (ms, id) = t.split_once('_')?;
+        space_api::is_valid_sandbox_id(id).then_some(())?;
+        Some(Self(ms.parse().ok()?, id.to_string()))
+    }
+}
+
+impl std::fmt::Display for PageToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}_{}", self.0, self.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_parse_as_python_writes_them() {
+        let z = space_api::unix_ms_from_rfc3339("2026-12-01T18:00:00Z").unwrap();
+        assert_eq!(parse_time("2026-12-01T18:00:00Z"), Some(z));
+        assert_eq!(parse_time("2026-12-01T18:00:00+00:00"), Some(z));
+        assert_eq!(
+            parse_time("2026-12-01T18:00:00.250000+00:00"),
+            Some(z + 250)
+        );
+        assert_eq!(parse_time("2026-12-01T19:00:00+01:00"), Some(z));
+        assert_eq!(parse_time("2026-12-01T17:30:00-00:30"), Some(z));
+        assert_eq!(parse_time("2026-12-01 18:00:00"), None);
+        assert_eq!(parse_time("yesterday"), None);
+    }
+
+    #[test]
+    fn page_tokens_round_trip_and_order_by_start_then_id() {
+        let a = PageToken(5, "a".repeat(20));
+        let b = PageToken(5, "b".repeat(20));
+        assert!(a < b && b < PageToken(6, "a".repeat(20)));
+        assert_eq!(PageToken::parse(&a.to_string()), Some(a));
+        assert_eq!(PageToken::parse("5_short"), None);
+        assert_eq!(PageToken::parse("x_aaaaaaaaaaaaaaaaaaaa"), None);
+    }
+}

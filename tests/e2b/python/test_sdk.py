@@ -1,0 +1,216 @@
+"""The official `e2b` Python SDK against a real spaced (issue 13, decision 0022).
+
+Run by the Rust integration test `e2b::the_official_python_sdk_runs_against_space`, which starts
+spaced in its own network namespace and sets E2B_API_KEY (`space e2b env`'s form),
+E2B_API_URL and E2B_SANDBOX_URL. Nothing here imitates the SDK: every call is the SDK's own.
+"""
+
+import json
+import os
+import time
+import unittest
+
+import httpx
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+    TimeoutException,
+)
+
+URL = os.environ["E2B_API_URL"]
+
+
+class Commands(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.sbx = Sandbox.create(envs={"GREETING": "hello"}, metadata={"suite": "commands"})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sbx.kill()
+
+    def test_run_returns_output_and_exit_code(self):
+        r = self.sbx.commands.run("echo hi; echo err >&2")
+        self.assertEqual((r.stdout, r.stderr, r.exit_code), ("hi\n", "err\n", 0))
+
+    def test_defaults_are_the_ones_e2b_code_expects(self):
+        r = self.sbx.commands.run('whoami; pwd; echo "$GREETING $HOME"; echo $0')
+        self.assertEqual(r.stdout, "user\n/home/user\nhello /home/user\n/bin/bash\n")
+        r = self.sbx.commands.run("whoami", user="root")
+        self.assertEqual(r.stdout, "root\n")
+        r = self.sbx.commands.run("echo $X; pwd", envs={"X": "42"}, cwd="/tmp")
+        self.assertEqual(r.stdout, "42\n/tmp\n")
+
+    def test_a_failing_command_raises_command_exit_exception(self):
+        with self.assertRaises(CommandExitException) as cm:
+            self.sbx.commands.run("echo out; exit 3")
+        self.assertEqual(cm.exception.exit_code, 3)
+        self.assertEqual(cm.exception.stdout, "out\n")
+
+    def test_background_command_and_reconnect_after_the_client_dropped(self):
+        h = self.sbx.commands.run(
+            "for i in 1 2 3; do echo line$i; sleep 0.3; done", background=True
+        )
+        pid = h.pid
+        h.disconnect()
+        self.assertIn(pid, [p.pid for p in self.sbx.commands.list()])
+        # A second client (a new Sandbox object, as after an agent restart) reconnects.
+        other = Sandbox.connect(self.sbx.sandbox_id)
+        r = other.commands.connect(pid).wait()
+        self.assertEqual(r.stdout, "line1\nline2\nline3\n")
+        self.assertEqual(r.exit_code, 0)
+
+    def test_stdin_send_and_close(self):
+        h = self.sbx.commands.run("cat", background=True, stdin=True)
+        self.sbx.commands.send_stdin(h.pid, "hello\n")
+        self.sbx.commands.close_stdin(h.pid)
+        self.assertEqual(h.wait().stdout, "hello\n")
+
+    def test_kill_and_list(self):
+        h = self.sbx.commands.run("sleep 300", background=True)
+        self.assertIn("sleep 300", [" ".join(p.args) for p in self.sbx.commands.list()][-1])
+        self.assertTrue(self.sbx.commands.kill(h.pid))
+        with self.assertRaises(CommandExitException) as cm:
+            h.wait()
+        self.assertEqual(cm.exception.exit_code, -1)
+        self.assertNotIn(h.pid, [p.pid for p in self.sbx.commands.list()])
+        self.assertFalse(self.sbx.commands.kill(999999))
+
+    def test_a_command_timeout_ends_the_stream_not_the_process(self):
+        with self.assertRaises(TimeoutException):
+            self.sbx.commands.run("sleep 3; echo late > /tmp/late", timeout=1)
+        time.sleep(3)
+        self.assertEqual(self.sbx.commands.run("cat /tmp/late").stdout, "late\n")
+
+    def test_no_timeout_runs_past_the_default(self):
+        r = self.sbx.commands.run("sleep 2; echo ok", timeout=0)
+        self.assertEqual(r.stdout, "ok\n")
+
+    def test_large_output_arrives_whole(self):
+        r = self.sbx.commands.run("head -c 3000000 /dev/zero | tr '\\0' a")
+        self.assertEqual(len(r.stdout), 3_000_000)
+
+
+class Lifecycle(unittest.TestCase):
+    def test_info_list_connect_timeout_and_kill(self):
+        a = Sandbox.create(metadata={"suite": "lifecycle", "n": "a"}, timeout=120)
+        b = Sandbox.create(metadata={"suite": "lifecycle", "n": "b"})
+        try:
+            info = a.get_info()
+            self.assertEqual(info.sandbox_id, a.sandbox_id)
+            self.assertEqual(info.template_id, "base")
+            self.assertEqual(info.metadata, {"suite": "lifecycle", "n": "a"})
+            self.assertEqual(info.state, SandboxState.RUNNING)
+            end = info.end_at
+
+            # A connect never shortens the deadline ...
+            Sandbox.connect(a.sandbox_id, timeout=10)
+            self.assertEqual(a.get_info().end_at, end)
+            # ... and set_timeout sets it, as on E2B.
+            a.set_timeout(30)
+            self.assertLess(a.get_info().end_at, end)
+
+            found = Sandbox.list(query=SandboxQuery(metadata={"suite": "lifecycle"})).next_items()
+            self.assertEqual({s.sandbox_id for s in found}, {a.sandbox_id, b.sandbox_id})
+            only_b = Sandbox.list(query=SandboxQuery(metadata={"n": "b"})).next_items()
+            self.assertEqual([s.sandbox_id for s in only_b], [b.sandbox_id])
+
+            # Pages of one, newest first, until has_next is false.
+            pages = Sandbox.list(query=SandboxQuery(metadata={"suite": "lifecycle"}), limit=1)
+            seen = []
+            while pages.has_next:
+                seen += [s.sandbox_id for s in pages.next_items()]
+            self.assertEqual(seen, [b.sandbox_id, a.sandbox_id])
+        finally:
+            self.assertTrue(a.kill())
+            self.assertTrue(b.kill())
+        self.assertFalse(a.is_running())
+        self.assertFalse(Sandbox.kill(a.sandbox_id))
+        with self.assertRaises(NotFoundException):
+            Sandbox.connect(a.sandbox_id)
+        with self.assertRaises(NotFoundException):
+            Sandbox.get_info(a.sandbox_id)
+        with self.assertRaises(Exception):
+            a.commands.run("true")
+
+    def test_pause_and_resume_through_connect_keep_processes_and_files(self):
+        sbx = Sandbox.create()
+        try:
+            sbx.commands.run("echo kept > /home/user/f")
+            h = sbx.commands.run("sleep 300", background=True)
+            sbx.pause()
+            self.assertEqual(sbx.get_info().state, SandboxState.PAUSED)
+            self.assertFalse(sbx.is_running())
+            back = Sandbox.connect(sbx.sandbox_id)
+            self.assertEqual(back.get_info().state, SandboxState.RUNNING)
+            self.assertEqual(back.commands.run("cat /home/user/f").stdout, "kept\n")
+            self.assertIn(h.pid, [p.pid for p in back.commands.list()])
+        finally:
+            sbx.kill()
+
+
+class BadInput(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.sbx = Sandbox.create()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.sbx.kill()
+
+    def envd(self, method, token=None, body=b"", content_type="application/connect+json"):
+        headers = {
+            "E2b-Sandbox-Id": self.sbx.sandbox_id,
+            "E2b-Sandbox-Port": "49983",
+            "Content-Type": content_type,
+        }
+        if token is not None:
+            headers["X-Access-Token"] = token
+        return httpx.post(f"{URL}/process.Process/{method}", headers=headers, content=body)
+
+    def test_a_wrong_key_is_an_authentication_error(self):
+        with self.assertRaises(AuthenticationException):
+            Sandbox.create(api_key="e2b_" + "00" * 21)
+
+    def test_an_unknown_template_is_refused(self):
+        with self.assertRaises(Exception) as cm:
+            Sandbox.create(template="no-such-template")
+        self.assertIn("no-such-template", str(cm.exception))
+
+    def test_an_unknown_sandbox_is_not_found(self):
+        with self.assertRaises(NotFoundException):
+            Sandbox.connect("a" * 20)
+
+    def test_envd_wants_the_sandboxs_access_token(self):
+        self.assertEqual(self.envd("List", content_type="application/json").status_code, 401)
+        r = self.envd("List", token="0" * 64, content_type="application/json")
+        self.assertEqual(r.status_code, 401)
+        # Another sandbox's token does not open this one.
+        other = Sandbox.create()
+        try:
+            r = self.envd("List", token=other._envd_access_token, content_type="application/json")
+            self.assertEqual(r.status_code, 401)
+        finally:
+            other.kill()
+
+    def test_a_malformed_envelope_is_invalid_argument_and_disturbs_nothing(self):
+        token = self.sbx._envd_access_token
+        r = self.envd("Start", token=token, body=b"\x00\x00\x00\x00\x09{}")
+        self.assertEqual(r.status_code, 200)
+        end = json.loads(r.content[5:])
+        self.assertEqual(end["error"]["code"], "invalid_argument")
+        self.assertEqual(self.sbx.commands.run("echo still").stdout, "still\n")
+
+    def test_an_unknown_pid_is_not_found(self):
+        with self.assertRaises(NotFoundException):
+            self.sbx.commands.connect(999999).wait()
+        with self.assertRaises(NotFoundException):
+            self.sbx.commands.send_stdin(999999, "x")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,64 @@
+//! E2B compatibility (issue 13, decision 0022): the official SDKs, unpatched, against a real
+//! spaced. The SDK-side tests live in `tests/e2b/`; these drive them with the environment
+//! `space e2b env` prints, inside the node's network namespace.
+
+use std::path::Path;
+use std::process::Command;
+
+use space_tests::*;
+
+/// The three `export` lines of `space e2b env`, as (name, value).
+fn e2b_env(s: &Spaced) -> Vec<(String, String)> {
+    let out = s.space_ok(&["e2b", "env"]);
+    let vars: Vec<(String, String)> = out
+        .lines()
+        .map(|l| {
+            let (k, v) = l
+                .strip_prefix("export ")
+                .and_then(|l| l.split_once('='))
+                .unwrap_or_else(|| panic!("not an export line: {l:?}"));
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["E2B_API_KEY", "E2B_API_URL", "E2B_SANDBOX_URL"]);
+    assert_eq!(vars[1].1, s.url);
+    vars
+}
+
+/// Runs the unittest module `tests/e2b/python/FILE` with the SDK's Python; fails with its
+/// output and the node's log unless every test passes.
+fn run_python(s: &Spaced, python: &Path, file: &str) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/python");
+    let out = Command::new(python)
+        .args(["-m", "unittest", "-v", file])
+        .current_dir(&dir)
+        .envs(e2b_env(s))
+        // Nothing may leave through a proxy: the SDK talks to the test's namespace only.
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .env("NO_PROXY", "*")
+        .output()
+        .expect("run python");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{file} failed:\n{text}\nspaced log:\n{}",
+        s.log_tail()
+    );
+    eprintln!("{text}");
+}
+
+#[test]
+fn the_official_python_sdk_runs_against_space() {
+    let Some(python) = e2b_python() else { return };
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    run_python(&s, &python, "test_sdk.py");
+}
