@@ -24,7 +24,7 @@ BASE_CACHE=${SPACE_BASE_CACHE:-/var/cache/space/base-debian12}
 BASE_SUITE=bookworm
 BASE_PACKAGES=(bash coreutils procps iproute2 ca-certificates curl git python3 python3-pip
     python3-venv nodejs npm less tar unzip sudo)
-BASE_RECIPE="2 $BASE_SUITE ${BASE_PACKAGES[*]}"
+BASE_RECIPE="3 $BASE_SUITE ${BASE_PACKAGES[*]}"
 BASE_PATH=/home/user/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 # The official E2B SDKs the E2B-compatibility tests drive (decision 0022), pinned, each in its
@@ -190,7 +190,9 @@ ensure_base_rootfs() {
     mkdir -p "$new"
     # The hooks run on the host with the new root as $1: the default user `user` (uid 1000,
     # passwordless sudo), pip and npm usable by that user without root (no
-    # "externally-managed-environment" refusal; npm -g into ~/.local).
+    # "externally-managed-environment" refusal; npm -g into ~/.local). /etc/profile asks bash
+    # for the uid ($EUID) instead of forking id(1): a login shell, which every E2B command
+    # is (`bash -l -c`), starts in 2.5 ms instead of 4.2.
     if ! mmdebstrap --quiet --variant=minbase --aptopt='APT::Install-Recommends "false"' \
         --include="$(IFS=,; echo "${BASE_PACKAGES[*]}")" \
         --customize-hook='chroot "$1" useradd --create-home --uid 1000 --user-group --shell /bin/bash user' \
@@ -198,6 +200,7 @@ ensure_base_rootfs() {
         --customize-hook='rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
         --customize-hook='printf "prefix=/home/user/.local\n" >"$1/home/user/.npmrc" && chroot "$1" chown user:user /home/user/.npmrc' \
         --customize-hook='echo sandbox >"$1/etc/hostname"' \
+        --customize-hook='sed -i "s/\"\$(id -u)\"/\"\${EUID:-\$(id -u)}\"/" "$1/etc/profile"' \
         "$BASE_SUITE" "$new/rootfs"; then
         rm -rf "$new"
         die "mmdebstrap could not build the Debian base rootfs (see above); check the Debian package sources"

@@ -5,17 +5,20 @@
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTOS: &[&str] = &["proto/e2b/process.proto"];
+    const PROTOS: &[&str] = &["proto/e2b/process.proto", "proto/e2b/filesystem.proto"];
     for p in PROTOS {
         println!("cargo:rerun-if-changed={p}");
     }
     let fds = protox::compile(PROTOS, ["proto/e2b"])?;
     let descriptors = fds.encode_to_vec();
-    prost_build::Config::new().compile_fds(fds)?;
+    prost_build::Config::new()
+        // Timestamps with their JSON mapping (RFC 3339 strings).
+        .extern_path(".google.protobuf.Timestamp", "::pbjson_types::Timestamp")
+        .compile_fds(fds)?;
     pbjson_build::Builder::new()
         .register_descriptors(&descriptors)?
         // Like envd (connect-go): a newer SDK's extra fields are ignored, not refused.
         .ignore_unknown_fields()
-        .build(&[".process"])?;
+        .build(&[".process", ".filesystem"])?;
     Ok(())
 }

@@ -418,6 +418,7 @@ impl Client {
     ) -> Result<EntryInfo> {
         let query = WriteFileQuery {
             path: path.to_string(),
+            user: None,
             mode: mode.map(|m| format!("{m:o}")),
             parents: parents.then_some(true),
         };

@@ -979,6 +979,7 @@ async fn remote_is_dir(client: &Client, id: &str, path: &str) -> Result<bool> {
 async fn mkdir_remote(client: &Client, id: &str, path: &str, mode: u32) -> Result<()> {
     let req = MakeDirRequest {
         path: path.to_string(),
+        user: None,
         parents: true,
         mode: Some(mode),
     };

@@ -66,6 +66,8 @@ fn info(name: &str, path: &str, n: &Node) -> EntryInfo {
         mode,
         uid: 0,
         gid: 0,
+        owner: None,
+        group: None,
         modified_at: "2024-05-01T12:00:00.000Z".to_owned(),
         symlink_target: target,
         mount_point,

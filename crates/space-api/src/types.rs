@@ -554,6 +554,11 @@ pub struct EntryInfo {
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
+    /// The uid's and gid's names in the sandbox (the numbers where it has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     pub modified_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
@@ -584,6 +589,9 @@ pub struct PathQuery {
 #[serde(deny_unknown_fields)]
 pub struct WriteFileQuery {
     pub path: String,
+    /// Who owns the file: a user name or uid; default the sandbox's default user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// Octal permission bits, e.g. "644" or "0755".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
@@ -596,6 +604,9 @@ pub struct WriteFileQuery {
 #[serde(deny_unknown_fields)]
 pub struct MakeDirRequest {
     pub path: String,
+    /// Who owns what is made; default the sandbox's default user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     #[serde(default, skip_serializing_if = "is_false")]
     pub parents: bool,
     /// Permission bits; default 0755.

@@ -60,6 +60,8 @@ pub fn entry_info(e: pb::EntryInfo) -> EntryInfo {
         mode: e.mode & 0o7777,
         uid: e.uid,
         gid: e.gid,
+        owner: Some(e.owner).filter(|o| !o.is_empty()),
+        group: Some(e.group).filter(|g| !g.is_empty()),
         modified_at: rfc3339_from_unix_ms(e.modified_unix_ms),
         symlink_target: (!e.symlink_target.is_empty()).then_some(e.symlink_target),
         mount_point: e.mount_point,
@@ -149,8 +151,14 @@ mod tests {
             modified_unix_ms: 0,
             symlink_target: String::new(),
             mount_point: false,
+            owner: "root".into(),
+            group: String::new(),
         });
         assert_eq!(e.file_type, FileType::Dir);
+        assert_eq!(
+            (e.owner.as_deref(), e.group.as_deref()),
+            (Some("root"), None)
+        );
         assert_eq!(e.mode, 0o755);
         assert_eq!(e.symlink_target, None);
         let p = process_info(pb::ProcessInfo {

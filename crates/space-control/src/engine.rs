@@ -310,6 +310,17 @@ pub fn validate_create_with(
     })
 }
 
+/// A `user` field: a name or numeric uid ("" for the sandbox's default user).
+fn check_user(user: Option<&str>) -> AppResult<String> {
+    match user {
+        None => Ok(String::new()),
+        Some(u) if u.is_empty() || u.len() > 256 || u.contains(['\0', ':', '/']) => {
+            Err(AppError::invalid("user must be a name or a numeric uid"))
+        }
+        Some(u) => Ok(u.to_string()),
+    }
+}
+
 /// Metadata limits: 64 entries, keys of 1..=128 bytes, values up to 512 bytes, no NUL.
 fn check_metadata(m: &std::collections::BTreeMap<String, String>) -> AppResult<()> {
     if m.len() > 64 {
@@ -763,13 +774,7 @@ impl Engine {
         if let Some(cwd) = &req.cwd {
             check_path("cwd", cwd)?;
         }
-        if req
-            .user
-            .as_deref()
-            .is_some_and(|u| u.is_empty() || u.contains('\0'))
-        {
-            return Err(AppError::invalid("user must be a name or a numeric uid"));
-        }
+        check_user(req.user.as_deref())?;
         let background = req.background;
         let mut guest = self.guest(id).await?;
         inc(&self.metrics.execs);
@@ -951,6 +956,7 @@ impl Engine {
     {
         let path = check_path("path", &q.path)?;
         let mode = parse_mode(q.mode.as_deref())?;
+        let user = check_user(q.user.as_deref())?;
         let limit = self.cfg.max_upload_bytes;
         if content_length.is_some_and(|n| n > limit) {
             return Err(too_large(limit));
@@ -961,7 +967,7 @@ impl Engine {
                 path: path.clone(),
                 mode,
                 make_parents: q.parents.unwrap_or(false),
-                user: String::new(),
+                user,
                 append: false,
             })),
         };
@@ -1017,13 +1023,14 @@ impl Engine {
         if req.mode.is_some_and(|m| m > 0o7777) {
             return Err(AppError::invalid("mode must be permission bits (<= 07777)"));
         }
+        let user = check_user(req.user.as_deref())?;
         let mut guest = self.guest(id).await?;
         let e = guest
             .make_dir(pb::MakeDirRequest {
                 path,
                 mode: req.mode.unwrap_or(0),
                 parents: req.parents,
-                user: String::new(),
+                user,
             })
             .await?
             .into_inner();

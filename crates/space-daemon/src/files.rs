@@ -142,6 +142,9 @@ fn entry_from(path: &Path, md: &fs::Metadata, parent_dev: u64) -> EntryInfo {
         modified_unix_ms,
         symlink_target,
         mount_point: ft.is_dir() && md.dev() != parent_dev,
+        // Named by the service (users::Names), which reads /etc/passwd once per reply.
+        owner: String::new(),
+        group: String::new(),
     }
 }
 

@@ -30,6 +30,12 @@ impl GuestService {
             started_unix_ms,
         }
     }
+
+    /// Owner and group names for entries, read from the sandbox's files now (a user added
+    /// a moment ago has its name).
+    fn names(&self) -> crate::users::Names {
+        crate::users::Names::read(&self.cfg.root)
+    }
 }
 
 /// "outer: cause: cause" — the whole error chain, for the status message.
@@ -259,11 +265,15 @@ impl Guest for GuestService {
         drop(tx);
         let written = task.await.map_err(|e| Status::from(FilesError::Task(e)));
         outcome?;
-        Ok(Response::new(written??))
+        let mut e = written??;
+        self.names().name(&mut e);
+        Ok(Response::new(e))
     }
 
     async fn stat(&self, req: Request<PathRequest>) -> Result<Response<EntryInfo>, Status> {
-        Ok(Response::new(files::stat(&req.into_inner().path).await?))
+        let mut e = files::stat(&req.into_inner().path).await?;
+        self.names().name(&mut e);
+        Ok(Response::new(e))
     }
 
     async fn list_dir(
@@ -271,14 +281,18 @@ impl Guest for GuestService {
         req: Request<ListDirRequest>,
     ) -> Result<Response<ListDirReply>, Status> {
         let r = req.into_inner();
-        let entries = files::list_dir(&r.path, r.depth).await?;
+        let mut entries = files::list_dir(&r.path, r.depth).await?;
+        let names = self.names();
+        entries.iter_mut().for_each(|e| names.name(e));
         Ok(Response::new(ListDirReply { entries }))
     }
 
     async fn make_dir(&self, req: Request<MakeDirRequest>) -> Result<Response<EntryInfo>, Status> {
         let r = req.into_inner();
         let user = self.cfg.base_env.user_or_default(&r.user);
-        let e = files::make_dir(self.cfg.root.clone(), &r.path, r.mode, r.parents, &user).await?;
+        let mut e =
+            files::make_dir(self.cfg.root.clone(), &r.path, r.mode, r.parents, &user).await?;
+        self.names().name(&mut e);
         Ok(Response::new(e))
     }
 
@@ -290,9 +304,9 @@ impl Guest for GuestService {
 
     async fn rename(&self, req: Request<RenameRequest>) -> Result<Response<EntryInfo>, Status> {
         let r = req.into_inner();
-        Ok(Response::new(
-            files::rename(&r.from, &r.to, r.overwrite).await?,
-        ))
+        let mut e = files::rename(&r.from, &r.to, r.overwrite).await?;
+        self.names().name(&mut e);
+        Ok(Response::new(e))
     }
 
     async fn sync(&self, _: Request<Empty>) -> Result<Response<Empty>, Status> {

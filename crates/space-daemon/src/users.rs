@@ -90,6 +90,44 @@ pub fn lookup(root: &Path, spec: &str) -> Result<UserInfo, UserError> {
     resolve(spec, &read("etc/passwd"), &read("etc/group"))
 }
 
+/// Names of uids and gids, from the sandbox's /etc/passwd and /etc/group as read once.
+#[derive(Debug, Default)]
+pub struct Names {
+    users: std::collections::HashMap<u32, String>,
+    groups: std::collections::HashMap<u32, String>,
+}
+
+impl Names {
+    pub fn parse(passwd: &str, group: &str) -> Self {
+        let users = passwd_entries(passwd)
+            .map(|e| (e.uid, e.name.to_owned()))
+            .collect();
+        let groups = group
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split(':').collect();
+                (f.len() >= 3).then_some(())?;
+                Some((f[2].parse().ok()?, f[0].to_owned()))
+            })
+            .collect();
+        Self { users, groups }
+    }
+
+    pub fn read(root: &Path) -> Self {
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_default();
+        Self::parse(&read("etc/passwd"), &read("etc/group"))
+    }
+
+    /// Fills `e.owner` and `e.group` (the numbers where no name is known).
+    pub fn name(&self, e: &mut space_proto::EntryInfo) {
+        let or_number = |m: &std::collections::HashMap<u32, String>, id: u32| {
+            m.get(&id).cloned().unwrap_or_else(|| id.to_string())
+        };
+        e.owner = or_number(&self.users, e.uid);
+        e.group = or_number(&self.groups, e.gid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +139,22 @@ mod tests {
         svc:x:998:997::/nonexistent:/usr/sbin/nologin\n";
     const GROUP: &str = "root:x:0:\nuser:x:1000:\nsudo:x:27:user,other\ndocker:x:999:user\n\
         svc:x:997:\nweird:x:abc:user\n";
+
+    #[test]
+    fn names_of_ids_and_numbers_for_unknown_ones() {
+        let names = Names::parse(PASSWD, GROUP);
+        let mut e = space_proto::EntryInfo {
+            uid: 1000,
+            gid: 27,
+            ..Default::default()
+        };
+        names.name(&mut e);
+        assert_eq!((e.owner.as_str(), e.group.as_str()), ("user", "sudo"));
+        e.uid = 4242;
+        e.gid = 4343;
+        names.name(&mut e);
+        assert_eq!((e.owner.as_str(), e.group.as_str()), ("4242", "4343"));
+    }
 
     #[test]
     fn by_name_with_supplementary_groups() {

@@ -26,14 +26,15 @@ fn e2b_env(s: &Spaced) -> Vec<(String, String)> {
     vars
 }
 
-/// Runs the unittest module `tests/e2b/python/FILE` with the SDK's Python; fails with its
-/// output and the node's log unless every test passes.
-fn run_python(s: &Spaced, python: &Path, file: &str) {
+/// Runs `python ARGS` in `tests/e2b/python` with the SDK's Python and `space e2b env`'s
+/// environment; fails with its output and the node's log unless it succeeds. Returns stdout.
+fn run_python(s: &Spaced, python: &Path, args: &[&str]) -> String {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/python");
     let out = Command::new(python)
-        .args(["-m", "unittest", "-v", file])
+        .args(args)
         .current_dir(&dir)
         .envs(e2b_env(s))
+        .env("SPACE_API_KEY", &s.key)
         // Nothing may leave through a proxy: the SDK talks to the test's namespace only.
         .env_remove("HTTP_PROXY")
         .env_remove("HTTPS_PROXY")
@@ -41,17 +42,15 @@ fn run_python(s: &Spaced, python: &Path, file: &str) {
         .env("NO_PROXY", "*")
         .output()
         .expect("run python");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "{file} failed:\n{text}\nspaced log:\n{}",
+        "python {args:?} failed:\n{stdout}{stderr}\nspaced log:\n{}",
         s.log_tail()
     );
-    eprintln!("{text}");
+    eprintln!("{stderr}");
+    stdout
 }
 
 #[test]
@@ -60,5 +59,21 @@ fn the_official_python_sdk_runs_against_space() {
     let Some(s) = Spaced::start_with_base(&[]) else {
         return;
     };
-    run_python(&s, &python, "test_sdk.py");
+    run_python(
+        &s,
+        &python,
+        &["-m", "unittest", "-v", "test_sdk", "test_files.Files"],
+    );
+}
+
+/// `Sandbox.create()` -> first `commands.run`, `commands.run` and output streaming through
+/// the official SDK, with the native API in the same run as the peer (BENCHMARKS.md).
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn bench_e2b_sdk() {
+    let Some(python) = e2b_python() else { return };
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    println!("{}", run_python(&s, &python, &["bench_sdk.py"]));
 }

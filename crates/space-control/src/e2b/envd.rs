@@ -21,7 +21,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -62,6 +62,27 @@ impl Envd {
             .route("/process.Process/CloseStdin", post(close_stdin))
             .route("/process.Process/SendSignal", post(send_signal))
             .route("/process.Process/Update", post(update))
+            .route("/filesystem.Filesystem/Stat", post(super::files::stat))
+            .route(
+                "/filesystem.Filesystem/MakeDir",
+                post(super::files::make_dir),
+            )
+            .route(
+                "/filesystem.Filesystem/Move",
+                post(super::files::move_entry),
+            )
+            .route(
+                "/filesystem.Filesystem/ListDir",
+                post(super::files::list_dir),
+            )
+            .route("/filesystem.Filesystem/Remove", post(super::files::remove))
+            .route(
+                "/files",
+                get(super::files::download)
+                    .post(super::files::upload)
+                    // The engine bounds uploads (--max-upload).
+                    .layer(axum::extract::DefaultBodyLimit::disable()),
+            )
             .fallback(unimplemented)
             .with_state(state.clone());
         Self { state, router }
@@ -84,7 +105,21 @@ pub async fn dispatch(State(envd): State<Envd>, req: Request, next: Next) -> Res
     };
     let id = id.to_str().unwrap_or("").to_string();
     let path = req.uri().path().to_string();
-    match admit(&envd.state, &id, req.headers(), &path).await {
+    let signed = (path == "/files")
+        .then(|| super::files::FilesQuery::parse(req.uri().query()).ok())
+        .flatten()
+        .filter(|q| q.has_signature())
+        .map(|q| {
+            (
+                q,
+                if req.method() == Method::GET {
+                    "read"
+                } else {
+                    "write"
+                },
+            )
+        });
+    match admit(&envd.state, &id, req.headers(), &path, signed).await {
         Ok(user) => {
             let mut req = req;
             req.extensions_mut().insert(EnvdCtx {
@@ -114,6 +149,7 @@ async fn admit(
     id: &str,
     headers: &HeaderMap,
     path: &str,
+    signed: Option<(super::files::FilesQuery, &str)>,
 ) -> Result<Option<String>, Response> {
     if !space_api::is_valid_sandbox_id(id) {
         return Err(super::sandbox_gone(id));
@@ -144,6 +180,13 @@ async fn admit(
     }
     if path == "/health" {
         return Ok(None);
+    }
+    if let Some((q, operation)) = signed {
+        // A signed /files URL: the signature stands in for the token.
+        let now = crate::store::now_ms() / 1000;
+        q.verify(operation, &state.engine.ports.envd_token(id), now)
+            .map_err(|e| plain_error(StatusCode::UNAUTHORIZED, e))?;
+        return user_of(headers).map_err(|e| plain_error(StatusCode::BAD_REQUEST, e));
     }
     let token = headers
         .get("x-access-token")
@@ -492,7 +535,7 @@ async fn list(
 }
 
 /// A unary call: the request message (or its error), `f`, and the reply (or its error).
-async fn unary_call<Req, Resp, Fut>(
+pub(crate) async fn unary_call<Req, Resp, Fut>(
     headers: &HeaderMap,
     body: Body,
     f: impl FnOnce(Req) -> Fut,

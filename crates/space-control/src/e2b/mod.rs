@@ -11,6 +11,7 @@
 pub mod connect;
 pub mod control;
 pub mod envd;
+pub mod files;
 pub mod pb;
 
 use axum::Json;
@@ -19,9 +20,11 @@ use axum::response::{IntoResponse, Response};
 
 use crate::error::{AppError, ErrorCode};
 
-/// The envd version space answers with. The SDKs gate features on it (0.3.0 stdin, 0.4.0
-/// the default user, 0.5.2 close_stdin, ... 0.6.4 the newest gate they know).
-pub const ENVD_VERSION: &str = "0.6.4";
+/// The envd version space answers with. The SDKs gate features on it: 0.3.0 stdin, 0.4.0
+/// the default user, 0.5.2 close_stdin, 0.5.7 octet-stream uploads, all served. The next
+/// gates (0.6.2 file metadata, 0.6.3 entries in watch events, 0.6.4 watches on network
+/// mounts) are not served yet, so the SDKs refuse those options themselves, clearly.
+pub const ENVD_VERSION: &str = "0.6.1";
 
 /// The port the SDKs name in `E2b-Sandbox-Port` for envd.
 pub const ENVD_PORT: u16 = 49983;

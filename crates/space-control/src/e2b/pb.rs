@@ -6,3 +6,9 @@ pub mod process {
     include!(concat!(env!("OUT_DIR"), "/process.rs"));
     include!(concat!(env!("OUT_DIR"), "/process.serde.rs"));
 }
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod filesystem {
+    include!(concat!(env!("OUT_DIR"), "/filesystem.rs"));
+    include!(concat!(env!("OUT_DIR"), "/filesystem.serde.rs"));
+}

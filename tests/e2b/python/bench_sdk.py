@@ -1,0 +1,142 @@
+"""Benchmarks of the E2B facade (issue 13), with space's native API as the peer in the same run.
+
+Run by `cargo test -p space-tests --test it e2b::bench_e2b_sdk -- --ignored --nocapture`,
+which starts spaced and sets E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL and SPACE_API_KEY.
+Prints one JSON object: for each figure, p50/p90/p99 in ms (or MB/s) over N runs.
+
+- create_first_run: `Sandbox.create()` then `commands.run("true")`, against POST
+  /v1/sandboxes then POST /v1/sandboxes/{id}/exec of `true` (the native API over httpx);
+  each sandbox is removed outside the timed part.
+- run: `commands.run("true")` on one sandbox, against the native exec of `bash -l -c true`.
+- stream: MB/s of `head -c 64000000 /dev/zero` through `commands.run`, against the native
+  exec's ndjson stream of the same command.
+"""
+
+import base64
+import json
+import os
+import statistics
+import sys
+import time
+
+import httpx
+from e2b import Sandbox
+
+URL = os.environ["E2B_API_URL"]
+KEY = os.environ["SPACE_API_KEY"]
+N = int(os.environ.get("BENCH_N", "40"))
+native = httpx.Client(base_url=URL, headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+
+
+def pct(samples, p):
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def summary(samples, unit="ms"):
+    return {
+        "n": len(samples),
+        "p50": round(pct(samples, 50), 3),
+        "p90": round(pct(samples, 90), 3),
+        "p99": round(pct(samples, 99), 3),
+        "unit": unit,
+    }
+
+
+def native_exec(sid, cmd):
+    """The native exec: returns the stdout bytes and the exit code."""
+    out, code = bytearray(), None
+    body = {"cmd": ["/bin/bash", "-l", "-c", cmd]}
+    with native.stream("POST", f"/v1/sandboxes/{sid}/exec", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            ev = json.loads(line)
+            if ev["type"] == "stdout":
+                out += base64.b64decode(ev["data"])
+            elif ev["type"] == "exit":
+                code = ev.get("code")
+    return bytes(out), code
+
+
+def native_create():
+    r = native.post("/v1/sandboxes", json={"timeout_secs": 600, "on_timeout": "delete"})
+    r.raise_for_status()
+    return r.json()["id"]
+
+
+def bench_create_first_run():
+    e2b, nat = [], []
+    for _ in range(N):
+        t = time.perf_counter()
+        sbx = Sandbox.create(timeout=600)
+        sbx.commands.run("true")
+        e2b.append((time.perf_counter() - t) * 1000)
+        sbx.kill()
+
+        t = time.perf_counter()
+        sid = native_create()
+        _, code = native_exec(sid, "true")
+        nat.append((time.perf_counter() - t) * 1000)
+        assert code == 0
+        native.delete(f"/v1/sandboxes/{sid}").raise_for_status()
+        # Let the warm pool refill between rounds: both sides then measure a pool hit.
+        time.sleep(0.3)
+    return summary(e2b), summary(nat)
+
+
+def bench_run():
+    sbx = Sandbox.create(timeout=600)
+    e2b, nat = [], []
+    try:
+        for _ in range(5):
+            sbx.commands.run("true")
+            native_exec(sbx.sandbox_id, "true")
+        for _ in range(N * 5):
+            t = time.perf_counter()
+            sbx.commands.run("true")
+            e2b.append((time.perf_counter() - t) * 1000)
+            t = time.perf_counter()
+            native_exec(sbx.sandbox_id, "true")
+            nat.append((time.perf_counter() - t) * 1000)
+    finally:
+        sbx.kill()
+    return summary(e2b), summary(nat)
+
+
+def bench_stream():
+    size = 64_000_000
+    cmd = f"head -c {size} /dev/zero"
+    sbx = Sandbox.create(timeout=600)
+    e2b, nat = [], []
+    try:
+        for _ in range(5):
+            t = time.perf_counter()
+            r = sbx.commands.run(cmd, timeout=0)
+            e2b.append(size / 1e6 / (time.perf_counter() - t))
+            assert len(r.stdout) == size, len(r.stdout)
+            t = time.perf_counter()
+            out, _ = native_exec(sbx.sandbox_id, cmd)
+            nat.append(size / 1e6 / (time.perf_counter() - t))
+            assert len(out) == size, len(out)
+    finally:
+        sbx.kill()
+    return summary(e2b, "MB/s"), summary(nat, "MB/s")
+
+
+def main():
+    result = {}
+    for name, fn in [
+        ("create_first_run", bench_create_first_run),
+        ("run", bench_run),
+        ("stream", bench_stream),
+    ]:
+        e2b, nat = fn()
+        ratio = round(e2b["p50"] / nat["p50"], 2) if nat["p50"] else None
+        result[name] = {"e2b_sdk": e2b, "native": nat, "p50_ratio": ratio,
+                        "p50_diff": round(e2b["p50"] - nat["p50"], 3)}
+        print(name, json.dumps(result[name]), file=sys.stderr, flush=True)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
