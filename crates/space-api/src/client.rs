@@ -465,6 +465,27 @@ impl Client {
         .await
     }
 
+    /// `GET .../files/watch`: changes under the directory `path` as they happen (`started`
+    /// first), until the stream is dropped.
+    pub async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<Pin<Box<dyn Stream<Item = Result<crate::WatchEvent>> + Send>>> {
+        let q = crate::WatchQuery {
+            path: path.to_string(),
+            recursive,
+        };
+        let resp = self
+            .send(
+                self.request(Method::GET, &format!("/v1/sandboxes/{id}/files/watch"))
+                    .query(&q),
+            )
+            .await?;
+        Ok(ndjson_lines(resp))
+    }
+
     /// Entries below `path`; `depth` 0 or 1 = direct children only.
     pub async fn list_dir(
         &self,

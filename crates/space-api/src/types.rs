@@ -584,6 +584,62 @@ pub struct PathQuery {
     pub depth: Option<u32>,
 }
 
+/// Query of `GET .../files/watch`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    /// A directory.
+    pub path: String,
+    /// The whole tree below it (directories made later included), not only its entries.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub recursive: bool,
+}
+
+/// What changed (`GET .../files/watch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchKind {
+    /// The first line: every change after it is reported.
+    Started,
+    /// Created, or moved in.
+    Create,
+    Write,
+    Remove,
+    /// Moved away (its new name, if watched, comes as a `create`).
+    Rename,
+    /// Metadata changed (mode, owner, times).
+    Chmod,
+    /// Events were lost (the kernel's queue, or a client too far behind).
+    Overflow,
+}
+
+impl WatchKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchKind::Started => "started",
+            WatchKind::Create => "create",
+            WatchKind::Write => "write",
+            WatchKind::Remove => "remove",
+            WatchKind::Rename => "rename",
+            WatchKind::Chmod => "chmod",
+            WatchKind::Overflow => "overflow",
+        }
+    }
+}
+
+/// One line of `GET .../files/watch` (ndjson).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchEvent {
+    #[serde(rename = "type")]
+    pub kind: WatchKind,
+    /// Relative to the watched directory ("" for the directory itself).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub is_dir: bool,
+}
+
 /// Query of `PUT .../files`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

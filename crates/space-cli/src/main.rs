@@ -93,6 +93,18 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         offset: u64,
     },
+    /// Print changes under a directory of a sandbox as they happen ("create a.txt"), until
+    /// interrupted.
+    Watch {
+        id: String,
+        path: String,
+        /// The whole tree, not only the directory's own entries.
+        #[arg(long, short)]
+        recursive: bool,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Send a signal to a process.
     Kill {
         id: String,
@@ -406,6 +418,29 @@ async fn run(cli: Cli) -> Result<i32> {
             let c = client()?;
             let events = c.process_output(&id, pid, offset, true).await?;
             exec::print_events(events, None).await
+        }
+        Command::Watch {
+            id,
+            path,
+            recursive,
+            json,
+        } => {
+            let mut events = client()?.watch(&id, &path, recursive).await?;
+            while let Some(ev) = futures::StreamExt::next(&mut events).await {
+                let ev = ev?;
+                if json {
+                    println!("{}", serde_json::to_string(&ev)?);
+                } else if ev.kind == space_api::WatchKind::Started {
+                    eprintln!(
+                        "watching {path}{}",
+                        if recursive { " (recursive)" } else { "" }
+                    );
+                } else {
+                    let slash = if ev.is_dir { "/" } else { "" };
+                    println!("{} {}{slash}", ev.kind.as_str(), ev.name);
+                }
+            }
+            Ok(0)
         }
         Command::Kill { id, pid, signal } => {
             client()?

@@ -68,6 +68,26 @@ pub fn entry_info(e: pb::EntryInfo) -> EntryInfo {
     }
 }
 
+/// A daemon watch event, or `None` for an unknown kind.
+pub fn watch_event(e: pb::WatchEvent) -> Option<space_api::WatchEvent> {
+    use space_api::WatchKind as K;
+    let kind = match pb::WatchKind::try_from(e.kind).ok()? {
+        pb::WatchKind::Started => K::Started,
+        pb::WatchKind::Create => K::Create,
+        pb::WatchKind::Write => K::Write,
+        pb::WatchKind::Remove => K::Remove,
+        pb::WatchKind::Rename => K::Rename,
+        pb::WatchKind::Chmod => K::Chmod,
+        pb::WatchKind::Overflow => K::Overflow,
+        pb::WatchKind::Unspecified => return None,
+    };
+    Some(space_api::WatchEvent {
+        kind,
+        name: e.name,
+        is_dir: e.is_dir,
+    })
+}
+
 pub fn process_info(p: pb::ProcessInfo) -> ProcessInfo {
     let (exit_code, signal) = match (&p.exit, p.running) {
         (Some(e), false) if e.signaled => (None, Some(e.signal)),

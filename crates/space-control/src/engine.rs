@@ -998,6 +998,27 @@ impl Engine {
         Ok(())
     }
 
+    /// Changes under the directory `path` (the daemon's inotify watch). Errors (no such
+    /// directory) come before the stream; its first event is `started`. The stream ends when
+    /// the sandbox's channel does (it stops, or is removed).
+    pub async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> AppResult<BoxStream<'static, space_api::WatchEvent>> {
+        let path = check_path("path", path)?;
+        let mut guest = self.guest(id).await?;
+        let stream = match guest.watch(pb::WatchRequest { path, recursive }).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => return Err(self.explain_guest_error(id, s).await),
+        };
+        Ok(stream
+            .take_while(|r| std::future::ready(r.is_ok()))
+            .filter_map(|r| std::future::ready(r.ok().and_then(convert::watch_event)))
+            .boxed())
+    }
+
     pub async fn stat(&self, id: &str, path: &str) -> AppResult<EntryInfo> {
         let path = check_path("path", path)?;
         let mut guest = self.guest(id).await?;

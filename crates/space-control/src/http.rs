@@ -49,6 +49,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/sandboxes/{id}/files"),
     ("DELETE", "/v1/sandboxes/{id}/files"),
     ("GET", "/v1/sandboxes/{id}/files/stat"),
+    ("GET", "/v1/sandboxes/{id}/files/watch"),
     ("GET", "/v1/sandboxes/{id}/files/list"),
     ("POST", "/v1/sandboxes/{id}/files/mkdir"),
     ("POST", "/v1/sandboxes/{id}/files/rename"),
@@ -105,6 +106,7 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("PUT", "/v1/sandboxes/{id}/files") => put(write_file),
         ("DELETE", "/v1/sandboxes/{id}/files") => delete(remove_file),
         ("GET", "/v1/sandboxes/{id}/files/stat") => get(stat),
+        ("GET", "/v1/sandboxes/{id}/files/watch") => get(watch_files),
         ("GET", "/v1/sandboxes/{id}/files/list") => get(list_dir),
         ("POST", "/v1/sandboxes/{id}/files/mkdir") => post(mkdir),
         ("POST", "/v1/sandboxes/{id}/files/rename") => post(rename),
@@ -531,6 +533,14 @@ async fn stat(
     ApiQuery(q): ApiQuery<PathOnly>,
 ) -> HResult<Json<space_api::EntryInfo>> {
     Ok(Json(s.engine.stat(&p.id, &q.path).await?))
+}
+
+async fn watch_files(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<IdPath>,
+    ApiQuery(q): ApiQuery<space_api::WatchQuery>,
+) -> HResult<Response> {
+    Ok(ndjson(s.engine.watch(&p.id, &q.path, q.recursive).await?))
 }
 
 async fn list_dir(

@@ -300,6 +300,27 @@ impl Guest for FakeGuest {
         Ok(TResp::new(pb::Empty {}))
     }
 
+    type WatchStream = futures::stream::BoxStream<'static, Result<pb::WatchEvent, Status>>;
+
+    /// `/missing` is not there; any other directory reports `started`, then `<dir>/x` made.
+    async fn watch(&self, r: TReq<pb::WatchRequest>) -> Result<TResp<Self::WatchStream>, Status> {
+        if r.into_inner().path == "/missing" {
+            return Err(Status::not_found("/missing: no such directory"));
+        }
+        let ev = |kind: pb::WatchKind, name: &str| {
+            Ok(pb::WatchEvent {
+                kind: kind as i32,
+                name: name.into(),
+                is_dir: false,
+            })
+        };
+        let events = vec![
+            ev(pb::WatchKind::Started, ""),
+            ev(pb::WatchKind::Create, "x"),
+        ];
+        Ok(TResp::new(futures::stream::iter(events).boxed()))
+    }
+
     async fn personalize(
         &self,
         r: TReq<pb::PersonalizeRequest>,
@@ -1122,6 +1143,55 @@ async fn create_failures() {
         )
         .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn watch_streams_ndjson_and_refuses_bad_input() {
+    let h = harness().await;
+    let id = h.create().await.id;
+    let r = h
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/files/watch?path=/work&recursive=true"),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.content_type.as_deref(), Some("application/x-ndjson"));
+    let events: Vec<space_api::WatchEvent> = r
+        .body
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    let kinds: Vec<_> = events.iter().map(|e| (e.kind, e.name.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [
+            (space_api::WatchKind::Started, ""),
+            (space_api::WatchKind::Create, "x")
+        ]
+    );
+    let watch = |q: &str| format!("/v1/sandboxes/{id}/files/watch{q}");
+    h.call(Method::GET, &watch("?path=/missing"), Body::empty())
+        .await
+        .error(404, "not_found");
+    h.call(Method::GET, &watch("?path=relative"), Body::empty())
+        .await
+        .error(400, "invalid_argument");
+    h.call(Method::GET, &watch(""), Body::empty())
+        .await
+        .error(400, "invalid_argument");
+    h.call(Method::GET, &watch("?path=/w&bogus=1"), Body::empty())
+        .await
+        .error(400, "invalid_argument");
+    h.call(
+        Method::GET,
+        "/v1/sandboxes/aaaaaaaaaaaaaaaaaaaa/files/watch?path=/w",
+        Body::empty(),
+    )
+    .await
+    .error(404, "not_found");
 }
 
 #[tokio::test]

@@ -49,6 +49,16 @@ pub enum FilesError {
     Task(#[source] tokio::task::JoinError),
 }
 
+impl FilesError {
+    pub fn io(op: &'static str, path: &Path, source: io::Error) -> Self {
+        FilesError::Io {
+            op,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> FilesError + 'a {
     move |source| FilesError::Io {
         op,

@@ -12,6 +12,7 @@ pub mod procs;
 pub mod service;
 pub mod users;
 pub mod vport;
+pub mod watch;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

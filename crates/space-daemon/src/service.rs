@@ -127,6 +127,7 @@ impl From<ProcError> for Status {
 
 type EventResultStream = Pin<Box<dyn Stream<Item = Result<ProcessEvent, Status>> + Send>>;
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<FileChunk, Status>> + Send>>;
+type WatchResultStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
 fn uname_field(f: &std::ffi::CStr) -> String {
     f.to_string_lossy().into_owned()
@@ -307,6 +308,19 @@ impl Guest for GuestService {
         let mut e = files::rename(&r.from, &r.to, r.overwrite).await?;
         self.names().name(&mut e);
         Ok(Response::new(e))
+    }
+
+    type WatchStream = WatchResultStream;
+
+    async fn watch(
+        &self,
+        req: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let r = req.into_inner();
+        let rx = crate::watch::watch(&r.path, r.recursive).await?;
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok),
+        )))
     }
 
     async fn sync(&self, _: Request<Empty>) -> Result<Response<Empty>, Status> {

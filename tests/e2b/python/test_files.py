@@ -153,6 +153,33 @@ class Watch(unittest.TestCase):
         finally:
             sbx.kill()
 
+    def test_the_async_sdk_streams_watch_dir(self):
+        import asyncio
+
+        from e2b import AsyncSandbox
+
+        async def main():
+            sbx = await AsyncSandbox.create()
+            try:
+                await sbx.files.make_dir("/home/user/aw")
+                seen = []
+                handle = await sbx.files.watch_dir(
+                    "/home/user/aw", on_event=seen.append, recursive=True, timeout=0
+                )
+                await sbx.commands.run("mkdir /home/user/aw/d && echo x > /home/user/aw/d/f")
+                for _ in range(100):
+                    if any(e.name == "d/f" for e in seen):
+                        break
+                    await asyncio.sleep(0.1)
+                await handle.stop()
+                names = {(e.name, e.type) for e in seen}
+                self.assertIn(("d", FilesystemEventType.CREATE), names)
+                self.assertIn(("d/f", FilesystemEventType.CREATE), names)
+            finally:
+                await sbx.kill()
+
+        asyncio.run(main())
+
     def test_watching_a_missing_dir_is_not_found(self):
         sbx = Sandbox.create()
         try:

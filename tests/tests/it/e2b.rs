@@ -4,6 +4,7 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use space_tests::*;
 
@@ -62,7 +63,7 @@ fn the_official_python_sdk_runs_against_space() {
     run_python(
         &s,
         &python,
-        &["-m", "unittest", "-v", "test_sdk", "test_files.Files"],
+        &["-m", "unittest", "-v", "test_sdk", "test_files"],
     );
 }
 
@@ -76,4 +77,72 @@ fn bench_e2b_sdk() {
         return;
     };
     println!("{}", run_python(&s, &python, &["bench_sdk.py"]));
+}
+
+/// `space watch` (the native side of the daemon's watch) prints changes as they happen.
+#[test]
+fn space_watch_prints_changes_as_they_happen() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&[]);
+    s.sh(&id, "mkdir -p /w/sub");
+    let mut watch = s
+        .cli()
+        .args(["watch", &id, "/w", "--recursive"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The watch is in place once `space watch` says so on stderr; poll for its first event
+    // instead, with a bounded number of tries.
+    let mut lines = Vec::new();
+    for i in 0..50 {
+        s.sh(&id, &format!("echo {i} > /w/sub/f{i}"));
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            lines.push(l);
+            break;
+        }
+    }
+    assert!(
+        !lines.is_empty(),
+        "no event from space watch:\n{}",
+        s.log_tail()
+    );
+    s.sh(
+        &id,
+        "mv /w/sub/f0 /w/g && rm /w/g && mkdir /w/new && touch /w/new/h",
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !lines.iter().any(|l| l == "create new/h") && std::time::Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            lines.push(l);
+        }
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    for want in [
+        "rename sub/f0",
+        "create g",
+        "remove g",
+        "create new/",
+        "create new/h",
+    ] {
+        assert!(lines.iter().any(|l| l == want), "no {want:?} in {lines:?}");
+    }
+    // Bad input: a missing directory and a file are refused before any event.
+    let out = s.space(&["watch", &id, "/nope"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+    s.sh(&id, "touch /w/file");
+    let out = s.space(&["watch", &id, "/w/file"]);
+    assert!(!out.status.success());
 }

@@ -77,6 +77,22 @@ impl Envd {
             )
             .route("/filesystem.Filesystem/Remove", post(super::files::remove))
             .route(
+                "/filesystem.Filesystem/WatchDir",
+                post(super::watch::watch_dir),
+            )
+            .route(
+                "/filesystem.Filesystem/CreateWatcher",
+                post(super::watch::create_watcher),
+            )
+            .route(
+                "/filesystem.Filesystem/GetWatcherEvents",
+                post(super::watch::get_watcher_events),
+            )
+            .route(
+                "/filesystem.Filesystem/RemoveWatcher",
+                post(super::watch::remove_watcher),
+            )
+            .route(
                 "/files",
                 get(super::files::download)
                     .post(super::files::upload)
@@ -84,6 +100,9 @@ impl Envd {
                     .layer(axum::extract::DefaultBodyLimit::disable()),
             )
             .fallback(unimplemented)
+            .layer(Extension(std::sync::Arc::new(
+                super::watch::Watchers::default(),
+            )))
             .with_state(state.clone());
         Self { state, router }
     }
@@ -226,7 +245,7 @@ fn user_of(headers: &HeaderMap) -> Result<Option<String>, String> {
     Ok((!user.is_empty()).then(|| user.to_string()))
 }
 
-async fn read_body(body: Body) -> Result<Bytes, ConnectError> {
+pub(crate) async fn read_body(body: Body) -> Result<Bytes, ConnectError> {
     axum::body::to_bytes(body, connect::MAX_MESSAGE_BYTES + 5)
         .await
         .map_err(|e| {
@@ -241,13 +260,13 @@ async fn read_body(body: Body) -> Result<Bytes, ConnectError> {
 }
 
 /// `Keepalive-Ping-Interval` (seconds) and `Connect-Timeout-Ms` of a streaming call.
-struct StreamLimits {
+pub(crate) struct StreamLimits {
     keepalive: Option<Duration>,
     timeout: Option<Duration>,
 }
 
 impl StreamLimits {
-    fn of(headers: &HeaderMap) -> Result<Self, ConnectError> {
+    pub(crate) fn of(headers: &HeaderMap) -> Result<Self, ConnectError> {
         let keepalive = match headers.get("keepalive-ping-interval") {
             None => None,
             Some(v) => {
@@ -267,19 +286,39 @@ impl StreamLimits {
         })
     }
 
-    /// `events` with a keepalive event every interval, ended by `deadline_exceeded` once the
-    /// timeout passes (the process itself is left alone).
+    /// A process's `events` with a keepalive event every interval, ended by
+    /// `deadline_exceeded` once the timeout passes (the process itself is left alone).
     fn apply(
         self,
         events: BoxStream<'static, Result<pb::ProcessEvent, ConnectError>>,
     ) -> BoxStream<'static, Result<pb::ProcessEvent, ConnectError>> {
+        self.with(
+            events,
+            || {
+                event(pb::process_event::Event::Keepalive(
+                    pb::process_event::KeepAlive {},
+                ))
+            },
+            "the call's Connect-Timeout-Ms passed; the process keeps running \
+             (Connect reaches it again)",
+        )
+    }
+
+    /// `events` with `keepalive()` every interval, ended by `deadline_exceeded` (`expired`)
+    /// once the timeout passes.
+    pub(crate) fn with<T: Send + 'static>(
+        self,
+        events: BoxStream<'static, Result<T, ConnectError>>,
+        keepalive: fn() -> T,
+        expired: &'static str,
+    ) -> BoxStream<'static, Result<T, ConnectError>> {
         let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
         let ticker = self.keepalive.map(|every| {
             let mut t = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             t
         });
-        futures::stream::unfold(Some((events, ticker, deadline)), |st| async move {
+        futures::stream::unfold(Some((events, ticker, deadline)), move |st| async move {
             let (mut events, mut ticker, deadline) = st?;
             let tick = async {
                 match ticker.as_mut() {
@@ -300,14 +339,8 @@ impl StreamLimits {
                     let ev = ev?;
                     Some((ev, Some((events, ticker, deadline))))
                 }
-                _ = tick => Some((Ok(event(pb::process_event::Event::Keepalive(
-                    pb::process_event::KeepAlive {},
-                ))), Some((events, ticker, deadline)))),
-                _ = expire => Some((Err(ConnectError::new(
-                    Code::DeadlineExceeded,
-                    "the call's Connect-Timeout-Ms passed; the process keeps running \
-                     (Connect reaches it again)",
-                )), None)),
+                _ = tick => Some((Ok(keepalive()), Some((events, ticker, deadline)))),
+                _ = expire => Some((Err(ConnectError::new(Code::DeadlineExceeded, expired)), None)),
             }
         })
         .boxed()

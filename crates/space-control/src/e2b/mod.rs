@@ -13,6 +13,7 @@ pub mod control;
 pub mod envd;
 pub mod files;
 pub mod pb;
+pub mod watch;
 
 use axum::Json;
 use axum::http::StatusCode;
