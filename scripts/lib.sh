@@ -30,7 +30,10 @@ BASE_PATH=/home/user/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 # The official E2B SDKs the E2B-compatibility tests drive (decision 0022), pinned, each in its
 # own venv under $E2B_CACHE, installed from PyPI once per machine (scripts/test).
 E2B_CACHE=${SPACE_E2B_CACHE:-/var/cache/space/e2b}
+# The newest, and an older minor that still calls the pre-v2 paths (POST /sandboxes,
+# POST /sandboxes/{id}/connect).
 E2B_PY_VERSION=2.63.0
+E2B_PY_OLD_VERSION=2.50.0
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -214,15 +217,21 @@ JSON
     say "Debian base rootfs ready in $(( $(date +%s) - start )) s ($(du -sh "$BASE_CACHE/rootfs" | cut -f1))"
 }
 
-# Sets E2B_PYTHON to a venv's python with e2b==$E2B_PY_VERSION, made if missing.
-ensure_e2b_sdks() {
-    local venv="$E2B_CACHE/py-$E2B_PY_VERSION"
+# Prints the python of a venv with e2b==$1, made if missing.
+e2b_venv() {
+    local venv="$E2B_CACHE/py-$1"
     if ! "$venv/bin/python" -c "import e2b" 2>/dev/null; then
-        say "installing the E2B Python SDK $E2B_PY_VERSION from PyPI into $venv"
+        say "installing the E2B Python SDK $1 from PyPI into $venv"
         rm -rf "$venv"
         mkdir -p "$E2B_CACHE"
-        python3 -m venv "$venv"
-        "$venv/bin/pip" install -q --disable-pip-version-check "e2b==$E2B_PY_VERSION"
+        python3 -m venv "$venv" >&2
+        "$venv/bin/pip" install -q --disable-pip-version-check "e2b==$1" >&2
     fi
-    E2B_PYTHON="$venv/bin/python"
+    echo "$venv/bin/python"
+}
+
+# Sets E2B_PYTHON and E2B_OLD_PYTHON (the newest SDK's and the older one's).
+ensure_e2b_sdks() {
+    E2B_PYTHON=$(e2b_venv "$E2B_PY_VERSION") || die "could not install e2b $E2B_PY_VERSION"
+    E2B_OLD_PYTHON=$(e2b_venv "$E2B_PY_OLD_VERSION") || die "could not install e2b $E2B_PY_OLD_VERSION"
 }

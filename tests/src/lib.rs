@@ -82,10 +82,19 @@ pub fn base_cache() -> Option<PathBuf> {
 /// which installs it), or `None` where there is none. With SPACE_REQUIRE_E2B=1 that is a
 /// failure.
 pub fn e2b_python() -> Option<PathBuf> {
-    let why = match std::env::var_os("SPACE_E2B_PYTHON").map(PathBuf::from) {
+    python_from("SPACE_E2B_PYTHON")
+}
+
+/// The same for the older SDK that still calls E2B's pre-v2 paths (`SPACE_E2B_OLD_PYTHON`).
+pub fn e2b_old_python() -> Option<PathBuf> {
+    python_from("SPACE_E2B_OLD_PYTHON")
+}
+
+fn python_from(var: &str) -> Option<PathBuf> {
+    let why = match std::env::var_os(var).map(PathBuf::from) {
         Some(p) if p.is_file() => return Some(p),
-        Some(p) => format!("SPACE_E2B_PYTHON={} is not a file", p.display()),
-        None => "SPACE_E2B_PYTHON is not set (scripts/test installs the SDK)".to_string(),
+        Some(p) => format!("{var}={} is not a file", p.display()),
+        None => format!("{var} is not set (scripts/test installs the SDK)"),
     };
     if std::env::var("SPACE_REQUIRE_E2B").as_deref() == Ok("1") {
         panic!("SPACE_REQUIRE_E2B=1 but {why}");

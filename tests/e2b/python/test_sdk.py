@@ -15,13 +15,23 @@ from e2b import (
     AuthenticationException,
     CommandExitException,
     NotFoundException,
+    PtySize,
     Sandbox,
+    SandboxException,
     SandboxQuery,
     SandboxState,
     TimeoutException,
 )
 
 URL = os.environ["E2B_API_URL"]
+NATIVE = {"Authorization": f"Bearer {os.environ['SPACE_API_KEY']}"}
+
+
+def native(sbx):
+    """The sandbox as space's own API shows it."""
+    r = httpx.get(f"{URL}/v1/sandboxes/{sbx.sandbox_id}", headers=NATIVE)
+    r.raise_for_status()
+    return r.json()
 
 
 class Commands(unittest.TestCase):
@@ -90,6 +100,22 @@ class Commands(unittest.TestCase):
         r = self.sbx.commands.run("sleep 2; echo ok", timeout=0)
         self.assertEqual(r.stdout, "ok\n")
 
+    def test_a_pty_session_with_resize_and_streamed_input(self):
+        h = self.sbx.pty.create(PtySize(rows=24, cols=80))
+        self.sbx.pty.resize(h.pid, PtySize(rows=30, cols=100))
+        self.sbx.pty.send_stdin(h.pid, b"stty size; echo marker-$((6*7)); tty\n")
+        if hasattr(self.sbx.pty, "stream_input"):  # SDKs since 2.5x
+            self.sbx.pty.stream_input(h.pid, [b"exit ", b"5\n"])
+        else:
+            self.sbx.pty.send_stdin(h.pid, b"exit 5\n")
+        out = bytearray()
+        with self.assertRaises(CommandExitException) as cm:
+            h.wait(on_pty=out.extend)
+        self.assertEqual(cm.exception.exit_code, 5)
+        self.assertIn(b"30 100", out)
+        self.assertIn(b"marker-42", out)
+        self.assertIn(b"/dev/pts/", out)
+
     def test_large_output_arrives_whole(self):
         r = self.sbx.commands.run("head -c 3000000 /dev/zero | tr '\\0' a")
         self.assertEqual(len(r.stdout), 3_000_000)
@@ -136,6 +162,50 @@ class Lifecycle(unittest.TestCase):
             Sandbox.get_info(a.sandbox_id)
         with self.assertRaises(Exception):
             a.commands.run("true")
+
+    def test_network_settings_become_the_egress_policy(self):
+        sbx = Sandbox.create(network={"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]})
+        try:
+            net = native(sbx)["network"]
+            self.assertEqual((net["egress"], net["allow"]), ("allowlist", ["pypi.org"]))
+            sbx.update_network({"allow_internet_access": False})
+            self.assertEqual(native(sbx)["network"]["egress"], "none")
+            sbx.update_network({"allow_out": ["10.1.0.0/16"], "deny_out": ["0.0.0.0/0"]})
+            net = native(sbx)["network"]
+            self.assertEqual((net["egress"], net["allow"]), ("allowlist", ["10.1.0.0/16"]))
+            # space has no deny rules: a particular denyOut is refused, and nothing changes.
+            with self.assertRaises(SandboxException) as cm:
+                sbx.update_network({"deny_out": ["1.2.3.4"]})
+            self.assertIn("cannot deny particular destinations", str(cm.exception))
+            self.assertEqual(native(sbx)["network"]["allow"], ["10.1.0.0/16"])
+        finally:
+            sbx.kill()
+        off = Sandbox.create(allow_internet_access=False)
+        try:
+            self.assertEqual(native(off)["network"]["egress"], "none")
+        finally:
+            off.kill()
+
+    def test_fork_copies_the_filesystem_into_independent_sandboxes(self):
+        sbx = Sandbox.create(metadata={"role": "parent"})
+        forks = []
+        try:
+            sbx.files.write("/home/user/state.txt", "before fork")
+            forks = sbx.fork(count=2, timeout=120)
+            self.assertEqual(len(forks), 2)
+            for f in forks:
+                self.assertIsInstance(f, Sandbox)
+                self.assertNotEqual(f.sandbox_id, sbx.sandbox_id)
+                self.assertEqual(f.files.read("/home/user/state.txt"), "before fork")
+                f.files.write("/home/user/state.txt", "changed in " + f.sandbox_id)
+            self.assertEqual(sbx.files.read("/home/user/state.txt"), "before fork")
+            self.assertNotEqual(forks[0].files.read("/home/user/state.txt"),
+                                forks[1].files.read("/home/user/state.txt"))
+        finally:
+            for f in forks:
+                if isinstance(f, Sandbox):
+                    f.kill()
+            sbx.kill()
 
     def test_pause_and_resume_through_connect_keep_processes_and_files(self):
         sbx = Sandbox.create()

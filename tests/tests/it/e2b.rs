@@ -67,6 +67,19 @@ fn the_official_python_sdk_runs_against_space() {
     );
 }
 
+/// An older SDK (2.50), which still creates and connects through `POST /sandboxes` and
+/// `POST /sandboxes/{id}/connect`, runs the same commands and lifecycle tests.
+#[test]
+fn an_older_python_sdk_on_the_pre_v2_paths_runs_against_space() {
+    let Some(python) = e2b_old_python() else {
+        return;
+    };
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    run_python(&s, &python, &["-m", "unittest", "-v", "test_sdk"]);
+}
+
 /// `Sandbox.create()` -> first `commands.run`, `commands.run` and output streaming through
 /// the official SDK, with the native API in the same run as the peer (BENCHMARKS.md).
 #[test]

@@ -687,7 +687,9 @@ fn a_microvm_template_is_checkpointed_after_its_start_command_is_ready() {
         "set",
         "minimal",
         "--start-cmd",
-        "date +%s%N > /tmp/started; exec sleep 100000",
+        // A random token per run of the start command (busybox date has no %N: two boots
+        // within one second would write the same time).
+        "cat /proc/sys/kernel/random/uuid > /tmp/started; exec sleep 100000",
         "--ready-cmd",
         "test -s /tmp/started",
     ]);

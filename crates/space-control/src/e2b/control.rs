@@ -14,7 +14,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, delete, get, post};
+use axum::routing::{MethodRouter, delete, get, post, put};
 use serde::{Deserialize, Serialize};
 use space_api::{CreateSandbox, OnTimeout, Sandbox, SandboxState, SetTimeout};
 
@@ -38,6 +38,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v2/sandboxes/{id}/connect"),
     ("POST", "/sandboxes/{id}/pause"),
     ("POST", "/sandboxes/{id}/resume"),
+    ("PUT", "/sandboxes/{id}/network"),
+    ("POST", "/sandboxes/{id}/fork"),
 ];
 
 pub fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
@@ -51,6 +53,8 @@ pub fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("POST", "/sandboxes/{id}/connect" | "/v2/sandboxes/{id}/connect") => post(connect),
         ("POST", "/sandboxes/{id}/pause") => post(pause),
         ("POST", "/sandboxes/{id}/resume") => post(resume),
+        ("PUT", "/sandboxes/{id}/network") => put(update_network),
+        ("POST", "/sandboxes/{id}/fork") => post(fork),
         _ => unreachable!("E2B route {method} {path} has no handler"),
     }
 }
@@ -82,7 +86,7 @@ struct NewSandbox {
     metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
     env_vars: Option<BTreeMap<String, String>>,
-    network: Option<serde_json::Value>,
+    network: Option<E2bNetwork>,
     mcp: Option<serde_json::Value>,
     volume_mounts: Option<serde_json::Value>,
     iam: Option<serde_json::Value>,
@@ -194,9 +198,90 @@ async fn load(s: &AppState, id: &str) -> E2bResult<Sandbox> {
     }
 }
 
+/// E2B's network settings (`SandboxNetworkConfig` at create, `SandboxNetworkUpdateConfig` on
+/// `PUT /sandboxes/{id}/network`), as far as space's egress policy expresses them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct E2bNetwork {
+    allow_out: Option<Vec<String>>,
+    deny_out: Option<Vec<String>>,
+    /// Only in the update, and snake_case there, as E2B's API has it.
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    /// Accepted and moot: space's port URLs always need their token.
+    #[allow(dead_code)]
+    allow_public_traffic: Option<bool>,
+    dns_servers: Option<serde_json::Value>,
+    egress_proxy: Option<serde_json::Value>,
+    mask_request_host: Option<serde_json::Value>,
+    https_ports: Option<serde_json::Value>,
+    rules: Option<serde_json::Value>,
+}
+
+/// Whether a `denyOut` entry denies every destination.
+fn denies_all(rule: &str) -> bool {
+    matches!(rule.trim(), "0.0.0.0/0" | "::/0" | "*")
+}
+
+/// E2B's network settings as space's egress policy (decision 0022):
+/// - nothing said: the node's default; `allow_internet_access: false`: no egress;
+/// - `denyOut: ["0.0.0.0/0"]` (deny all) with `allowOut`: only what `allowOut` names (an
+///   allowlist of IPs, CIDRs and host names, as E2B's allowOut takes);
+/// - `allowOut` alone opens nothing more than open egress does, which it stays.
+///
+/// space has no deny rules: a `denyOut` of particular destinations is refused with a 400
+/// that says so, as are the settings space has no counterpart for (DNS servers, rules...).
+fn network_policy(
+    n: &E2bNetwork,
+    internet: Option<bool>,
+) -> E2bResult<Option<space_api::NetworkPolicy>> {
+    for (name, given) in [
+        ("dnsServers", n.dns_servers.is_some()),
+        ("egressProxy", n.egress_proxy.is_some()),
+        ("maskRequestHost", n.mask_request_host.is_some()),
+        ("httpsPorts", n.https_ports.is_some()),
+        ("rules", n.rules.is_some()),
+    ] {
+        if given {
+            return Err(E2bError(AppError::invalid(format!(
+                "network.{name} is not supported by space's E2B API yet"
+            ))));
+        }
+    }
+    let deny = n.deny_out.clone().unwrap_or_default();
+    let allow = n.allow_out.clone().unwrap_or_default();
+    if let Some(rule) = deny.iter().find(|r| !denies_all(r)) {
+        return Err(E2bError(AppError::invalid(format!(
+            "denyOut {rule:?}: space cannot deny particular destinations; deny everything \
+             (\"0.0.0.0/0\") and list what is allowed in allowOut"
+        ))));
+    }
+    let internet = n.allow_internet_access.or(internet);
+    use space_api::Egress;
+    let egress = if !deny.is_empty() || internet == Some(false) {
+        if allow.is_empty() {
+            Egress::None
+        } else {
+            Egress::Allowlist
+        }
+    } else if internet == Some(true) || !allow.is_empty() {
+        Egress::Open
+    } else {
+        return Ok(None);
+    };
+    let allow = if egress == Egress::Allowlist {
+        allow
+    } else {
+        Vec::new()
+    };
+    Ok(Some(space_api::NetworkPolicy {
+        egress: Some(egress),
+        allow,
+    }))
+}
+
 fn refuse_unsupported(req: &NewSandbox) -> E2bResult<()> {
     for (name, given) in [
-        ("network", req.network.is_some()),
         ("mcp", req.mcp.as_ref().is_some_and(|v| !v.is_null())),
         ("volumeMounts", req.volume_mounts.is_some()),
         ("iam", req.iam.is_some()),
@@ -215,16 +300,10 @@ async fn create(
     ApiJson(req): ApiJson<NewSandbox>,
 ) -> E2bResult<Response> {
     refuse_unsupported(&req)?;
-    let network = req
-        .allow_internet_access
-        .map(|open| space_api::NetworkPolicy {
-            egress: Some(if open {
-                space_api::Egress::Open
-            } else {
-                space_api::Egress::None
-            }),
-            allow: Vec::new(),
-        });
+    let network = network_policy(
+        req.network.as_ref().unwrap_or(&E2bNetwork::default()),
+        req.allow_internet_access,
+    )?;
     let create = CreateSandbox {
         template: Some(req.template_id),
         env: req.env_vars.unwrap_or_default(),
@@ -376,6 +455,68 @@ async fn resume(
     let secs = req.timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT_SECS);
     s.engine.extend_timeout(&p.id, secs, true).await?;
     Ok((StatusCode::CREATED, Json(sandbox_reply(&s, &sb))).into_response())
+}
+
+/// `PUT /sandboxes/{id}/network`: the policy replaced (see [`network_policy`]); 204.
+async fn update_network(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+    ApiJson(req): ApiJson<E2bNetwork>,
+) -> E2bResult<StatusCode> {
+    load(&s, &p.id).await?;
+    let policy = network_policy(&req, None)?.unwrap_or(space_api::NetworkPolicy {
+        egress: None,
+        allow: Vec::new(),
+    });
+    s.engine.set_network(&p.id, policy).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ForkBody {
+    timeout: Option<u64>,
+    count: Option<u32>,
+}
+
+/// E2B's fork timeout when none is given (its API's default).
+const DEFAULT_FORK_TIMEOUT_SECS: u64 = 15;
+
+/// `POST /sandboxes/{id}/fork`: `count` new sandboxes from the sandbox as it is now (space's
+/// fork: a snapshot, then one sandbox per copy; a running microvm's processes and memory
+/// come along, a namespace sandbox's processes start fresh). Each gets a deadline of now +
+/// `timeout` with the parent's timeout action. 201 with one `{"sandbox"}` per fork.
+async fn fork(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+    body: axum::body::Bytes,
+) -> E2bResult<Response> {
+    let req: ForkBody = optional_body(&body)?;
+    let parent = load(&s, &p.id).await?;
+    let forks = s
+        .engine
+        .fork(
+            &p.id,
+            space_api::ForkRequest {
+                snapshot: None,
+                count: Some(req.count.unwrap_or(1)),
+            },
+        )
+        .await?;
+    let secs = req.timeout.unwrap_or(DEFAULT_FORK_TIMEOUT_SECS);
+    let mut out = Vec::with_capacity(forks.len());
+    for f in &forks {
+        let timeout = SetTimeout {
+            timeout_secs: Some(secs),
+            on_timeout: Some(parent.on_timeout.unwrap_or(OnTimeout::Delete)),
+        };
+        out.push(match s.engine.set_timeout(&f.id, timeout).await {
+            Ok(_) => serde_json::json!({"sandbox": sandbox_reply(&s, f)}),
+            Err(e) => serde_json::json!({
+                "error": {"code": e.status.as_u16(), "message": e.message},
+            }),
+        });
+    }
+    Ok((StatusCode::CREATED, Json(out)).into_response())
 }
 
 // ---- lists ----
@@ -591,6 +732,50 @@ impl std::fmt::Display for PageToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn net(allow: &[&str], deny: &[&str]) -> E2bNetwork {
+        let list = |v: &[&str]| Some(v.iter().map(|s| s.to_string()).collect());
+        E2bNetwork {
+            allow_out: list(allow),
+            deny_out: list(deny),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn e2b_network_settings_map_onto_egress_policies() {
+        use space_api::Egress;
+        let egress = |n: &E2bNetwork, i| network_policy(n, i).unwrap().map(|p| (p.egress, p.allow));
+        assert_eq!(egress(&E2bNetwork::default(), None), None);
+        assert_eq!(
+            egress(&E2bNetwork::default(), Some(false)),
+            Some((Some(Egress::None), vec![]))
+        );
+        assert_eq!(
+            egress(
+                &net(&["api.example.com", "10.0.0.0/8"], &["0.0.0.0/0"]),
+                None
+            ),
+            Some((
+                Some(Egress::Allowlist),
+                vec!["api.example.com".to_string(), "10.0.0.0/8".to_string()]
+            ))
+        );
+        assert_eq!(
+            egress(&net(&[], &["0.0.0.0/0"]), None),
+            Some((Some(Egress::None), vec![]))
+        );
+        assert_eq!(
+            egress(&net(&["x.com"], &[]), None),
+            Some((Some(Egress::Open), vec![]))
+        );
+        assert!(network_policy(&net(&[], &["1.2.3.4"]), None).is_err());
+        let dns = E2bNetwork {
+            dns_servers: Some(serde_json::json!(["1.1.1.1"])),
+            ..Default::default()
+        };
+        assert!(network_policy(&dns, None).is_err());
+    }
 
     #[test]
     fn times_parse_as_python_writes_them() {
