@@ -7,6 +7,9 @@ Prints one JSON object: for each figure, p50/p90/p99 in ms (or MB/s) over N runs
 - create_first_run: `Sandbox.create()` then `commands.run("true")`, against POST
   /v1/sandboxes then POST /v1/sandboxes/{id}/exec of `true` (the native API over httpx);
   each sandbox is removed outside the timed part.
+- create: the create call alone, both ways.
+- create_wire: POST /v2/sandboxes and POST /v1/sandboxes from one httpx client: spaced's
+  own share of the difference.
 - run: `commands.run("true")` on one sandbox, against the native exec of `bash -l -c true`.
 - stream: MB/s of `head -c 64000000 /dev/zero` through `commands.run`, against the native
   exec's ndjson stream of the same command.
@@ -84,6 +87,42 @@ def bench_create_first_run():
     return summary(e2b), summary(nat)
 
 
+def bench_create():
+    """The create call alone: `Sandbox.create()` against POST /v1/sandboxes."""
+    e2b, nat = [], []
+    for _ in range(N):
+        t = time.perf_counter()
+        sbx = Sandbox.create(timeout=600)
+        e2b.append((time.perf_counter() - t) * 1000)
+        sbx.kill()
+        t = time.perf_counter()
+        sid = native_create()
+        nat.append((time.perf_counter() - t) * 1000)
+        native.delete(f"/v1/sandboxes/{sid}").raise_for_status()
+        time.sleep(0.3)
+    return summary(e2b), summary(nat)
+
+
+def bench_create_wire():
+    """The server's share: POST /v2/sandboxes over the same httpx client as the native
+    create, so that only what spaced does differs (the SDK's own client work is left out)."""
+    e2b_key = os.environ["E2B_API_KEY"]
+    e2b, nat = [], []
+    for _ in range(N):
+        t = time.perf_counter()
+        r = native.post("/v2/sandboxes", headers={"X-API-KEY": e2b_key},
+                        json={"templateID": "base", "timeout": 600})
+        e2b.append((time.perf_counter() - t) * 1000)
+        assert r.status_code == 201, r.text
+        native.delete(f"/v1/sandboxes/{r.json()['sandboxID']}").raise_for_status()
+        t = time.perf_counter()
+        sid = native_create()
+        nat.append((time.perf_counter() - t) * 1000)
+        native.delete(f"/v1/sandboxes/{sid}").raise_for_status()
+        time.sleep(0.3)
+    return summary(e2b), summary(nat)
+
+
 def bench_run():
     sbx = Sandbox.create(timeout=600)
     e2b, nat = [], []
@@ -127,6 +166,8 @@ def main():
     result = {}
     for name, fn in [
         ("create_first_run", bench_create_first_run),
+        ("create", bench_create),
+        ("create_wire", bench_create_wire),
         ("run", bench_run),
         ("stream", bench_stream),
     ]:
