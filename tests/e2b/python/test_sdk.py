@@ -207,6 +207,41 @@ class Lifecycle(unittest.TestCase):
                     f.kill()
             sbx.kill()
 
+    def test_snapshots_are_templates_new_sandboxes_start_from(self):
+        sbx = Sandbox.create()
+        made = []
+        try:
+            sbx.files.write("/home/user/snap.txt", "in the snapshot")
+            info = sbx.create_snapshot(name="e2b-snap-test")
+            self.assertEqual(info.snapshot_id, "e2b-snap-test")
+            auto = sbx.create_snapshot()
+            self.assertTrue(auto.snapshot_id.startswith("snapshot-"))
+            sbx.files.write("/home/user/snap.txt", "changed after")
+            ids = []
+            pages = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id, limit=1)
+            while pages.has_next:
+                ids += [s.snapshot_id for s in pages.next_items()]
+            self.assertEqual(sorted(ids), sorted(["e2b-snap-test", auto.snapshot_id]))
+            child = Sandbox.create(template="e2b-snap-test")
+            made.append(child)
+            self.assertEqual(child.files.read("/home/user/snap.txt"), "in the snapshot")
+            # A snapshot a sandbox still runs from is kept (space's rule for templates).
+            with self.assertRaises(SandboxException) as cm:
+                Sandbox.delete_snapshot("e2b-snap-test")
+            self.assertIn("used by 1 sandbox", str(cm.exception))
+            child.kill()
+            made.clear()
+            self.assertTrue(Sandbox.delete_snapshot("e2b-snap-test"))
+            self.assertFalse(Sandbox.delete_snapshot("e2b-snap-test"))
+            self.assertTrue(Sandbox.delete_snapshot(auto.snapshot_id))
+            # The Debian base is a template, not a snapshot: it is never removed this way.
+            with self.assertRaises(SandboxException):
+                Sandbox.delete_snapshot("base")
+        finally:
+            for c in made:
+                c.kill()
+            sbx.kill()
+
     def test_pause_and_resume_through_connect_keep_processes_and_files(self):
         sbx = Sandbox.create()
         try:

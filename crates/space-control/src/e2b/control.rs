@@ -40,6 +40,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/sandboxes/{id}/resume"),
     ("PUT", "/sandboxes/{id}/network"),
     ("POST", "/sandboxes/{id}/fork"),
+    ("POST", "/sandboxes/{id}/snapshots"),
+    ("GET", "/snapshots"),
+    ("DELETE", "/templates/{id}"),
 ];
 
 pub fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
@@ -55,6 +58,9 @@ pub fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("POST", "/sandboxes/{id}/resume") => post(resume),
         ("PUT", "/sandboxes/{id}/network") => put(update_network),
         ("POST", "/sandboxes/{id}/fork") => post(fork),
+        ("POST", "/sandboxes/{id}/snapshots") => post(create_snapshot),
+        ("GET", "/snapshots") => get(list_snapshots),
+        ("DELETE", "/templates/{id}") => delete(delete_snapshot),
         _ => unreachable!("E2B route {method} {path} has no handler"),
     }
 }
@@ -517,6 +523,162 @@ async fn fork(
         });
     }
     Ok((StatusCode::CREATED, Json(out)).into_response())
+}
+
+// ---- snapshots ----
+
+/// E2B's snapshot is a template that new sandboxes start from: here a space snapshot of the
+/// sandbox's filesystem, made a template (`POST /v1/templates/{name}/from-snapshot`). Its id
+/// is the template's name: `name` when given, else `snapshot-<snapshot id>`.
+#[derive(Debug, Default, Deserialize)]
+struct SnapshotBody {
+    name: Option<String>,
+    memory: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    snapshot_id: String,
+    names: Vec<String>,
+}
+
+/// The template source of a snapshot template (`snapshot:<sandbox>/<snapshot>`).
+const SNAPSHOT_SOURCE: &str = "snapshot:";
+
+async fn create_snapshot(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+    body: axum::body::Bytes,
+) -> E2bResult<Response> {
+    let req: SnapshotBody = optional_body(&body)?;
+    if req.memory == Some(true) {
+        return Err(E2bError(AppError::invalid(
+            "a snapshot with memory is not supported by space's E2B API yet: snapshots keep \
+             the filesystem",
+        )));
+    }
+    if let Some(name) = &req.name {
+        crate::templates::check_template_name(name)?;
+    }
+    load(&s, &p.id).await?;
+    let snap = s
+        .engine
+        .create_snapshot(&p.id, space_api::CreateSnapshot::default())
+        .await?;
+    let name = req.name.unwrap_or_else(|| format!("snapshot-{}", snap.id));
+    let from = space_api::TemplateFromSnapshot {
+        sandbox: p.id.clone(),
+        snapshot: snap.id,
+    };
+    s.engine.template_from_snapshot(&name, from).await?;
+    let info = SnapshotInfo {
+        snapshot_id: name.clone(),
+        names: vec![name],
+    };
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotQuery {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: Option<String>,
+    name: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+}
+
+/// `GET /snapshots`: the snapshot templates, by name, in pages (`x-next-token`).
+async fn list_snapshots(
+    State(s): State<AppState>,
+    ApiQuery(q): ApiQuery<SnapshotQuery>,
+) -> E2bResult<Response> {
+    let limit = q.limit.unwrap_or(MAX_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(E2bError(AppError::invalid(format!(
+            "limit must be between 1 and {MAX_PAGE}, got {limit}"
+        ))));
+    }
+    let mut names: Vec<String> = s
+        .engine
+        .list_templates()
+        .await?
+        .into_iter()
+        .filter(|t| {
+            let Some(from) = t
+                .source
+                .as_deref()
+                .and_then(|s| s.strip_prefix(SNAPSHOT_SOURCE))
+            else {
+                return false;
+            };
+            q.sandbox_id
+                .as_deref()
+                .is_none_or(|id| from.split('/').next() == Some(id))
+                && q.name.as_deref().is_none_or(|n| n == t.name)
+        })
+        .map(|t| t.name)
+        .collect();
+    names.sort();
+    names.dedup();
+    let start = match &q.next_token {
+        None => 0,
+        Some(after) => names.iter().position(|n| n > after).unwrap_or(names.len()),
+    };
+    let page: Vec<String> = names[start..].iter().take(limit).cloned().collect();
+    let next = (start + page.len() < names.len())
+        .then(|| page.last().cloned())
+        .flatten();
+    let body: Vec<SnapshotInfo> = page
+        .into_iter()
+        .map(|n| SnapshotInfo {
+            snapshot_id: n.clone(),
+            names: vec![n],
+        })
+        .collect();
+    let mut resp = Json(body).into_response();
+    if let Some(next) = next
+        && let Ok(v) = HeaderValue::from_str(&next)
+    {
+        resp.headers_mut().insert("x-next-token", v);
+    }
+    Ok(resp)
+}
+
+/// `DELETE /templates/{id}` for a snapshot (204, or 404). Other templates are removed through
+/// space's own API, so that an E2B call never removes `base` or an imported image.
+async fn delete_snapshot(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+) -> E2bResult<StatusCode> {
+    let template = s
+        .engine
+        .list_templates()
+        .await?
+        .into_iter()
+        .find(|t| t.name == p.id);
+    match template {
+        None => Err(E2bError(AppError::not_found(format!(
+            "snapshot \"{}\" not found",
+            p.id
+        )))),
+        Some(t)
+            if !t
+                .source
+                .as_deref()
+                .is_some_and(|s| s.starts_with(SNAPSHOT_SOURCE)) =>
+        {
+            Err(E2bError(AppError::invalid(format!(
+                "{} is a template, not a snapshot: remove it with DELETE /v1/templates/{}",
+                p.id, p.id
+            ))))
+        }
+        Some(_) => {
+            s.engine.remove_template(&p.id, None).await?;
+            Ok(StatusCode::NO_CONTENT)
+        }
+    }
 }
 
 // ---- lists ----

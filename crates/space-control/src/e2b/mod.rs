@@ -39,6 +39,8 @@ pub fn is_control_path(path: &str) -> bool {
         || path.starts_with("/sandboxes/")
         || path == "/v2/sandboxes"
         || path.starts_with("/v2/sandboxes/")
+        || path == "/snapshots"
+        || path.starts_with("/templates/")
 }
 
 /// An [`AppError`] answered in E2B's shape: `{"code": <HTTP status>, "message": ...}`.
