@@ -637,13 +637,7 @@ async fn list_snapshots(
             names: vec![n],
         })
         .collect();
-    let mut resp = Json(body).into_response();
-    if let Some(next) = next
-        && let Ok(v) = HeaderValue::from_str(&next)
-    {
-        resp.headers_mut().insert("x-next-token", v);
-    }
-    Ok(resp)
+    Ok(page_reply(body, next))
 }
 
 /// `DELETE /templates/{id}` for a snapshot (204, or 404). Other templates are removed through
@@ -857,13 +851,16 @@ async fn list(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> E2
         .then(|| page.last().map(|(k, _)| k.to_string()))
         .flatten();
     let body: Vec<E2bInfo> = page.iter().map(|(_, sb)| info_of(sb, None)).collect();
-    let mut resp = Json(body).into_response();
-    if let Some(next) = next
-        && let Ok(v) = HeaderValue::from_str(&next)
-    {
+    Ok(page_reply(body, next))
+}
+
+/// A page of a list, with `x-next-token` naming the next one when there is one.
+fn page_reply<T: Serialize>(page: Vec<T>, next: Option<String>) -> Response {
+    let mut resp = Json(page).into_response();
+    if let Some(v) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
         resp.headers_mut().insert("x-next-token", v);
     }
-    Ok(resp)
+    resp
 }
 
 /// Where a page ends: the sandbox's start (unix ms) and id, as `<ms>_<id>`.

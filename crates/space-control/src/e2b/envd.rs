@@ -455,23 +455,21 @@ async fn start(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match start_stream(&s, &ctx, &headers, body).await {
-        Ok(events) => connect::stream_reply(
-            events.map(|ev| ev.map(|ev| pb::StartResponse { event: Some(ev) })),
-        ),
-        Err(e) => connect::stream_error(e),
-    }
+    stream_call(&headers, body, |req: pb::StartRequest, limits| async move {
+        let events = start_process(&s, &ctx, req).await?;
+        Ok(limits
+            .apply(events)
+            .map(|ev| ev.map(|ev| pb::StartResponse { event: Some(ev) }))
+            .boxed())
+    })
+    .await
 }
 
-async fn start_stream(
+async fn start_process(
     s: &AppState,
     ctx: &EnvdCtx,
-    headers: &HeaderMap,
-    body: Body,
+    req: pb::StartRequest,
 ) -> Result<BoxStream<'static, Result<pb::ProcessEvent, ConnectError>>, ConnectError> {
-    let body = read_body(body).await?;
-    let req: pb::StartRequest = connect::stream_request(headers, &body)?;
-    let limits = StreamLimits::of(headers)?;
     let process = req
         .process
         .ok_or_else(|| ConnectError::invalid("process is required"))?;
@@ -506,7 +504,7 @@ async fn start_stream(
         )));
     };
     let events = crate::snapshot_policy::after_exec(&s.engine, &ctx.id, events);
-    Ok(limits.apply(process_events(events)))
+    Ok(process_events(events))
 }
 
 async fn connect_process(
@@ -515,24 +513,22 @@ async fn connect_process(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let result = async {
-        let body = read_body(body).await?;
-        let req: pb::ConnectRequest = connect::stream_request(&headers, &body)?;
-        let limits = StreamLimits::of(&headers)?;
-        let pid = pid_of(&s, &ctx.id, req.process).await?;
-        let output = s.engine.process_output(&ctx.id, pid, 0, true).await?;
-        let start = futures::stream::once(std::future::ready(Ok(event(
-            pb::process_event::Event::Start(pb::process_event::StartEvent { pid }),
-        ))));
-        Ok::<_, ConnectError>(limits.apply(start.chain(process_events(output)).boxed()))
-    }
-    .await;
-    match result {
-        Ok(events) => connect::stream_reply(
-            events.map(|ev| ev.map(|ev| pb::ConnectResponse { event: Some(ev) })),
-        ),
-        Err(e) => connect::stream_error(e),
-    }
+    stream_call(
+        &headers,
+        body,
+        |req: pb::ConnectRequest, limits| async move {
+            let pid = pid_of(&s, &ctx.id, req.process).await?;
+            let output = s.engine.process_output(&ctx.id, pid, 0, true).await?;
+            let start = futures::stream::once(std::future::ready(Ok(event(
+                pb::process_event::Event::Start(pb::process_event::StartEvent { pid }),
+            ))));
+            Ok(limits
+                .apply(start.chain(process_events(output)).boxed())
+                .map(|ev| ev.map(|ev| pb::ConnectResponse { event: Some(ev) }))
+                .boxed())
+        },
+    )
+    .await
 }
 
 async fn list(
@@ -565,6 +561,32 @@ async fn list(
         Ok(pb::ListResponse { processes })
     })
     .await
+}
+
+/// A server-streaming call: the request's one message and its limits, then `f`'s stream of
+/// replies (or the error that ends the stream at once).
+pub(crate) async fn stream_call<Req, T, Fut>(
+    headers: &HeaderMap,
+    body: Body,
+    f: impl FnOnce(Req, StreamLimits) -> Fut,
+) -> Response
+where
+    Req: serde::de::DeserializeOwned,
+    T: serde::Serialize + Send + 'static,
+    Fut: std::future::Future<
+            Output = Result<BoxStream<'static, Result<T, ConnectError>>, ConnectError>,
+        >,
+{
+    let result = async {
+        let body = read_body(body).await?;
+        let req = connect::stream_request(headers, &body)?;
+        f(req, StreamLimits::of(headers)?).await
+    }
+    .await;
+    match result {
+        Ok(events) => connect::stream_reply(events),
+        Err(e) => connect::stream_error(e),
+    }
 }
 
 /// A unary call: the request message (or its error), `f`, and the reply (or its error).

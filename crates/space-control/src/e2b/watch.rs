@@ -19,8 +19,8 @@ use axum::response::Response;
 use futures::stream::{BoxStream, StreamExt};
 use space_api::{WatchEvent, WatchKind};
 
-use super::connect::{self, Code, ConnectError};
-use super::envd::{EnvdCtx, StreamLimits, read_body, unary_call};
+use super::connect::{Code, ConnectError};
+use super::envd::{EnvdCtx, stream_call, unary_call};
 use super::files::resolve;
 use super::pb::filesystem as pb;
 use crate::AppState;
@@ -81,34 +81,31 @@ pub(crate) async fn watch_dir(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let result = async {
-        let body = read_body(body).await?;
-        let req: pb::WatchDirRequest = connect::stream_request(&headers, &body)?;
-        let limits = StreamLimits::of(&headers)?;
-        let events = open(&s, &ctx, &req.path, req.recursive, req.include_entry).await?;
-        let start = futures::stream::once(std::future::ready(Ok(response(
-            pb::watch_dir_response::Event::Start(pb::watch_dir_response::StartEvent {}),
-        ))));
-        let changes = events.filter_map(|e| {
-            std::future::ready(
-                fs_event(e).map(|f| Ok(response(pb::watch_dir_response::Event::Filesystem(f)))),
-            )
-        });
-        Ok::<_, ConnectError>(limits.with(
-            start.chain(changes).boxed(),
-            || {
-                response(pb::watch_dir_response::Event::Keepalive(
-                    pb::watch_dir_response::KeepAlive {},
-                ))
-            },
-            "the call's Connect-Timeout-Ms passed",
-        ))
-    }
-    .await;
-    match result {
-        Ok(events) => connect::stream_reply(events),
-        Err(e) => connect::stream_error(e),
-    }
+    stream_call(
+        &headers,
+        body,
+        |req: pb::WatchDirRequest, limits| async move {
+            let events = open(&s, &ctx, &req.path, req.recursive, req.include_entry).await?;
+            let start = futures::stream::once(std::future::ready(Ok(response(
+                pb::watch_dir_response::Event::Start(pb::watch_dir_response::StartEvent {}),
+            ))));
+            let changes = events.filter_map(|e| {
+                std::future::ready(
+                    fs_event(e).map(|f| Ok(response(pb::watch_dir_response::Event::Filesystem(f)))),
+                )
+            });
+            Ok(limits.with(
+                start.chain(changes).boxed(),
+                || {
+                    response(pb::watch_dir_response::Event::Keepalive(
+                        pb::watch_dir_response::KeepAlive {},
+                    ))
+                },
+                "the call's Connect-Timeout-Ms passed",
+            ))
+        },
+    )
+    .await
 }
 
 fn response(e: pb::watch_dir_response::Event) -> pb::WatchDirResponse {
