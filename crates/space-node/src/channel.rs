@@ -80,16 +80,22 @@ fn wrap(channel: Channel) -> GuestClient<Channel> {
         .max_encoding_message_size(space_proto::MAX_MESSAGE_BYTES)
 }
 
-/// The real connector: HTTP/2 over the unix socket, then one `Info` within `ready_timeout`.
+/// The real connector: HTTP/2 over the unix socket, then one `Info` within `ready_timeout`,
+/// or a microvm's `Personalize` within `first_contact_timeout`.
 #[derive(Debug, Clone)]
 pub struct UnixConnector {
     pub ready_timeout: Duration,
+    /// A microvm's first RPC after boot or restore: its daemon may still be finishing its
+    /// start, and under TCG, with other guests booting beside it, 5 s was seen to pass
+    /// (a boot of 43 s, then a Personalize answered after more than 5 s).
+    pub first_contact_timeout: Duration,
 }
 
 impl Default for UnixConnector {
     fn default() -> Self {
         Self {
             ready_timeout: Duration::from_secs(5),
+            first_contact_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -103,6 +109,7 @@ impl UnixConnector {
         first: Option<PersonalizeRequest>,
     ) -> Result<GuestClient<Channel>, ChannelError> {
         let path = socket.to_path_buf();
+        let personalize = first.is_some();
         let work = async {
             let p = path.clone();
             let channel =
@@ -139,12 +146,14 @@ impl UnixConnector {
             }
             Ok(client)
         };
-        match tokio::time::timeout(self.ready_timeout, work).await {
+        let timeout = if personalize {
+            self.first_contact_timeout
+        } else {
+            self.ready_timeout
+        };
+        match tokio::time::timeout(timeout, work).await {
             Ok(r) => r,
-            Err(_) => Err(ChannelError::Timeout {
-                path,
-                timeout: self.ready_timeout,
-            }),
+            Err(_) => Err(ChannelError::Timeout { path, timeout }),
         }
     }
 }
@@ -191,10 +200,24 @@ mod tests {
         });
         let c = UnixConnector {
             ready_timeout: Duration::from_millis(200),
+            first_contact_timeout: Duration::from_millis(600),
         };
         let t0 = std::time::Instant::now();
         let err = c.connect(&sock).await.unwrap_err();
         assert!(matches!(err, ChannelError::Timeout { .. }), "{err}");
+        assert!(t0.elapsed() < Duration::from_millis(500));
+        // A first contact (Personalize) is given its own, longer bound.
+        let t0 = std::time::Instant::now();
+        let err = c
+            .connect_personalized(&sock, PersonalizeRequest::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ChannelError::Timeout { .. }), "{err}");
+        assert!(
+            t0.elapsed() >= Duration::from_millis(600),
+            "{:?}",
+            t0.elapsed()
+        );
         assert!(t0.elapsed() < Duration::from_secs(2));
     }
 }
