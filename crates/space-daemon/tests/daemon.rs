@@ -341,17 +341,7 @@ async fn stdout_and_stderr_share_one_offset_sequence() {
     );
     assert_eq!(exit_of(&tail).end_offset, 12);
     // At the very end: just Exit. Past the end: OUT_OF_RANGE.
-    let at_end = collect(
-        c.attach(AttachRequest {
-            pid,
-            offset: 12,
-            follow: true,
-        })
-        .await
-        .unwrap()
-        .into_inner(),
-    )
-    .await;
+    let at_end = attach_all(&mut c, pid, 12).await;
     assert!(matches!(at_end.as_slice(), [Event::Exit(_)]), "{at_end:?}");
     let err = c
         .attach(AttachRequest {
@@ -540,17 +530,7 @@ async fn pty_reports_terminal_and_resizes() {
     })
     .await
     .unwrap();
-    let ev = collect(
-        c.attach(AttachRequest {
-            pid,
-            offset: 0,
-            follow: true,
-        })
-        .await
-        .unwrap()
-        .into_inner(),
-    )
-    .await;
+    let ev = attach_all(&mut c, pid, 0).await;
     let out = String::from_utf8(output_bytes(&ev)).unwrap();
     assert!(out.contains("40 100"), "{out:?}");
 
@@ -589,17 +569,7 @@ async fn stdin_streams_into_the_process() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    let ev = collect(
-        c.attach(AttachRequest {
-            pid,
-            offset: 0,
-            follow: true,
-        })
-        .await
-        .unwrap()
-        .into_inner(),
-    )
-    .await;
+    let ev = attach_all(&mut c, pid, 0).await;
     assert_eq!(output_bytes(&ev), b"first;second");
     assert_eq!(exit_of(&ev).code, 0);
 
@@ -660,17 +630,7 @@ async fn small_buffer_reconnect_gets_a_gap_then_the_tail() {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let ev = collect(
-        c.attach(AttachRequest {
-            pid,
-            offset: 0,
-            follow: true,
-        })
-        .await
-        .unwrap()
-        .into_inner(),
-    )
-    .await;
+    let ev = attach_all(&mut c, pid, 0).await;
     assert!(
         matches!(ev[0], Event::Gap(Gap { from: 0, to: 3976 })),
         "{:?}",
@@ -679,17 +639,7 @@ async fn small_buffer_reconnect_gets_a_gap_then_the_tail() {
     assert!(matches!(&ev[1], Event::Output(o) if o.offset == 3976));
     assert_eq!(output_bytes(&ev), vec![b'a'; 1024]);
     assert_eq!(exit_of(&ev).end_offset, 5000);
-    let ev = collect(
-        c.attach(AttachRequest {
-            pid,
-            offset: 4500,
-            follow: true,
-        })
-        .await
-        .unwrap()
-        .into_inner(),
-    )
-    .await;
+    let ev = attach_all(&mut c, pid, 4500).await;
     assert_eq!(output_bytes(&ev).len(), 500);
 }
 
@@ -715,17 +665,7 @@ async fn dropping_the_client_does_not_stop_or_block_the_process() {
         // client, channel and stream dropped here
     };
     let mut c = d.client().await;
-    let ev = collect(
-        c.attach(AttachRequest {
-            pid,
-            offset: 0,
-            follow: true,
-        })
-        .await
-        .unwrap()
-        .into_inner(),
-    )
-    .await;
+    let ev = attach_all(&mut c, pid, 0).await;
     let expected: String = (0..20).map(|i| format!("{i}\n")).collect();
     assert_eq!(String::from_utf8(output_bytes(&ev)).unwrap(), expected);
     assert_eq!(exit_of(&ev).code, 0);
@@ -779,22 +719,27 @@ async fn dropping_the_client_does_not_stop_or_block_the_process() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let ev = collect(
-        c2.attach(AttachRequest {
+    let ev = attach_all(&mut c2, pid, 0).await;
+    assert!(
+        ev.iter().any(|e| matches!(e, Event::Gap(_))),
+        "no gap for output nobody read"
+    );
+    assert_eq!(exit_of(&ev).end_offset, 8_000_000);
+}
+
+/// Everything an attach from `offset` yields, following the process until it exits.
+async fn attach_all(c: &mut GuestClient<Channel>, pid: u32, offset: u64) -> Vec<Event> {
+    collect(
+        c.attach(AttachRequest {
             pid,
-            offset: 0,
+            offset,
             follow: true,
         })
         .await
         .unwrap()
         .into_inner(),
     )
-    .await;
-    assert!(
-        ev.iter().any(|e| matches!(e, Event::Gap(_))),
-        "no gap for output nobody read"
-    );
-    assert_eq!(exit_of(&ev).end_offset, 8_000_000);
+    .await
 }
 
 async fn is_running(c: &mut GuestClient<Channel>, pid: u32) -> bool {

@@ -186,6 +186,11 @@ fn info_of(sb: &Sandbox, token: Option<String>) -> E2bInfo {
     }
 }
 
+/// A 400 in E2B's shape.
+fn invalid(message: impl Into<String>) -> E2bError {
+    E2bError(AppError::invalid(message))
+}
+
 /// A missing sandbox in E2B's words (the SDKs match "not found").
 fn not_found(id: &str) -> E2bError {
     E2bError(AppError::not_found(format!("sandbox \"{id}\" not found")))
@@ -249,18 +254,18 @@ fn network_policy(
         ("rules", n.rules.is_some()),
     ] {
         if given {
-            return Err(E2bError(AppError::invalid(format!(
+            return Err(invalid(format!(
                 "network.{name} is not supported by space's E2B API yet"
-            ))));
+            )));
         }
     }
     let deny = n.deny_out.clone().unwrap_or_default();
     let allow = n.allow_out.clone().unwrap_or_default();
     if let Some(rule) = deny.iter().find(|r| !denies_all(r)) {
-        return Err(E2bError(AppError::invalid(format!(
+        return Err(invalid(format!(
             "denyOut {rule:?}: space cannot deny particular destinations; deny everything \
              (\"0.0.0.0/0\") and list what is allowed in allowOut"
-        ))));
+        )));
     }
     let internet = n.allow_internet_access.or(internet);
     use space_api::Egress;
@@ -293,9 +298,9 @@ fn refuse_unsupported(req: &NewSandbox) -> E2bResult<()> {
         ("iam", req.iam.is_some()),
     ] {
         if given {
-            return Err(E2bError(AppError::invalid(format!(
+            return Err(invalid(format!(
                 "{name} is not supported by space's E2B API yet"
-            ))));
+            )));
         }
     }
     Ok(())
@@ -381,8 +386,7 @@ fn optional_body<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> E2bRe
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body)
-        .map_err(|e| E2bError(AppError::invalid(format!("invalid JSON body: {e}"))))
+    serde_json::from_slice(body).map_err(|e| invalid(format!("invalid JSON body: {e}")))
 }
 
 /// Connect: resume a paused sandbox (201), or extend a running one's deadline (200).
@@ -428,9 +432,9 @@ async fn pause(
 ) -> E2bResult<StatusCode> {
     let req: PauseBody = optional_body(&body)?;
     if req.memory == Some(false) {
-        return Err(E2bError(AppError::invalid(
+        return Err(invalid(
             "a filesystem-only pause (memory: false) is not supported by space's E2B API yet",
-        )));
+        ));
     }
     let sb = load(&s, &p.id).await?;
     if sb.state == SandboxState::Paused {
@@ -553,10 +557,10 @@ async fn create_snapshot(
 ) -> E2bResult<Response> {
     let req: SnapshotBody = optional_body(&body)?;
     if req.memory == Some(true) {
-        return Err(E2bError(AppError::invalid(
+        return Err(invalid(
             "a snapshot with memory is not supported by space's E2B API yet: snapshots keep \
              the filesystem",
-        )));
+        ));
     }
     if let Some(name) = &req.name {
         crate::templates::check_template_name(name)?;
@@ -596,9 +600,9 @@ async fn list_snapshots(
 ) -> E2bResult<Response> {
     let limit = q.limit.unwrap_or(MAX_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(E2bError(AppError::invalid(format!(
+        return Err(invalid(format!(
             "limit must be between 1 and {MAX_PAGE}, got {limit}"
-        ))));
+        )));
     }
     let mut names: Vec<String> = s
         .engine
@@ -663,10 +667,10 @@ async fn delete_snapshot(
                 .as_deref()
                 .is_some_and(|s| s.starts_with(SNAPSHOT_SOURCE)) =>
         {
-            Err(E2bError(AppError::invalid(format!(
+            Err(invalid(format!(
                 "{} is a template, not a snapshot: remove it with DELETE /v1/templates/{}",
                 p.id, p.id
-            ))))
+            )))
         }
         Some(_) => {
             s.engine.remove_template(&p.id, None).await?;
@@ -699,7 +703,7 @@ struct Filter {
 
 impl Filter {
     fn parse(q: &ListQuery, default_states: &[&'static str]) -> E2bResult<Self> {
-        let invalid = |m: String| E2bError(AppError::invalid(m));
+        let invalid = |m: String| invalid(m);
         let metadata = match &q.metadata {
             None => Vec::new(),
             Some(m) => {
@@ -809,7 +813,7 @@ async fn list_running(
 /// pages of `limit` (default and most 100) with `x-next-token` naming the next page.
 async fn list(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> E2bResult<Response> {
     let filter = Filter::parse(&q, &["running", "paused"])?;
-    let invalid = |m: String| E2bError(AppError::invalid(m));
+    let invalid = |m: String| invalid(m);
     let limit = q.limit.unwrap_or(MAX_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(invalid(format!(
