@@ -199,6 +199,15 @@ impl Client {
 
     // ---- sandboxes ----
 
+    /// `GET /v1/sandboxes/{id}/metrics`: the sandbox's recent CPU, memory and disk use.
+    pub async fn sandbox_metrics(&self, id: &str, q: &MetricsQuery) -> Result<SandboxMetrics> {
+        self.json(
+            self.request(Method::GET, &format!("/v1/sandboxes/{id}/metrics"))
+                .query(q),
+        )
+        .await
+    }
+
     pub async fn create_sandbox(&self, req: &CreateSandbox) -> Result<Sandbox> {
         self.json(Self::with_json(
             self.request(Method::POST, "/v1/sandboxes"),

@@ -595,6 +595,46 @@ pub struct WatchQuery {
     pub recursive: bool,
 }
 
+/// Query of `GET /v1/sandboxes/{id}/metrics`: samples taken in `[since, until]` (RFC 3339;
+/// each end open when absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsQuery {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+}
+
+/// `GET /v1/sandboxes/{id}/metrics`: the sandbox's recent usage (decision 0024), oldest
+/// sample first; the last one is taken by the call itself while the sandbox runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxMetrics {
+    /// Its CPU limit, in cores.
+    pub cpu: f64,
+    pub memory_limit_bytes: u64,
+    /// statvfs("/") inside the sandbox now (what `df /` shows there); absent while it
+    /// is paused or stopped.
+    pub disk_total_bytes: Option<u64>,
+    pub disk_used_bytes: Option<u64>,
+    pub samples: Vec<MetricSample>,
+}
+
+/// One sample of [`SandboxMetrics`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricSample {
+    /// RFC 3339, UTC.
+    pub time: String,
+    /// CPU used since the sample before, in percent of the sandbox's CPU limit (0 to 100).
+    pub cpu_pct: f64,
+    /// Memory in use, the page cache not counted.
+    pub memory_bytes: u64,
+    /// Page cache charged to the sandbox.
+    pub memory_cache_bytes: u64,
+}
+
 /// What changed (`GET .../files/watch`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

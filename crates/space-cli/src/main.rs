@@ -16,6 +16,7 @@ mod pool;
 mod snapshot;
 mod template;
 mod top;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -77,6 +78,8 @@ enum Command {
     Diff(diff::DiffArgs),
     /// Events and audit records of a sandbox, oldest first (also after it is deleted).
     Events(events::EventsArgs),
+    /// A sandbox's recent CPU, memory and disk use (samples every 5 s, the last 30 minutes).
+    Metrics(usage::MetricsArgs),
     /// Delete sandboxes.
     Rm {
         #[arg(required = true)]
@@ -460,6 +463,7 @@ async fn run(cli: Cli) -> Result<i32> {
         Command::Snap(c) => snapshot::run(client()?, c).await,
         Command::Diff(a) => diff::run(client()?, a).await,
         Command::Events(a) => events::run(client()?, a).await,
+        Command::Metrics(a) => usage::run(client()?, a).await,
         Command::Net(a) => net::run_net(client()?, a).await,
         Command::Port(a) => net::run_port(client()?, a).await,
         Command::Secret(c) => net::run_secret(client()?, c).await,

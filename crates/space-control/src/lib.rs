@@ -30,6 +30,7 @@ pub mod snapshots;
 pub mod store;
 pub mod template_settings;
 pub mod templates;
+pub mod usage;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -1195,6 +1195,37 @@ async fn watch_streams_ndjson_and_refuses_bad_input() {
 }
 
 #[tokio::test]
+async fn metrics_answer_limits_and_refuse_bad_bounds_and_ids() {
+    let h = harness().await;
+    let sb = h.create().await;
+    let url = |q: &str| format!("/v1/sandboxes/{}/metrics{q}", sb.id);
+    let m: space_api::SandboxMetrics = h.call(Method::GET, &url(""), Body::empty()).await.json();
+    assert_eq!(m.cpu, sb.cpu);
+    assert_eq!(m.memory_limit_bytes, sb.memory_mib << 20);
+    let m: space_api::SandboxMetrics = h
+        .call(
+            Method::GET,
+            &url("?since=2000-01-01T00:00:00Z"),
+            Body::empty(),
+        )
+        .await
+        .json();
+    assert!(m.samples.iter().all(|s| s.cpu_pct <= 100.0));
+    for bad in ["?since=yesterday", "?until=1", "?bogus=1"] {
+        h.call(Method::GET, &url(bad), Body::empty())
+            .await
+            .error(400, "invalid_argument");
+    }
+    h.call(
+        Method::GET,
+        "/v1/sandboxes/aaaaaaaaaaaaaaaaaaaa/metrics",
+        Body::empty(),
+    )
+    .await
+    .error(404, "not_found");
+}
+
+#[tokio::test]
 async fn exec_streams_ndjson() {
     let h = harness().await;
     let sb = h.create().await;

@@ -140,6 +140,15 @@ impl Guest for GuestService {
         let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
+        let (disk_total_bytes, disk_used_bytes) = rustix::fs::statvfs("/")
+            .map(|v| {
+                let total = v.f_blocks.saturating_mul(v.f_frsize);
+                (
+                    total,
+                    total.saturating_sub(v.f_bfree.saturating_mul(v.f_frsize)),
+                )
+            })
+            .unwrap_or_default();
         Ok(Response::new(InfoReply {
             version: PROTOCOL_VERSION.to_owned(),
             hostname: uname_field(uts.nodename()),
@@ -147,6 +156,8 @@ impl Guest for GuestService {
             started_unix_ms: self.started_unix_ms,
             kernel_release: uname_field(uts.release()),
             boot_id,
+            disk_total_bytes,
+            disk_used_bytes,
         }))
     }
 

@@ -463,6 +463,37 @@ pub trait NodeApi: Send + Sync {
     fn pools(&self) -> Vec<PoolStatus> {
         Vec::new()
     }
+
+    // ---- usage (additive; default: none kept) ----
+
+    /// The sandbox's recent cgroup samples, oldest first, ending with one taken now while it
+    /// runs (decision 0024); its disk as the guest sees it when the guest answers. NotFound
+    /// for an unknown id.
+    async fn sandbox_usage(&self, id: &str) -> Result<SandboxUsage, NodeError> {
+        let _ = id;
+        Ok(SandboxUsage::default())
+    }
+}
+
+/// One reading of a sandbox's cgroup counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageSample {
+    pub unix_ms: u64,
+    /// CPU time used since the sandbox started, in microseconds.
+    pub cpu_usage_usec: u64,
+    /// Memory charged to it, page cache included.
+    pub memory_bytes: u64,
+    /// The page cache part of `memory_bytes` (0 where the runtime cannot tell).
+    pub memory_cache_bytes: u64,
+}
+
+/// What [`NodeApi::sandbox_usage`] answers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxUsage {
+    pub samples: Vec<UsageSample>,
+    /// statvfs("/") inside the guest, now; None when it did not answer (paused, stopped).
+    pub disk_total_bytes: Option<u64>,
+    pub disk_used_bytes: Option<u64>,
 }
 
 /// Requested sizes of a template's warm pool.

@@ -62,6 +62,11 @@ pub trait CgroupManager: Send + Sync + std::fmt::Debug {
     }
     /// Memory charged to the sandbox, in bytes.
     fn memory_bytes(&self, id: &str) -> Option<u64>;
+    /// The page cache part of [`memory_bytes`](Self::memory_bytes), in bytes. `None` when
+    /// unknown.
+    fn memory_cache_bytes(&self, _id: &str) -> Option<u64> {
+        None
+    }
     /// CPU time used by the sandbox's processes so far, in microseconds (monotonic while the
     /// cgroup lives). `None` when unknown.
     fn cpu_usage_usec(&self, _id: &str) -> Option<u64> {
@@ -455,6 +460,16 @@ impl CgroupManager for LinuxCgroups {
         fs::read_to_string(path).ok()?.trim().parse().ok()
     }
 
+    fn memory_cache_bytes(&self, id: &str) -> Option<u64> {
+        valid_name(id).ok()?;
+        let (path, key) = match self.version {
+            // `total_cache` counts the cgroup's descendants too, as usage_in_bytes does.
+            CgroupVersion::V1 => (self.v1("memory", id).join("memory.stat"), "total_cache"),
+            CgroupVersion::V2 => (self.v2(id).join("memory.stat"), "file"),
+        };
+        stat_field(&fs::read_to_string(path).ok()?, key)
+    }
+
     fn cpu_usage_usec(&self, id: &str) -> Option<u64> {
         valid_name(id).ok()?;
         match self.version {
@@ -480,6 +495,14 @@ impl CgroupManager for LinuxCgroups {
     }
 }
 
+/// The value of line `key` of a flat-keyed cgroup file (`memory.stat`, `cpu.stat`).
+fn stat_field(s: &str, key: &str) -> Option<u64> {
+    s.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok())?
+    })
+}
+
 /// v1 `cpuacct.usage` (nanoseconds) as microseconds.
 fn parse_cpuacct_usage(s: &str) -> Option<u64> {
     s.trim().parse::<u64>().ok().map(|ns| ns / 1000)
@@ -487,10 +510,7 @@ fn parse_cpuacct_usage(s: &str) -> Option<u64> {
 
 /// The `usage_usec` line of a v2 `cpu.stat`.
 fn parse_cpu_stat_usage(s: &str) -> Option<u64> {
-    s.lines().find_map(|l| {
-        let (key, value) = l.split_once(' ')?;
-        (key == "usage_usec").then(|| value.trim().parse().ok())?
-    })
+    stat_field(s, "usage_usec")
 }
 
 /// One call seen by [`RecordingCgroups`].
@@ -686,6 +706,9 @@ mod tests {
         assert_eq!(cg.dirs("sb3"), vec![d.clone()]);
         fs::write(d.join("memory.current"), "12345\n").unwrap();
         assert_eq!(cg.memory_bytes("sb3"), Some(12345));
+        assert_eq!(cg.memory_cache_bytes("sb3"), None);
+        fs::write(d.join("memory.stat"), "anon 100\nfile 4096\nkernel 8\n").unwrap();
+        assert_eq!(cg.memory_cache_bytes("sb3"), Some(4096));
         assert_eq!(cg.cpu_usage_usec("sb3"), None);
         fs::write(
             d.join("cpu.stat"),

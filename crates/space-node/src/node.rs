@@ -139,6 +139,9 @@ pub struct NodeConfig {
     pub microvm: Option<crate::runtime::microvm::MicrovmConfig>,
     /// The runtime of a create that names none: "namespace" or "microvm".
     pub default_runtime: String,
+    /// How often every sandbox's cgroup counters are sampled (`usage.rs`); zero: never.
+    /// Default 5 s.
+    pub usage_interval: std::time::Duration,
 }
 
 impl Default for NodeConfig {
@@ -158,6 +161,7 @@ impl Default for NodeConfig {
             net: NetConfig::default(),
             microvm: Some(Default::default()),
             default_runtime: "namespace".to_owned(),
+            usage_interval: std::time::Duration::from_secs(5),
         }
     }
 }
@@ -205,6 +209,8 @@ pub struct Node {
     pool_microvm: Mutex<std::collections::HashSet<String>>,
     /// Templates' warm microvm checkpoints being made (`vm_warm.rs`).
     vm_warm: vm_warm::VmWarm,
+    /// Recent cgroup samples per sandbox (`usage.rs`).
+    usage: usage::UsageHistory,
 }
 
 impl std::fmt::Debug for Node {
@@ -337,10 +343,12 @@ impl Node {
             pool_closing: Default::default(),
             pool_microvm: Default::default(),
             vm_warm: Default::default(),
+            usage: Default::default(),
         });
         node.recover().await?;
         node.start_pool_refill();
         node.start_vm_warm();
+        node.start_usage_sampler();
         Ok(node)
     }
 
@@ -1444,7 +1452,14 @@ impl NodeApi for Node {
     fn pools(&self) -> Vec<PoolStatus> {
         self.pools_impl()
     }
+
+    async fn sandbox_usage(&self, id: &str) -> Result<crate::api::SandboxUsage, NodeError> {
+        self.sandbox_usage_impl(id).await
+    }
 }
+
+#[path = "usage.rs"]
+mod usage;
 
 #[path = "snapshots.rs"]
 mod snapshots;

@@ -81,6 +81,10 @@ struct Args {
     /// gap. Applies to sandboxes started from now on.
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     output_buffer: u64,
+    /// Seconds between samples of every sandbox's CPU and memory (`space metrics`, E2B's
+    /// metrics; decision 0024). 0 turns sampling off.
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    usage_interval: u64,
     /// Seconds a finished process stays listed and attachable. Applies to sandboxes started
     /// from now on.
     #[arg(long, default_value_t = NodeConfig::default().exited_retention_secs)]
@@ -278,6 +282,7 @@ async fn main() -> Result<()> {
             ..Default::default()
         }),
         default_runtime: args.default_runtime.clone(),
+        usage_interval: Duration::from_secs(args.usage_interval),
         ..NodeConfig::default()
     };
     if let Some(ca) = &args.upstream_ca {

@@ -242,6 +242,28 @@ class Lifecycle(unittest.TestCase):
                 c.kill()
             sbx.kill()
 
+    def test_metrics_show_cpu_memory_and_disk(self):
+        sbx = Sandbox.create()
+        try:
+            sbx.commands.run("timeout 1.5 sh -c 'while :; do :; done'; head -c 8M /dev/zero > /tmp/z")
+            metrics = sbx.get_metrics()
+            self.assertGreaterEqual(len(metrics), 1)
+            last = metrics[-1]
+            self.assertGreaterEqual(last.cpu_count, 1)
+            self.assertEqual(last.mem_total, native(sbx)["memory_mib"] << 20)
+            self.assertGreater(last.mem_used, 0)
+            self.assertGreater(last.disk_total, last.disk_used)
+            self.assertGreater(last.disk_used, 0)
+            self.assertTrue(all(0 <= m.cpu_used_pct <= 100 for m in metrics))
+            self.assertGreater(max(m.cpu_used_pct for m in metrics), 0)
+            times = [m.timestamp for m in metrics]
+            self.assertEqual(times, sorted(times))
+            self.assertEqual(Sandbox.get_metrics(sbx.sandbox_id)[-1].mem_total, last.mem_total)
+        finally:
+            sbx.kill()
+        with self.assertRaises(NotFoundException):
+            Sandbox.get_metrics(sbx.sandbox_id)
+
     def test_pause_and_resume_through_connect_keep_processes_and_files(self):
         sbx = Sandbox.create()
         try:

@@ -34,6 +34,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/sandboxes/{id}"),
     ("DELETE", "/sandboxes/{id}"),
     ("POST", "/sandboxes/{id}/timeout"),
+    ("GET", "/sandboxes/{id}/metrics"),
     ("POST", "/sandboxes/{id}/connect"),
     ("POST", "/v2/sandboxes/{id}/connect"),
     ("POST", "/sandboxes/{id}/pause"),
@@ -53,6 +54,7 @@ pub fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("GET", "/sandboxes/{id}") => get(info),
         ("DELETE", "/sandboxes/{id}") => delete(kill),
         ("POST", "/sandboxes/{id}/timeout") => post(set_timeout),
+        ("GET", "/sandboxes/{id}/metrics") => get(metrics),
         ("POST", "/sandboxes/{id}/connect" | "/v2/sandboxes/{id}/connect") => post(connect),
         ("POST", "/sandboxes/{id}/pause") => post(pause),
         ("POST", "/sandboxes/{id}/resume") => post(resume),
@@ -351,6 +353,63 @@ async fn kill(
         Err(e) if e.status == StatusCode::NOT_FOUND => Err(not_found(&p.id)),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `GET /sandboxes/{id}/metrics?start=&end=` (unix seconds).
+#[derive(Debug, Default, Deserialize)]
+struct MetricsQuery {
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
+/// E2B's `SandboxMetric`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct E2bMetric {
+    timestamp: String,
+    timestamp_unix: i64,
+    cpu_count: u32,
+    cpu_used_pct: f64,
+    mem_used: u64,
+    mem_total: u64,
+    mem_cache: u64,
+    disk_used: u64,
+    disk_total: u64,
+}
+
+/// Every sample space keeps (decision 0024), in E2B's shape. The disk figures are the
+/// current ones on every sample (the guest is asked once, at the call).
+async fn metrics(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::IdPath>,
+    ApiQuery(q): ApiQuery<MetricsQuery>,
+) -> E2bResult<Json<Vec<E2bMetric>>> {
+    load(&s, &p.id).await?;
+    let ms = |secs: Option<i64>| secs.map(|t| t.saturating_mul(1000));
+    let m = s
+        .engine
+        .sandbox_metrics(&p.id, ms(q.start), ms(q.end).map(|e| e.saturating_add(999)))
+        .await?;
+    let cpu_count = m.cpu.ceil().max(1.0) as u32;
+    Ok(Json(
+        m.samples
+            .into_iter()
+            .map(|x| {
+                let unix_ms = space_api::unix_ms_from_rfc3339(&x.time).unwrap_or(0);
+                E2bMetric {
+                    timestamp: x.time,
+                    timestamp_unix: unix_ms.div_euclid(1000),
+                    cpu_count,
+                    cpu_used_pct: x.cpu_pct,
+                    mem_used: x.memory_bytes,
+                    mem_total: m.memory_limit_bytes,
+                    mem_cache: x.memory_cache_bytes,
+                    disk_used: m.disk_used_bytes.unwrap_or(0),
+                    disk_total: m.disk_total_bytes.unwrap_or(0),
+                }
+            })
+            .collect(),
+    ))
 }
 
 #[derive(Debug, Deserialize)]

@@ -96,6 +96,10 @@ pub trait Runtime: Send + Sync {
     fn alive(&self, launched: &Launched) -> bool;
     /// Memory in use by the sandbox (from its cgroup), when known.
     fn memory_bytes(&self, id: &str) -> Option<u64>;
+    /// The page cache part of `memory_bytes`, when known.
+    fn memory_cache_bytes(&self, _id: &str) -> Option<u64> {
+        None
+    }
     /// CPU time the sandbox has used so far, in microseconds (from its cgroup), when known.
     fn cpu_usage_usec(&self, _id: &str) -> Option<u64> {
         None

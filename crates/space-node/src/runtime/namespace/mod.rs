@@ -516,6 +516,10 @@ impl Runtime for NamespaceRuntime {
         self.inner.cgroups.memory_bytes(id)
     }
 
+    fn memory_cache_bytes(&self, id: &str) -> Option<u64> {
+        self.inner.cgroups.memory_cache_bytes(id)
+    }
+
     fn cpu_usage_usec(&self, id: &str) -> Option<u64> {
         self.inner.cgroups.cpu_usage_usec(id)
     }
