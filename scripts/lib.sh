@@ -34,6 +34,12 @@ E2B_CACHE=${SPACE_E2B_CACHE:-/var/cache/space/e2b}
 # POST /sandboxes/{id}/connect).
 E2B_PY_VERSION=2.63.0
 E2B_PY_OLD_VERSION=2.50.0
+# The official code interpreter SDK, installed beside the newest e2b (decision 0025).
+E2B_CI_VERSION=2.11.5
+# What the `code-interpreter` template's Dockerfile installs (templates/code-interpreter), kept
+# as wheels so that tests build it offline, in their own network namespaces.
+CI_KERNEL_PACKAGES=(ipykernel==6.29.5 jupyter_client==8.6.3)
+CI_WHEELS=$E2B_CACHE/ci-wheels
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -217,21 +223,43 @@ JSON
     say "Debian base rootfs ready in $(( $(date +%s) - start )) s ($(du -sh "$BASE_CACHE/rootfs" | cut -f1))"
 }
 
-# Prints the python of a venv with e2b==$1, made if missing.
+# Prints the python of a venv with e2b==$1 (and, with a second argument, e2b-code-interpreter
+# of that version), made if missing.
 e2b_venv() {
-    local venv="$E2B_CACHE/py-$1"
-    if ! "$venv/bin/python" -c "import e2b" 2>/dev/null; then
-        say "installing the E2B Python SDK $1 from PyPI into $venv"
+    local venv="$E2B_CACHE/py-$1${2:+-ci-$2}" check="import e2b${2:+, e2b_code_interpreter}"
+    if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
+        say "installing the E2B Python SDK $1${2:+ and e2b-code-interpreter $2} from PyPI into $venv"
         rm -rf "$venv"
         mkdir -p "$E2B_CACHE"
         python3 -m venv "$venv" >&2
-        "$venv/bin/pip" install -q --disable-pip-version-check "e2b==$1" >&2
+        "$venv/bin/pip" install -q --disable-pip-version-check "e2b==$1" \
+            ${2:+"e2b-code-interpreter==$2"} >&2
     fi
     echo "$venv/bin/python"
 }
 
-# Sets E2B_PYTHON and E2B_OLD_PYTHON (the newest SDK's and the older one's).
+# The wheels of the code interpreter's kernel, for Debian 12's Python (3.11), downloaded once.
+ensure_ci_wheels() {
+    if [ -f "$CI_WHEELS/.complete" ] && [ "$(cat "$CI_WHEELS/.complete")" = "${CI_KERNEL_PACKAGES[*]}" ]; then
+        return
+    fi
+    say "downloading the code interpreter's kernel wheels (${CI_KERNEL_PACKAGES[*]}) from PyPI into $CI_WHEELS"
+    rm -rf "$CI_WHEELS"
+    mkdir -p "$CI_WHEELS"
+    python3 -m pip download -q --disable-pip-version-check --dest "$CI_WHEELS" \
+        --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \
+        "${CI_KERNEL_PACKAGES[@]}" >&2 \
+        || die "could not download the code interpreter's wheels from PyPI"
+    echo "${CI_KERNEL_PACKAGES[*]}" >"$CI_WHEELS/.complete"
+}
+
+# Sets E2B_PYTHON (the newest SDK's, with the code interpreter SDK) and E2B_OLD_PYTHON (the
+# older one's), and fetches the code interpreter template's wheels.
 ensure_e2b_sdks() {
-    E2B_PYTHON=$(e2b_venv "$E2B_PY_VERSION") || die "could not install e2b $E2B_PY_VERSION"
+    E2B_PYTHON=$(e2b_venv "$E2B_PY_VERSION" "$E2B_CI_VERSION") \
+        || die "could not install e2b $E2B_PY_VERSION and e2b-code-interpreter $E2B_CI_VERSION"
     E2B_OLD_PYTHON=$(e2b_venv "$E2B_PY_OLD_VERSION") || die "could not install e2b $E2B_PY_OLD_VERSION"
+    ensure_ci_wheels
 }

@@ -90,11 +90,22 @@ pub fn e2b_old_python() -> Option<PathBuf> {
     python_from("SPACE_E2B_OLD_PYTHON")
 }
 
+/// The wheels the `code-interpreter` template installs offline (`SPACE_CI_WHEELS`, a
+/// directory that scripts/test fills from PyPI).
+pub fn ci_wheels() -> Option<PathBuf> {
+    path_from("SPACE_CI_WHEELS", "scripts/test downloads them")
+}
+
 fn python_from(var: &str) -> Option<PathBuf> {
+    path_from(var, "scripts/test installs the SDK")
+}
+
+/// The file or directory `var` names, or None (a panic with SPACE_REQUIRE_E2B=1).
+fn path_from(var: &str, how: &str) -> Option<PathBuf> {
     let why = match std::env::var_os(var).map(PathBuf::from) {
-        Some(p) if p.is_file() => return Some(p),
-        Some(p) => format!("{var}={} is not a file", p.display()),
-        None => format!("{var} is not set (scripts/test installs the SDK)"),
+        Some(p) if p.exists() => return Some(p),
+        Some(p) => format!("{var}={} does not exist", p.display()),
+        None => format!("{var} is not set ({how})"),
     };
     if std::env::var("SPACE_REQUIRE_E2B").as_deref() == Ok("1") {
         panic!("SPACE_REQUIRE_E2B=1 but {why}");

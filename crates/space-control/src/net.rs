@@ -149,15 +149,33 @@ impl PortSigner {
     /// hex of HMAC-SHA256(key, "envd:<id>"). No port token can equal it: those sign
     /// "<id>:<port>", and an id is 20 characters of [a-z0-9].
     pub fn envd_token(&self, id: &str) -> String {
-        crate::auth::to_hex(hmac::sign(&self.key, format!("envd:{id}").as_bytes()).as_ref())
+        self.sandbox_token("envd", id)
     }
 
     /// Whether `token` is sandbox `id`'s envd access token (compared in constant time).
     pub fn verify_envd_token(&self, id: &str, token: &str) -> bool {
+        self.verify_sandbox_token("envd", id, token)
+    }
+
+    /// The traffic access token of sandbox `id` (E2B's `trafficAccessToken`): it opens the
+    /// sandbox's ports through the E2B address, and nothing else. HMAC of "traffic:<id>".
+    pub fn traffic_token(&self, id: &str) -> String {
+        self.sandbox_token("traffic", id)
+    }
+
+    pub fn verify_traffic_token(&self, id: &str, token: &str) -> bool {
+        self.verify_sandbox_token("traffic", id, token)
+    }
+
+    fn sandbox_token(&self, purpose: &str, id: &str) -> String {
+        crate::auth::to_hex(hmac::sign(&self.key, format!("{purpose}:{id}").as_bytes()).as_ref())
+    }
+
+    fn verify_sandbox_token(&self, purpose: &str, id: &str, token: &str) -> bool {
         let Some(tag) = crate::auth::from_hex_bytes(token) else {
             return false;
         };
-        hmac::verify(&self.key, format!("envd:{id}").as_bytes(), &tag).is_ok()
+        hmac::verify(&self.key, format!("{purpose}:{id}").as_bytes(), &tag).is_ok()
     }
 
     pub fn token(&self, id: &str, port: u16) -> String {
@@ -402,6 +420,12 @@ mod tests {
         assert!(!s.verify_envd_token(&a, &t[..63]));
         assert!(!s.verify_envd_token(&a, ""));
         assert!(!PortSigner::new(&[2u8; 32]).verify_envd_token(&a, &t));
+        // Traffic tokens are per sandbox too, and neither kind passes for the other.
+        let tr = s.traffic_token(&a);
+        assert!(s.verify_traffic_token(&a, &tr));
+        assert!(!s.verify_traffic_token(&b, &tr));
+        assert!(!s.verify_traffic_token(&a, &t));
+        assert!(!s.verify_envd_token(&a, &tr));
     }
 
     #[test]

@@ -100,14 +100,17 @@ fn forward_headers(src: &HeaderMap, upgrade: bool, prefix: &str) -> HeaderMap {
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static("http"),
     );
-    if let Ok(v) = HeaderValue::from_str(prefix) {
+    if let Some(v) = Some(prefix)
+        .filter(|p| !p.is_empty())
+        .and_then(|p| HeaderValue::from_str(p).ok())
+    {
         out.insert(HeaderName::from_static("x-forwarded-prefix"), v);
     }
     out
 }
 
 /// The handler of every [`PROXY_ROUTES`] path, any method.
-pub(crate) async fn proxy(State(s): State<AppState>, mut req: Request) -> Response {
+pub(crate) async fn proxy(State(s): State<AppState>, req: Request) -> Response {
     let Some((token, path)) = split_path(req.uri()) else {
         return bad_token();
     };
@@ -115,6 +118,21 @@ pub(crate) async fn proxy(State(s): State<AppState>, mut req: Request) -> Respon
         return bad_token();
     };
     let prefix = format!("/p/{token}");
+    forward(&s, &id, port, req, &path, &prefix).await
+}
+
+/// Sends `req` to `127.0.0.1:port` in sandbox `id` as `path` (path and query), once the
+/// caller has checked its credential, and answers with what the sandbox answers. A sandbox
+/// that is gone is 404, one that is not running or does not listen 502 `unavailable`.
+pub(crate) async fn forward(
+    s: &AppState,
+    id: &str,
+    port: u16,
+    mut req: Request,
+    path: &str,
+    prefix: &str,
+) -> Response {
+    let id = id.to_owned();
     let Ok(upstream_uri) = path.parse::<Uri>() else {
         return AppError::invalid("invalid request path").into_response();
     };
@@ -157,7 +175,7 @@ pub(crate) async fn proxy(State(s): State<AppState>, mut req: Request) -> Respon
         .version(http::Version::HTTP_11)
         .body(body)
         .expect("request parts are valid");
-    *up.headers_mut() = forward_headers(&parts.headers, upgrade, &prefix);
+    *up.headers_mut() = forward_headers(&parts.headers, upgrade, prefix);
 
     let mut resp = match sender.send_request(up).await {
         Ok(r) => r,

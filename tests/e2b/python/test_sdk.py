@@ -321,8 +321,48 @@ class BadInput(unittest.TestCase):
         try:
             r = self.envd("List", token=other._envd_access_token, content_type="application/json")
             self.assertEqual(r.status_code, 401)
+            # Nor does another sandbox's traffic token open this one's ports.
+            r = httpx.get(
+                f"{URL}/",
+                headers={
+                    "E2b-Sandbox-Id": self.sbx.sandbox_id,
+                    "E2b-Sandbox-Port": "8080",
+                    "E2B-Traffic-Access-Token": other.traffic_access_token,
+                },
+            )
+            self.assertEqual(r.status_code, 401)
         finally:
             other.kill()
+        # The traffic token opens ports, never envd.
+        r = self.envd("List", token=self.sbx.traffic_access_token, content_type="application/json")
+        self.assertEqual(r.status_code, 401)
+
+    def test_a_port_nothing_listens_on_is_a_502(self):
+        r = httpx.get(
+            f"{URL}/",
+            headers={
+                "E2b-Sandbox-Id": self.sbx.sandbox_id,
+                "E2b-Sandbox-Port": "8080",
+                "E2B-Traffic-Access-Token": self.sbx.traffic_access_token,
+            },
+        )
+        self.assertEqual(r.status_code, 502)
+        # A server started in the sandbox answers through the same address.
+        self.sbx.commands.run("mkdir -p /tmp/www && echo served > /tmp/www/i.txt")
+        self.sbx.commands.run("cd /tmp/www && python3 -m http.server 8080 --bind 127.0.0.1", background=True)
+        for _ in range(100):
+            r = httpx.get(
+                f"{URL}/i.txt",
+                headers={
+                    "E2b-Sandbox-Id": self.sbx.sandbox_id,
+                    "E2b-Sandbox-Port": "8080",
+                    "E2B-Traffic-Access-Token": self.sbx.traffic_access_token,
+                },
+            )
+            if r.status_code == 200:
+                break
+            time.sleep(0.1)
+        self.assertEqual((r.status_code, r.text), (200, "served\n"))
 
     def test_a_malformed_envelope_is_invalid_argument_and_disturbs_nothing(self):
         token = self.sbx._envd_access_token

@@ -80,6 +80,59 @@ fn an_older_python_sdk_on_the_pre_v2_paths_runs_against_space() {
     run_python(&s, &python, &["-m", "unittest", "-v", "test_sdk"]);
 }
 
+/// The `code-interpreter` template, built from `templates/code-interpreter` with its kernel's
+/// wheels (offline: the node's namespace has no internet), then the official
+/// `e2b-code-interpreter` SDK's `run_code` and contexts against it (decision 0025).
+#[test]
+fn the_code_interpreter_sdk_runs_code_in_kernels() {
+    let Some(python) = e2b_python() else { return };
+    let Some(wheels) = ci_wheels() else { return };
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/code-interpreter");
+    let ctx = tempfile::tempdir().unwrap();
+    for f in ["Dockerfile", "server.py"] {
+        std::fs::copy(src.join(f), ctx.path().join(f)).unwrap();
+    }
+    std::fs::create_dir(ctx.path().join("wheels")).unwrap();
+    for w in std::fs::read_dir(&wheels)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+    {
+        if w.extension().is_some_and(|e| e == "whl") {
+            std::fs::copy(&w, ctx.path().join("wheels").join(w.file_name().unwrap())).unwrap();
+        }
+    }
+    let dir = ctx.path().to_str().unwrap();
+    s.space_ok(&[
+        "template",
+        "build",
+        "code-interpreter",
+        "-f",
+        &format!("{dir}/Dockerfile"),
+        dir,
+        "--build-arg",
+        "OFFLINE=1",
+    ]);
+    s.space_ok(&[
+        "template",
+        "set",
+        "code-interpreter",
+        "--start-cmd",
+        "image",
+        "--ready-cmd",
+        "curl -sf http://127.0.0.1:49999/health",
+        "--ready-timeout",
+        "180",
+    ]);
+    run_python(
+        &s,
+        &python,
+        &["-m", "unittest", "-v", "test_code_interpreter"],
+    );
+}
+
 /// `Sandbox.create()` -> first `commands.run`, `commands.run` and output streaming through
 /// the official SDK, with the native API in the same run as the peer (BENCHMARKS.md).
 #[test]

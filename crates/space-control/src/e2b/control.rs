@@ -161,7 +161,7 @@ fn sandbox_reply(s: &AppState, sb: &Sandbox) -> E2bSandbox {
         client_id: CLIENT_ID,
         envd_version: super::ENVD_VERSION,
         envd_access_token: s.engine.ports.envd_token(&sb.id),
-        traffic_access_token: None,
+        traffic_access_token: Some(s.engine.ports.traffic_token(&sb.id)),
         domain: None,
     }
 }
@@ -308,17 +308,31 @@ fn refuse_unsupported(req: &NewSandbox) -> E2bResult<()> {
     Ok(())
 }
 
+/// The code interpreter SDK's default template, and space's name for it (decision 0025).
+const E2B_CODE_INTERPRETER: &str = "code-interpreter-v1";
+const CODE_INTERPRETER: &str = "code-interpreter";
+
+/// The template a create names, where E2B's name for the code interpreter template means
+/// space's `code-interpreter` unless the node has a template of E2B's name.
+async fn template_of(s: &AppState, name: String) -> String {
+    if name == E2B_CODE_INTERPRETER && s.engine.get_template(&name).await.is_err() {
+        return CODE_INTERPRETER.to_owned();
+    }
+    name
+}
+
 async fn create(
     State(s): State<AppState>,
     ApiJson(req): ApiJson<NewSandbox>,
 ) -> E2bResult<Response> {
     refuse_unsupported(&req)?;
+    let template = template_of(&s, req.template_id).await;
     let network = network_policy(
         req.network.as_ref().unwrap_or(&E2bNetwork::default()),
         req.allow_internet_access,
     )?;
     let create = CreateSandbox {
-        template: Some(req.template_id),
+        template: Some(template),
         env: req.env_vars.unwrap_or_default(),
         metadata: req.metadata.unwrap_or_default(),
         timeout_secs: Some(req.timeout.unwrap_or(DEFAULT_CREATE_TIMEOUT_SECS)),

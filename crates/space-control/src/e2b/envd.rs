@@ -123,6 +123,9 @@ pub async fn dispatch(State(envd): State<Envd>, req: Request, next: Next) -> Res
         return next.run(req).await;
     };
     let id = id.to_str().unwrap_or("").to_string();
+    if let Some(port) = other_port(req.headers()) {
+        return sandbox_port(&envd.state, &id, port, req).await;
+    }
     let path = req.uri().path().to_string();
     let signed = (path == "/files")
         .then(|| super::files::FilesQuery::parse(req.uri().query()).ok())
@@ -173,19 +176,6 @@ async fn admit(
     if !space_api::is_valid_sandbox_id(id) {
         return Err(super::sandbox_gone(id));
     }
-    if let Some(port) = headers.get("e2b-sandbox-port") {
-        let port = port.to_str().unwrap_or("");
-        if port != super::ENVD_PORT.to_string() {
-            return Err(plain_error(
-                StatusCode::BAD_GATEWAY,
-                format!(
-                    "The sandbox {id} is running but port is not open: space serves envd's \
-                     port {} here; open other ports with POST /v1/sandboxes/{id}/ports",
-                    super::ENVD_PORT
-                ),
-            ));
-        }
-    }
     let row = match state.engine.store().get_sandbox(id).await {
         Ok(Some(row)) if row.deleted_at.is_none() && row.state != SandboxState::Deleting => row,
         Ok(_) => return Err(super::sandbox_gone(id)),
@@ -218,6 +208,55 @@ async fn admit(
         ));
     }
     user_of(headers).map_err(|e| plain_error(StatusCode::BAD_REQUEST, e))
+}
+
+/// The `E2b-Sandbox-Port` of a request for a port other than envd's (as written: a value
+/// that is no port number is passed on, to be refused by [`sandbox_port`]).
+fn other_port(headers: &HeaderMap) -> Option<String> {
+    let port = headers
+        .get(super::SANDBOX_PORT_HEADER)?
+        .to_str()
+        .unwrap_or("?");
+    (port != super::ENVD_PORT.to_string()).then(|| port.to_owned())
+}
+
+/// A request for another port of the sandbox (the code interpreter's 49999, an app's),
+/// as E2B's proxy passes them on: sent to `127.0.0.1:PORT` inside as it came. It needs the
+/// sandbox's traffic access token (`E2B-Traffic-Access-Token`) or its envd access token;
+/// space's port URLs (`POST /v1/sandboxes/{id}/ports`) are the native way in.
+async fn sandbox_port(state: &AppState, id: &str, port: String, req: Request) -> Response {
+    if !space_api::is_valid_sandbox_id(id) {
+        return super::sandbox_gone(id);
+    }
+    let Ok(port) = port.parse::<u16>() else {
+        return plain_error(
+            StatusCode::BAD_REQUEST,
+            format!("E2b-Sandbox-Port must be a port number, got {port:?}"),
+        );
+    };
+    let headers = req.headers();
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    };
+    let ports = &state.engine.ports;
+    let allowed = ports.verify_traffic_token(id, header("e2b-traffic-access-token"))
+        || ports.verify_envd_token(id, header("x-access-token"));
+    if !allowed {
+        return plain_error(
+            StatusCode::UNAUTHORIZED,
+            format!(
+                "port {port} of sandbox {id} wants its E2B-Traffic-Access-Token or X-Access-Token"
+            ),
+        );
+    }
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/".to_owned(), |p| p.as_str().to_owned());
+    crate::port_proxy::forward(state, id, port, req, &path, "").await
 }
 
 /// E2B's plain error body (what its proxy answers with before envd is reached).

@@ -32,6 +32,8 @@ pub const ENVD_PORT: u16 = 49983;
 
 /// The header that sends a request to envd.
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+/// The port of the sandbox a request is for (envd's, or another one to pass on).
+pub const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
 
 /// Whether `path` is one of E2B's control paths (their errors take E2B's shape).
 pub fn is_control_path(path: &str) -> bool {
