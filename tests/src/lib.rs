@@ -90,6 +90,22 @@ pub fn e2b_old_python() -> Option<PathBuf> {
     python_from("SPACE_E2B_OLD_PYTHON")
 }
 
+/// The node that runs the JS SDK tests (`SPACE_E2B_NODE`, >= 20.18.1).
+pub fn e2b_node() -> Option<PathBuf> {
+    path_from("SPACE_E2B_NODE", "scripts/test finds or installs it")
+}
+
+/// The node_modules of the newest JS SDK (`SPACE_E2B_JS`).
+pub fn e2b_js() -> Option<PathBuf> {
+    path_from("SPACE_E2B_JS", "scripts/test installs the SDK from npm")
+}
+
+/// The node_modules of the older JS SDK, which still calls the pre-v2 paths
+/// (`SPACE_E2B_OLD_JS`).
+pub fn e2b_old_js() -> Option<PathBuf> {
+    path_from("SPACE_E2B_OLD_JS", "scripts/test installs the SDK from npm")
+}
+
 /// The wheels the `code-interpreter` template installs offline (`SPACE_CI_WHEELS`, a
 /// directory that scripts/test fills from PyPI).
 pub fn ci_wheels() -> Option<PathBuf> {

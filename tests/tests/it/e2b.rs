@@ -67,6 +67,57 @@ fn the_official_python_sdk_runs_against_space() {
     );
 }
 
+/// Runs `tests/e2b/js/test_sdk.cjs` with node's test runner against the JS SDK in
+/// `node_modules`, with `space e2b env`'s environment.
+fn run_js(s: &Spaced, node: &Path, node_modules: &Path) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/js");
+    let out = Command::new(node)
+        .args(["--test", "--test-reporter=spec", "test_sdk.cjs"])
+        .current_dir(&dir)
+        .envs(e2b_env(s))
+        .env("SPACE_API_KEY", &s.key)
+        .env("SPACE_E2B_JS", node_modules)
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .env("NO_PROXY", "*")
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "node --test failed:\n{stdout}{stderr}\nspaced log:\n{}",
+        s.log_tail()
+    );
+    eprintln!("{stdout}");
+}
+
+/// The official JavaScript SDK, newest (2.51, the v2 paths): commands, PTY, files, watches,
+/// lifecycle and errors.
+#[test]
+fn the_official_js_sdk_runs_against_space() {
+    let (Some(node), Some(js)) = (e2b_node(), e2b_js()) else {
+        return;
+    };
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    run_js(&s, &node, &js);
+}
+
+/// The older JS SDK (2.50), which creates and connects through the pre-v2 paths.
+#[test]
+fn an_older_js_sdk_on_the_pre_v2_paths_runs_against_space() {
+    let (Some(node), Some(js)) = (e2b_node(), e2b_old_js()) else {
+        return;
+    };
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    run_js(&s, &node, &js);
+}
+
 /// An older SDK (2.50), which still creates and connects through `POST /sandboxes` and
 /// `POST /sandboxes/{id}/connect`, runs the same commands and lifecycle tests.
 #[test]
