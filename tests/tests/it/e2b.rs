@@ -131,23 +131,16 @@ fn an_older_python_sdk_on_the_pre_v2_paths_runs_against_space() {
     run_python(&s, &python, &["-m", "unittest", "-v", "test_sdk"]);
 }
 
-/// The `code-interpreter` template, built from `templates/code-interpreter` with its kernel's
-/// wheels (offline: the node's namespace has no internet), then the official
-/// `e2b-code-interpreter` SDK's `run_code` and contexts against it (decision 0025).
-#[test]
-fn the_code_interpreter_sdk_runs_code_in_kernels() {
-    let Some(python) = e2b_python() else { return };
-    let Some(wheels) = ci_wheels() else { return };
-    let Some(s) = Spaced::start_with_base(&[]) else {
-        return;
-    };
+/// Builds the `code-interpreter` template from `templates/code-interpreter` with its
+/// kernel's wheels (offline: the node's namespace has no internet), as docs/E2B.md says.
+fn build_code_interpreter(s: &Spaced, wheels: &Path) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../templates/code-interpreter");
     let ctx = tempfile::tempdir().unwrap();
     for f in ["Dockerfile", "server.py"] {
         std::fs::copy(src.join(f), ctx.path().join(f)).unwrap();
     }
     std::fs::create_dir(ctx.path().join("wheels")).unwrap();
-    for w in std::fs::read_dir(&wheels)
+    for w in std::fs::read_dir(wheels)
         .unwrap()
         .map(|e| e.unwrap().path())
     {
@@ -177,10 +170,39 @@ fn the_code_interpreter_sdk_runs_code_in_kernels() {
         "--ready-timeout",
         "180",
     ]);
+}
+
+/// The official `e2b-code-interpreter` SDK's `run_code` and contexts against the
+/// `code-interpreter` template (decision 0025).
+#[test]
+fn the_code_interpreter_sdk_runs_code_in_kernels() {
+    let Some(python) = e2b_python() else { return };
+    let Some(wheels) = ci_wheels() else { return };
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    build_code_interpreter(&s, &wheels);
     run_python(
         &s,
         &python,
         &["-m", "unittest", "-v", "test_code_interpreter"],
+    );
+}
+
+/// `Sandbox.create()` -> first `run_code`, and `run_code` against `commands.run` in the same
+/// run (BENCHMARKS.md).
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn bench_code_interpreter() {
+    let Some(python) = e2b_python() else { return };
+    let Some(wheels) = ci_wheels() else { return };
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    build_code_interpreter(&s, &wheels);
+    println!(
+        "{}",
+        run_python(&s, &python, &["bench_code_interpreter.py"])
     );
 }
 
