@@ -4,14 +4,12 @@
 call is the SDK's own; `Sandbox.create()` names E2B's template `code-interpreter-v1`.
 """
 
-import os
 import unittest
 
-import httpx
 from e2b import NotFoundException, SandboxException
 from e2b_code_interpreter import Sandbox
 
-URL = os.environ["E2B_API_URL"]
+from test_sdk import port_request
 
 
 class CodeInterpreter(unittest.TestCase):
@@ -81,20 +79,9 @@ class CodeInterpreter(unittest.TestCase):
         with self.assertRaises(SandboxException):
             self.sbx.run_code("1", language="r")
         # The port needs the sandbox's traffic token (or its envd token).
-        r = httpx.post(
-            f"{URL}/execute",
-            headers={"E2b-Sandbox-Id": self.sbx.sandbox_id, "E2b-Sandbox-Port": "49999"},
-            json={"code": "1"},
-        )
+        r = port_request(self.sbx, 49999, "/execute", token="", method="POST", json={"code": "1"})
         self.assertEqual(r.status_code, 401)
-        r = httpx.post(
-            f"{URL}/execute",
-            headers={
-                "E2b-Sandbox-Id": self.sbx.sandbox_id,
-                "E2b-Sandbox-Port": "not-a-port",
-                "E2B-Traffic-Access-Token": self.sbx.traffic_access_token,
-            },
-        )
+        r = port_request(self.sbx, "not-a-port", "/execute", method="POST")
         self.assertEqual(r.status_code, 400)
         self.assertEqual(self.sbx.run_code("x = 5; x").text, "5")
 

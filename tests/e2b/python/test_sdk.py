@@ -27,6 +27,17 @@ URL = os.environ["E2B_API_URL"]
 NATIVE = {"Authorization": f"Bearer {os.environ['SPACE_API_KEY']}"}
 
 
+def port_request(sbx, port, path="/", token=None, method="GET", **kw):
+    """A request for `port` of the sandbox through E2B's address, as E2B's proxy takes them:
+    `E2b-Sandbox-Id`, `E2b-Sandbox-Port`, and the traffic token (the sandbox's own unless
+    `token` names another; "" sends none)."""
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(port)}
+    token = sbx.traffic_access_token if token is None else token
+    if token:
+        headers["E2B-Traffic-Access-Token"] = token
+    return httpx.request(method, f"{URL}{path}", headers=headers, **kw)
+
+
 def native(sbx):
     """The sandbox as space's own API shows it."""
     r = httpx.get(f"{URL}/v1/sandboxes/{sbx.sandbox_id}", headers=NATIVE)
@@ -322,14 +333,7 @@ class BadInput(unittest.TestCase):
             r = self.envd("List", token=other._envd_access_token, content_type="application/json")
             self.assertEqual(r.status_code, 401)
             # Nor does another sandbox's traffic token open this one's ports.
-            r = httpx.get(
-                f"{URL}/",
-                headers={
-                    "E2b-Sandbox-Id": self.sbx.sandbox_id,
-                    "E2b-Sandbox-Port": "8080",
-                    "E2B-Traffic-Access-Token": other.traffic_access_token,
-                },
-            )
+            r = port_request(self.sbx, 8080, token=other.traffic_access_token)
             self.assertEqual(r.status_code, 401)
         finally:
             other.kill()
@@ -338,27 +342,12 @@ class BadInput(unittest.TestCase):
         self.assertEqual(r.status_code, 401)
 
     def test_a_port_nothing_listens_on_is_a_502(self):
-        r = httpx.get(
-            f"{URL}/",
-            headers={
-                "E2b-Sandbox-Id": self.sbx.sandbox_id,
-                "E2b-Sandbox-Port": "8080",
-                "E2B-Traffic-Access-Token": self.sbx.traffic_access_token,
-            },
-        )
-        self.assertEqual(r.status_code, 502)
+        self.assertEqual(port_request(self.sbx, 8080).status_code, 502)
         # A server started in the sandbox answers through the same address.
         self.sbx.commands.run("mkdir -p /tmp/www && echo served > /tmp/www/i.txt")
         self.sbx.commands.run("cd /tmp/www && python3 -m http.server 8080 --bind 127.0.0.1", background=True)
         for _ in range(100):
-            r = httpx.get(
-                f"{URL}/i.txt",
-                headers={
-                    "E2b-Sandbox-Id": self.sbx.sandbox_id,
-                    "E2b-Sandbox-Port": "8080",
-                    "E2B-Traffic-Access-Token": self.sbx.traffic_access_token,
-                },
-            )
+            r = port_request(self.sbx, 8080, "/i.txt")
             if r.status_code == 200:
                 break
             time.sleep(0.1)

@@ -27,31 +27,40 @@ fn e2b_env(s: &Spaced) -> Vec<(String, String)> {
     vars
 }
 
-/// Runs `python ARGS` in `tests/e2b/python` with the SDK's Python and `space e2b env`'s
-/// environment; fails with its output and the node's log unless it succeeds. Returns stdout.
-fn run_python(s: &Spaced, python: &Path, args: &[&str]) -> String {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/python");
-    let out = Command::new(python)
-        .args(args)
-        .current_dir(&dir)
+/// `program` in `tests/e2b/<dir>` with `space e2b env`'s environment and the node's key,
+/// and with no proxy: the SDK talks to the test's namespace only.
+fn sdk_command(s: &Spaced, program: &Path, dir: &str) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b").join(dir))
         .envs(e2b_env(s))
         .env("SPACE_API_KEY", &s.key)
-        // Nothing may leave through a proxy: the SDK talks to the test's namespace only.
         .env_remove("HTTP_PROXY")
         .env_remove("HTTPS_PROXY")
         .env_remove("ALL_PROXY")
-        .env("NO_PROXY", "*")
-        .output()
-        .expect("run python");
+        .env("NO_PROXY", "*");
+    cmd
+}
+
+/// Runs `cmd`; fails with its output and the node's log unless it succeeds. Returns stdout
+/// (stderr is passed on).
+fn run_sdk(s: &Spaced, mut cmd: Command) -> String {
+    let out = cmd.output().expect("run the SDK's tests");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "python {args:?} failed:\n{stdout}{stderr}\nspaced log:\n{}",
+        "{cmd:?} failed:\n{stdout}{stderr}\nspaced log:\n{}",
         s.log_tail()
     );
     eprintln!("{stderr}");
     stdout
+}
+
+/// Runs `python ARGS` in `tests/e2b/python` with the SDK's Python. Returns stdout.
+fn run_python(s: &Spaced, python: &Path, args: &[&str]) -> String {
+    let mut cmd = sdk_command(s, python, "python");
+    cmd.args(args);
+    run_sdk(s, cmd)
 }
 
 #[test]
@@ -68,29 +77,12 @@ fn the_official_python_sdk_runs_against_space() {
 }
 
 /// Runs `tests/e2b/js/test_sdk.cjs` with node's test runner against the JS SDK in
-/// `node_modules`, with `space e2b env`'s environment.
+/// `node_modules`.
 fn run_js(s: &Spaced, node: &Path, node_modules: &Path) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/js");
-    let out = Command::new(node)
-        .args(["--test", "--test-reporter=spec", "test_sdk.cjs"])
-        .current_dir(&dir)
-        .envs(e2b_env(s))
-        .env("SPACE_API_KEY", &s.key)
-        .env("SPACE_E2B_JS", node_modules)
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env("NO_PROXY", "*")
-        .output()
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "node --test failed:\n{stdout}{stderr}\nspaced log:\n{}",
-        s.log_tail()
-    );
-    eprintln!("{stdout}");
+    let mut cmd = sdk_command(s, node, "js");
+    cmd.args(["--test", "--test-reporter=spec", "test_sdk.cjs"])
+        .env("SPACE_E2B_JS", node_modules);
+    eprintln!("{}", run_sdk(s, cmd));
 }
 
 /// The official JavaScript SDK, newest (2.51, the v2 paths): commands, PTY, files, watches,
