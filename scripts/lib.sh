@@ -246,7 +246,8 @@ e2b_venv() {
     echo "$venv/bin/python"
 }
 
-# The wheels of the code interpreter's kernel, for Debian 12's Python (3.11), downloaded once.
+# The wheels of the code interpreter's kernel, for Debian 12's Python (3.11), downloaded once
+# with the pip of the venv $1 (the system may have no pip).
 ensure_ci_wheels() {
     if [ -f "$CI_WHEELS/.complete" ] && [ "$(cat "$CI_WHEELS/.complete")" = "${CI_KERNEL_PACKAGES[*]}" ]; then
         return
@@ -254,7 +255,7 @@ ensure_ci_wheels() {
     say "downloading the code interpreter's kernel wheels (${CI_KERNEL_PACKAGES[*]}) from PyPI into $CI_WHEELS"
     rm -rf "$CI_WHEELS"
     mkdir -p "$CI_WHEELS"
-    python3 -m pip download -q --disable-pip-version-check --dest "$CI_WHEELS" \
+    "$1" -m pip download -q --disable-pip-version-check --dest "$CI_WHEELS" \
         --only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any \
@@ -309,5 +310,5 @@ ensure_e2b_sdks() {
     E2B_NODE=$(e2b_node) || die "could not find or install node >= $NODE_MIN"
     E2B_JS=$(e2b_js "$E2B_JS_VERSION") || die "could not install e2b $E2B_JS_VERSION from npm"
     E2B_OLD_JS=$(e2b_js "$E2B_JS_OLD_VERSION") || die "could not install e2b $E2B_JS_OLD_VERSION from npm"
-    ensure_ci_wheels
+    ensure_ci_wheels "$E2B_PYTHON"
 }
