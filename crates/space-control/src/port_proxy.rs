@@ -71,7 +71,7 @@ fn wants_upgrade(headers: &HeaderMap) -> bool {
 
 /// The headers to send on: without hop-by-hop ones (and those `Connection` names), plus
 /// `Connection: upgrade` + `Upgrade` again for an upgrade, plus X-Forwarded-*.
-fn forward_headers(src: &HeaderMap, upgrade: bool, prefix: &str) -> HeaderMap {
+fn forward_headers(src: &HeaderMap, upgrade: bool, prefix: Option<&str>) -> HeaderMap {
     let named: Vec<String> = src
         .get_all(header::CONNECTION)
         .iter()
@@ -100,10 +100,7 @@ fn forward_headers(src: &HeaderMap, upgrade: bool, prefix: &str) -> HeaderMap {
         HeaderName::from_static("x-forwarded-proto"),
         HeaderValue::from_static("http"),
     );
-    if let Some(v) = Some(prefix)
-        .filter(|p| !p.is_empty())
-        .and_then(|p| HeaderValue::from_str(p).ok())
-    {
+    if let Some(v) = prefix.and_then(|p| HeaderValue::from_str(p).ok()) {
         out.insert(HeaderName::from_static("x-forwarded-prefix"), v);
     }
     out
@@ -118,11 +115,12 @@ pub(crate) async fn proxy(State(s): State<AppState>, req: Request) -> Response {
         return bad_token();
     };
     let prefix = format!("/p/{token}");
-    forward(&s, &id, port, req, &path, &prefix).await
+    forward(&s, &id, port, req, &path, Some(&prefix)).await
 }
 
 /// Sends `req` to `127.0.0.1:port` in sandbox `id` as `path` (path and query), once the
-/// caller has checked its credential, and answers with what the sandbox answers. A sandbox
+/// caller has checked its credential, and answers with what the sandbox answers; `prefix`
+/// is the path the client sees it under (`X-Forwarded-Prefix`), if any. A sandbox
 /// that is gone is 404, one that is not running or does not listen 502 `unavailable`.
 pub(crate) async fn forward(
     s: &AppState,
@@ -130,7 +128,7 @@ pub(crate) async fn forward(
     port: u16,
     mut req: Request,
     path: &str,
-    prefix: &str,
+    prefix: Option<&str>,
 ) -> Response {
     let id = id.to_owned();
     let Ok(upstream_uri) = path.parse::<Uri>() else {
@@ -254,7 +252,7 @@ mod tests {
             header::TRANSFER_ENCODING,
             HeaderValue::from_static("chunked"),
         );
-        let out = forward_headers(&h, false, "/p/t");
+        let out = forward_headers(&h, false, Some("/p/t"));
         assert!(out.get("x-drop").is_none());
         assert!(out.get(header::CONNECTION).is_none());
         assert!(out.get(header::TRANSFER_ENCODING).is_none());
@@ -267,7 +265,7 @@ mod tests {
         h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         assert!(wants_upgrade(&h));
-        let out = forward_headers(&h, true, "/p/t");
+        let out = forward_headers(&h, true, Some("/p/t"));
         assert_eq!(out.get(header::CONNECTION).unwrap(), "upgrade");
         assert_eq!(out.get(header::UPGRADE).unwrap(), "websocket");
         h.remove(header::CONNECTION);

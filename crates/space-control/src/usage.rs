@@ -25,20 +25,22 @@ impl Engine {
             _ => return Err(AppError::not_found(format!("sandbox {id} not found"))),
         };
         let usage = self.node.sandbox_usage(id).await?;
-        let mut m = metrics_of(&usage, row.spec.cpu, row.created_at);
+        let mut m = metrics_of(&usage, row.spec.cpu, row.created_at, since_ms, until_ms);
         m.memory_limit_bytes = row.spec.memory_mib << 20;
-        m.samples.retain(|s| {
-            let t = space_api::unix_ms_from_rfc3339(&s.time).unwrap_or(0);
-            since_ms.is_none_or(|a| t >= a) && until_ms.is_none_or(|b| t <= b)
-        });
         Ok(m)
     }
 }
 
-/// CPU use between consecutive samples, in percent of `cpu` cores (clamped to 0..=100). The
-/// first sample has no predecessor and is left out, unless it is the only one: then it is
-/// measured from the sandbox's creation.
-pub fn metrics_of(usage: &SandboxUsage, cpu: f64, created_ms: i64) -> SandboxMetrics {
+/// CPU use between consecutive samples, in percent of `cpu` cores (clamped to 0..=100), for
+/// the samples taken in `[since_ms, until_ms]`. The first sample has no predecessor and is
+/// left out, unless it is the only one: then it is measured from the sandbox's creation.
+pub fn metrics_of(
+    usage: &SandboxUsage,
+    cpu: f64,
+    created_ms: i64,
+    since_ms: Option<i64>,
+    until_ms: Option<i64>,
+) -> SandboxMetrics {
     let pct = |prev: (u64, u64), s: &UsageSample| {
         let wall_us = s.unix_ms.saturating_sub(prev.0).saturating_mul(1000);
         let used = s.cpu_usage_usec.saturating_sub(prev.1);
@@ -54,11 +56,19 @@ pub fn metrics_of(usage: &SandboxUsage, cpu: f64, created_ms: i64) -> SandboxMet
         memory_bytes: s.memory_bytes.saturating_sub(s.memory_cache_bytes),
         memory_cache_bytes: s.memory_cache_bytes,
     };
+    let within = |s: &UsageSample| {
+        let t = s.unix_ms as i64;
+        since_ms.is_none_or(|a| t >= a) && until_ms.is_none_or(|b| t <= b)
+    };
     let samples = match usage.samples.as_slice() {
         [] => Vec::new(),
-        [only] => vec![sample(only, pct((created_ms.max(0) as u64, 0), only))],
+        [only] => std::iter::once(only)
+            .filter(|s| within(s))
+            .map(|s| sample(s, pct((created_ms.max(0) as u64, 0), s)))
+            .collect(),
         all => all
             .windows(2)
+            .filter(|w| within(&w[1]))
             .map(|w| sample(&w[1], pct((w[0].unix_ms, w[0].cpu_usage_usec), &w[1])))
             .collect(),
     };
@@ -119,10 +129,10 @@ mod tests {
             disk_total_bytes: Some(100),
             disk_used_bytes: Some(7),
         };
-        let m = metrics_of(&usage, 0.5, 0);
+        let m = metrics_of(&usage, 0.5, 0, None, None);
         let pcts: Vec<f64> = m.samples.iter().map(|x| x.cpu_pct).collect();
         assert_eq!(pcts, vec![100.0, 0.0, 0.0]);
-        let m = metrics_of(&usage, 2.0, 0);
+        let m = metrics_of(&usage, 2.0, 0, None, None);
         assert_eq!(m.samples[0].cpu_pct, 25.0);
         assert_eq!(m.samples[0].time, "1970-01-01T00:00:15.000Z");
         assert_eq!(m.samples[0].memory_bytes, 6 << 20);
@@ -139,11 +149,17 @@ mod tests {
             samples: vec![s(2_000, 500_000)],
             ..Default::default()
         };
-        assert_eq!(metrics_of(&one, 1.0, 1_000).samples[0].cpu_pct, 50.0);
+        assert_eq!(
+            metrics_of(&one, 1.0, 1_000, None, None).samples[0].cpu_pct,
+            50.0
+        );
         // A clock that says the sample is older than the sandbox: no division by zero.
-        assert_eq!(metrics_of(&one, 1.0, 9_000).samples[0].cpu_pct, 0.0);
+        assert_eq!(
+            metrics_of(&one, 1.0, 9_000, None, None).samples[0].cpu_pct,
+            0.0
+        );
         assert!(
-            metrics_of(&SandboxUsage::default(), 1.0, 0)
+            metrics_of(&SandboxUsage::default(), 1.0, 0, None, None)
                 .samples
                 .is_empty()
         );

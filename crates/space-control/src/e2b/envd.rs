@@ -210,29 +210,39 @@ async fn admit(
     user_of(headers).map_err(|e| plain_error(StatusCode::BAD_REQUEST, e))
 }
 
-/// The `E2b-Sandbox-Port` of a request for a port other than envd's (as written: a value
-/// that is no port number is passed on, to be refused by [`sandbox_port`]).
-fn other_port(headers: &HeaderMap) -> Option<String> {
-    let port = headers
-        .get(super::SANDBOX_PORT_HEADER)?
-        .to_str()
-        .unwrap_or("?");
-    (port != super::ENVD_PORT.to_string()).then(|| port.to_owned())
+/// The `E2b-Sandbox-Port` of a request for a port other than envd's: the port, or the
+/// header as written when it is no port number (refused by [`sandbox_port`]).
+fn other_port(headers: &HeaderMap) -> Option<Result<u16, String>> {
+    let raw = headers.get(super::SANDBOX_PORT_HEADER)?;
+    let text = raw.to_str().unwrap_or("?");
+    match text.parse::<u16>() {
+        Ok(super::ENVD_PORT) => None,
+        Ok(port) => Some(Ok(port)),
+        Err(_) => Some(Err(text.to_owned())),
+    }
 }
 
 /// A request for another port of the sandbox (the code interpreter's 49999, an app's),
 /// as E2B's proxy passes them on: sent to `127.0.0.1:PORT` inside as it came. It needs the
 /// sandbox's traffic access token (`E2B-Traffic-Access-Token`) or its envd access token;
 /// space's port URLs (`POST /v1/sandboxes/{id}/ports`) are the native way in.
-async fn sandbox_port(state: &AppState, id: &str, port: String, req: Request) -> Response {
+async fn sandbox_port(
+    state: &AppState,
+    id: &str,
+    port: Result<u16, String>,
+    req: Request,
+) -> Response {
     if !space_api::is_valid_sandbox_id(id) {
         return super::sandbox_gone(id);
     }
-    let Ok(port) = port.parse::<u16>() else {
-        return plain_error(
-            StatusCode::BAD_REQUEST,
-            format!("E2b-Sandbox-Port must be a port number, got {port:?}"),
-        );
+    let port = match port {
+        Ok(port) => port,
+        Err(port) => {
+            return plain_error(
+                StatusCode::BAD_REQUEST,
+                format!("E2b-Sandbox-Port must be a port number, got {port:?}"),
+            );
+        }
     };
     let headers = req.headers();
     let header = |name: &str| {
@@ -256,7 +266,7 @@ async fn sandbox_port(state: &AppState, id: &str, port: String, req: Request) ->
         .uri()
         .path_and_query()
         .map_or("/".to_owned(), |p| p.as_str().to_owned());
-    crate::port_proxy::forward(state, id, port, req, &path, "").await
+    crate::port_proxy::forward(state, id, port, req, &path, None).await
 }
 
 /// E2B's plain error body (what its proxy answers with before envd is reached).
