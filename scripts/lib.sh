@@ -9,7 +9,10 @@ PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables postgresql iproute
 # Only the test suite needs these: a real OCI registry, skopeo to fill it, umoci as the
 # pull benchmark's peer, htpasswd for the registry's basic auth (scripts/test installs them).
 TEST_PACKAGES=(docker-registry skopeo umoci apache2-utils python3-venv)
-GUEST_TARGET=x86_64-unknown-linux-gnu
+# Every binary is built static, in one cargo build for this triple (decision 0026): the guest
+# daemon must be (nothing in a sandbox provides the host's libc), and building spaced, space,
+# the tests and the daemon alike compiles each dependency once instead of twice.
+TARGET_TRIPLE=$(uname -m)-unknown-linux-gnu
 # Guest kernel for QEMU microvm guests (the bench peer, later the microvm runtime): Debian's
 # cloud kernel, unpacked (never installed on the host) into $VM_DIR with the modules below and
 # everything they depend on. Virtio and ext4 are modules in that kernel; serial is built in.
@@ -75,14 +78,15 @@ ensure_rust() {
         [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
     fi
     command -v cargo >/dev/null 2>&1 || die "cargo not found: install a Rust toolchain >= 1.90 (https://rustup.rs), then rerun"
-    rustup target list --installed 2>/dev/null | grep -q "$GUEST_TARGET" || true
 }
 
-# Build the static guest binaries (space-daemon, space-probe). $1 = cargo profile flag ("" or --release).
-build_guest() {
-    say "building the static guest daemon${1:+ ($1)}"
-    RUSTFLAGS="-C target-feature=+crt-static" cargo build ${1:-} --locked -q \
-        -p space-daemon -p space-probe --target "$GUEST_TARGET"
+# cargo SUBCOMMAND [ARGS...] with every unit static (crt-static) and built for TARGET_TRIPLE,
+# into target/$TARGET_TRIPLE/<profile>/. With --target, RUSTFLAGS reach only the target's
+# units, never build scripts or proc macros (which cannot be static).
+cargo_static() {
+    local sub=$1
+    shift
+    RUSTFLAGS="-C target-feature=+crt-static" cargo "$sub" --target "$TARGET_TRIPLE" "$@"
 }
 
 # The value of field $2 in the .modinfo section of module file $1 (NUL-separated key=value).

@@ -32,19 +32,34 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Where `scripts/test` builds every binary, all static (decision 0026).
+fn static_debug_dir() -> PathBuf {
+    workspace_root()
+        .join("target")
+        .join(format!("{}-unknown-linux-gnu", std::env::consts::ARCH))
+        .join("debug")
+}
+
 /// Directory holding the `spaced` and `space` binaries.
 pub fn bin_dir() -> PathBuf {
     std::env::var_os("SPACE_BIN_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target/debug"))
+        .unwrap_or_else(static_debug_dir)
 }
 
 fn guest_bin(var: &str, name: &str) -> PathBuf {
-    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
-        workspace_root()
-            .join("target/x86_64-unknown-linux-gnu/debug")
-            .join(name)
-    })
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| static_debug_dir().join(name))
+}
+
+/// `n` random bytes from the kernel, as lowercase hex.
+pub fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .unwrap();
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// The static space-daemon.
