@@ -8,6 +8,8 @@
 //!   HTTPS requests to the secret's hosts. Values are never returned by the API.
 //! - A port is reached through `GET/... /p/{token}/...` on the API address.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Largest secret value accepted, in bytes.
@@ -115,11 +117,40 @@ impl std::fmt::Debug for PutSecret {
 #[serde(deny_unknown_fields)]
 pub struct SecretInfo {
     pub name: String,
+    /// Empty for a secret made through E2B's API, which only `secret_headers` (and E2B's
+    /// network rules) can use.
     pub hosts: Vec<String>,
     pub header: String,
+    /// 1 for a new secret; every change of its value adds one.
+    #[serde(default = "first_version")]
+    pub version: u64,
+    /// The caller's own labels (E2B's secret metadata).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
     /// RFC 3339, UTC.
     pub created_at: String,
     pub updated_at: String,
+}
+
+fn first_version() -> u64 {
+    1
+}
+
+/// A header the egress proxy sets, with a secret's value in it, on every HTTPS request of
+/// the sandbox to `hosts` (`CreateSandbox.secret_headers`). The sandbox holds nothing: not
+/// the value, not even a placeholder. This is what E2B's network rules with
+/// `${e2b.secrets.NAME}` in a header become.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretHeader {
+    /// The secret whose value goes in.
+    pub secret: String,
+    /// Domains: `api.example.com` or `*.example.com`. A secret bound to hosts of its own
+    /// (`PUT /v1/secrets`) may only be sent to those.
+    pub hosts: Vec<String>,
+    /// `Header-Name: template`, `{}` marking where the value goes: `Authorization: Bearer {}`.
+    /// It replaces any header of that name the sandbox sent.
+    pub header: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,10 +159,16 @@ pub struct SecretList {
     pub secrets: Vec<SecretInfo>,
 }
 
-/// Whether `name` is a valid secret name: `[A-Za-z_][A-Za-z0-9_]{0,63}` (it becomes an
-/// environment variable of the sandboxes that use it).
+/// Whether `name` is a valid secret name: `[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}`. Only a name that
+/// is also an environment variable name (`[A-Za-z_][A-Za-z0-9_]*`) can be given to a sandbox
+/// as a placeholder (`CreateSandbox.secrets`); any can go in a `secret_headers` entry.
 pub fn is_valid_secret_name(name: &str) -> bool {
-    name.len() <= 64 && crate::types::is_valid_env_key(name)
+    let mut bytes = name.bytes();
+    name.len() <= 64
+        && bytes
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
 /// `POST /v1/sandboxes/{id}/ports`.

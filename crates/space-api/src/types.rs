@@ -133,6 +133,10 @@ pub struct CreateSandbox {
     /// environment variable holding a placeholder the egress proxy replaces.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// Headers the egress proxy sets with a secret's value on the sandbox's HTTPS requests to
+    /// the hosts named (the sandbox sees nothing of them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_headers: Vec<crate::net::SecretHeader>,
     /// "namespace" (a namespace sandbox on the shared kernel) or "microvm" (a VM with its own
     /// kernel); default: the node's (`spaced --default-runtime`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -189,6 +189,11 @@ struct CreateArgs {
     /// Secret the sandbox may use (repeatable): env NAME holds a placeholder.
     #[arg(long = "secret", value_name = "NAME")]
     secrets: Vec<String>,
+    /// A header the egress proxy sets with a secret's value on HTTPS requests to HOST
+    /// (repeatable); the sandbox sees nothing of it. `NAME@HOST=Header: template with {}`,
+    /// e.g. `GH@api.github.com=Authorization: Bearer {}`.
+    #[arg(long = "secret-header", value_name = "NAME@HOST=HEADER", value_parser = parse_secret_header)]
+    secret_headers: Vec<space_api::SecretHeader>,
     /// Isolation runtime: namespace (shared kernel) or microvm (a VM with its own kernel);
     /// default: the server's.
     #[arg(long, value_name = "RUNTIME")]
@@ -312,6 +317,7 @@ async fn run(cli: Cli) -> Result<i32> {
                     .filter(|p| !p.is_empty()),
                     network: net::policy_from_flags(a.egress, &a.allow),
                     secrets: a.secrets,
+                    secret_headers: a.secret_headers,
                     runtime: a.runtime,
                 })
                 .await?;
@@ -480,6 +486,25 @@ fn parse_on_timeout(s: &str) -> Result<space_api::OnTimeout, String> {
     space_api::OnTimeout::parse(s).ok_or_else(|| format!("expected pause or delete, got {s:?}"))
 }
 
+/// `NAME@HOST=Header: template`: one `--secret-header`.
+fn parse_secret_header(s: &str) -> Result<space_api::SecretHeader, String> {
+    let bad = || {
+        format!(
+            "expected NAME@HOST=Header: template (e.g. GH@api.github.com=Authorization: Bearer {{}}), got {s:?}"
+        )
+    };
+    let (target, header) = s.split_once('=').ok_or_else(bad)?;
+    let (secret, host) = target.split_once('@').ok_or_else(bad)?;
+    if secret.is_empty() || host.is_empty() || header.trim().is_empty() {
+        return Err(bad());
+    }
+    Ok(space_api::SecretHeader {
+        secret: secret.to_owned(),
+        hosts: vec![host.to_owned()],
+        header: header.to_owned(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -534,6 +559,30 @@ mod tests {
         assert_eq!(a.egress, Some(space_api::Egress::Allowlist));
         assert_eq!(a.allow, vec!["api.x.com", "10.0.0.0/8"]);
         assert_eq!(a.secrets, vec!["K1", "K2"]);
+        let cli = Cli::try_parse_from([
+            "space",
+            "create",
+            "--secret-header",
+            "GH@api.github.com=Authorization: Bearer {}",
+        ])
+        .unwrap();
+        let Command::Create(a) = cli.cmd else {
+            panic!()
+        };
+        assert_eq!(
+            a.secret_headers,
+            [space_api::SecretHeader {
+                secret: "GH".into(),
+                hosts: vec!["api.github.com".into()],
+                header: "Authorization: Bearer {}".into(),
+            }]
+        );
+        for bad in ["GH", "GH@x", "@x=A: {}", "GH@=A: {}"] {
+            assert!(
+                Cli::try_parse_from(["space", "create", "--secret-header", bad]).is_err(),
+                "{bad}"
+            );
+        }
         assert!(Cli::try_parse_from(["space", "create", "--egress", "closed"]).is_err());
 
         assert!(Cli::try_parse_from(["space", "net", "x"]).is_ok());

@@ -355,6 +355,7 @@ pub(crate) fn node_spec(id: &str, spec: &SandboxSpecRecord) -> SandboxSpec {
             .chain(
                 spec.secrets
                     .iter()
+                    .filter(|b| !b.inject)
                     .map(|b| (b.name.clone(), b.placeholder.clone())),
             )
             .collect(),
@@ -410,7 +411,16 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
             &row.spec.network,
             live.and_then(|s| s.network.as_ref()),
         )),
-        secrets: row.spec.secrets.iter().map(|b| b.name.clone()).collect(),
+        secrets: {
+            // A secret can be bound more than once (a placeholder and headers).
+            let mut names: Vec<String> = Vec::new();
+            for b in &row.spec.secrets {
+                if !names.contains(&b.name) {
+                    names.push(b.name.clone());
+                }
+            }
+            names
+        },
         pooled: live.is_some_and(|s| s.pooled),
         restored: live.is_some_and(|s| s.restored),
     }
@@ -623,6 +633,7 @@ impl Engine {
         let lifecycle = crate::lifecycle::lifecycle_from_create(&req, &id, now)?;
         let snapshot_policy = crate::snapshot_policy::policy_from_create(&req, &id, now)?;
         let secret_names = req.secrets.clone();
+        let secret_headers = req.secret_headers.clone();
         let req = CreateSandbox {
             template: req
                 .template
@@ -634,6 +645,11 @@ impl Engine {
             spec.runtime = Some(self.default_runtime_of(&spec.template).await?);
         }
         spec.secrets = self.vault.bind(&secret_names, &spec.env).await?;
+        let injected = self
+            .vault
+            .bind_headers(&secret_headers, spec.secrets.len())
+            .await?;
+        spec.secrets.extend(injected);
         self.node
             .validate_network(&crate::net::node_network(&spec.network))?;
         let row = SandboxRow {

@@ -46,6 +46,10 @@ const FILES: &[(&str, &str)] = &[
         "0009_template_settings.sql",
         include_str!("../migrations/0009_template_settings.sql"),
     ),
+    (
+        "0010_secret_versions.sql",
+        include_str!("../migrations/0010_secret_versions.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

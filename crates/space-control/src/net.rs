@@ -54,6 +54,7 @@ pub fn node_bindings(recs: &[SecretBindingRecord]) -> Vec<SecretBinding> {
             placeholder: b.placeholder.clone(),
             hosts: b.hosts.clone(),
             header: b.header.clone(),
+            inject: b.inject,
         })
         .collect()
 }

@@ -8,7 +8,7 @@
 //!   the associated data, so a sealed value cannot be moved to another name.
 //! - Validation of names, hosts, headers and values is pure ([`validate_put`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -25,7 +25,8 @@ use ring::aead::{self, Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::Deserialize;
 use space_api::{
-    MAX_SECRET_BYTES, PutSecret, SecretInfo, SecretList, is_valid_secret_name, rfc3339_from_unix_ms,
+    MAX_SECRET_BYTES, PutSecret, SecretHeader, SecretInfo, SecretList, is_valid_env_key,
+    is_valid_secret_name, rfc3339_from_unix_ms,
 };
 use space_node::net::SecretSource;
 use sqlx::Row;
@@ -175,7 +176,7 @@ pub fn check_name(name: &str) -> AppResult<()> {
         Ok(())
     } else {
         Err(AppError::invalid(format!(
-            "invalid secret name {name:?}: expected [A-Za-z_][A-Za-z0-9_]{{0,63}}"
+            "invalid secret name {name:?}: expected [A-Za-z0-9_][A-Za-z0-9_.-]{{0,63}}"
         )))
     }
 }
@@ -242,6 +243,34 @@ pub fn check_hosts(hosts: &[String]) -> AppResult<()> {
     Ok(())
 }
 
+/// A secret's metadata (E2B's limits): at most 32 entries, keys 1..=128 bytes, values up to
+/// 1024, 8192 bytes in all, no control characters.
+pub fn check_metadata(m: &BTreeMap<String, String>) -> AppResult<()> {
+    if m.len() > 32 {
+        return Err(AppError::invalid("at most 32 metadata entries per secret"));
+    }
+    let mut total = 0;
+    for (k, v) in m {
+        total += k.len() + v.len();
+        if k.is_empty()
+            || k.len() > 128
+            || v.len() > 1024
+            || k.chars().chain(v.chars()).any(char::is_control)
+        {
+            return Err(AppError::invalid(format!(
+                "invalid metadata entry {k:?}: keys are 1..=128 bytes, values up to 1024, no \
+                 control characters"
+            )));
+        }
+    }
+    if total > 8192 {
+        return Err(AppError::invalid(
+            "a secret's metadata holds at most 8192 bytes",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a whole `PUT /v1/secrets/{name}`.
 pub fn validate_put(name: &str, req: &PutSecret) -> AppResult<()> {
     check_name(name)?;
@@ -268,8 +297,11 @@ pub fn new_placeholder() -> String {
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretRow {
     pub name: String,
+    /// Empty for a secret made through E2B's API (usable in `secret_headers` only).
     pub hosts: Vec<String>,
     pub header: String,
+    pub version: i64,
+    pub metadata: BTreeMap<String, String>,
     pub nonce: Vec<u8>,
     pub ciphertext: Vec<u8>,
     pub created_at: i64,
@@ -282,6 +314,7 @@ impl std::fmt::Debug for SecretRow {
             .field("name", &self.name)
             .field("hosts", &self.hosts)
             .field("header", &self.header)
+            .field("version", &self.version)
             .finish_non_exhaustive()
     }
 }
@@ -292,6 +325,8 @@ impl From<&SecretRow> for SecretInfo {
             name: r.name.clone(),
             hosts: r.hosts.clone(),
             header: r.header.clone(),
+            version: r.version.max(1) as u64,
+            metadata: r.metadata.clone(),
             created_at: rfc3339_from_unix_ms(r.created_at),
             updated_at: rfc3339_from_unix_ms(r.updated_at),
         }
@@ -311,9 +346,12 @@ fn decode(r: &AnyRow) -> Result<SecretRow, StoreError> {
     let hosts: String = r.try_get("hosts").map_err(q("decode secret"))?;
     let nonce: String = r.try_get("nonce").map_err(q("decode secret"))?;
     let ct: String = r.try_get("ciphertext").map_err(q("decode secret"))?;
+    let metadata: String = r.try_get("metadata").map_err(q("decode secret"))?;
     Ok(SecretRow {
         hosts: serde_json::from_str(&hosts).map_err(|_| corrupt("bad hosts"))?,
         header: r.try_get("header").map_err(q("decode secret"))?,
+        version: r.try_get("version").map_err(q("decode secret"))?,
+        metadata: serde_json::from_str(&metadata).map_err(|_| corrupt("bad metadata"))?,
         nonce: B64.decode(nonce).map_err(|_| corrupt("bad nonce"))?,
         ciphertext: B64.decode(ct).map_err(|_| corrupt("bad ciphertext"))?,
         created_at: r.try_get("created_at").map_err(q("decode secret"))?,
@@ -322,25 +360,33 @@ fn decode(r: &AnyRow) -> Result<SecretRow, StoreError> {
     })
 }
 
-const COLUMNS: &str = "name, hosts, header, nonce, ciphertext, created_at, updated_at";
+const COLUMNS: &str =
+    "name, hosts, header, version, metadata, nonce, ciphertext, created_at, updated_at";
 
 impl Store {
     /// Creates or replaces a secret (keeping its `created_at`). Returns the stored row.
     pub async fn put_secret(&self, row: &SecretRow) -> Result<(), StoreError> {
-        let hosts = serde_json::to_string(&row.hosts).map_err(|e| StoreError::Corrupt {
-            id: format!("secret {}", row.name),
-            reason: e.to_string(),
-        })?;
+        let json = |v: Result<String, serde_json::Error>| {
+            v.map_err(|e| StoreError::Corrupt {
+                id: format!("secret {}", row.name),
+                reason: e.to_string(),
+            })
+        };
+        let hosts = json(serde_json::to_string(&row.hosts))?;
+        let metadata = json(serde_json::to_string(&row.metadata))?;
         sqlx::query(
-            "INSERT INTO secrets (name, hosts, header, nonce, ciphertext, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+            "INSERT INTO secrets (name, hosts, header, version, metadata, nonce, ciphertext, \
+             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
              ON CONFLICT (name) DO UPDATE SET hosts = excluded.hosts, header = excluded.header, \
+             version = excluded.version, metadata = excluded.metadata, \
              nonce = excluded.nonce, ciphertext = excluded.ciphertext, \
              updated_at = excluded.updated_at",
         )
         .bind(&row.name)
         .bind(hosts)
         .bind(&row.header)
+        .bind(row.version)
+        .bind(metadata)
         .bind(B64.encode(&row.nonce))
         .bind(B64.encode(&row.ciphertext))
         .bind(row.created_at)
@@ -441,24 +487,95 @@ impl SecretVault {
 
     pub async fn put(&self, name: &str, req: &PutSecret) -> AppResult<SecretInfo> {
         validate_put(name, req)?;
-        let (nonce, ciphertext) = self.cipher.seal(name, req.value.as_bytes())?;
+        let old = self.store.get_secret(name).await?;
+        let metadata = old.as_ref().map(|o| o.metadata.clone()).unwrap_or_default();
+        let row = self
+            .write(
+                name,
+                &req.value,
+                req.hosts.clone(),
+                req.header.clone(),
+                metadata,
+                old,
+            )
+            .await?;
+        tracing::info!(secret = name, hosts = ?row.hosts, version = row.version, "secret set");
+        Ok(SecretInfo::from(&row))
+    }
+
+    /// Seals `value` and stores the secret as the next version of `old` (or version 1).
+    async fn write(
+        &self,
+        name: &str,
+        value: &str,
+        hosts: Vec<String>,
+        header: String,
+        metadata: BTreeMap<String, String>,
+        old: Option<SecretRow>,
+    ) -> AppResult<SecretRow> {
+        let (nonce, ciphertext) = self.cipher.seal(name, value.as_bytes())?;
         let now = now_ms();
-        let created_at = match self.store.get_secret(name).await? {
-            Some(old) => old.created_at,
-            None => now,
-        };
         let row = SecretRow {
             name: name.to_string(),
-            hosts: req.hosts.clone(),
-            header: req.header.clone(),
+            hosts,
+            header,
+            version: old.as_ref().map_or(1, |o| o.version + 1),
+            metadata,
             nonce: nonce.to_vec(),
             ciphertext,
-            created_at,
+            created_at: old.as_ref().map_or(now, |o| o.created_at),
             updated_at: now,
         };
         self.store.put_secret(&row).await?;
         self.cache().remove(name);
-        tracing::info!(secret = name, hosts = ?row.hosts, "secret set");
+        Ok(row)
+    }
+
+    /// E2B's `POST /secrets`: a new secret with no hosts of its own (409 when the name is
+    /// taken). Only headers the proxy sets can use it.
+    pub async fn create_unbound(
+        &self,
+        name: &str,
+        value: &str,
+        metadata: BTreeMap<String, String>,
+    ) -> AppResult<SecretInfo> {
+        check_name(name)?;
+        check_value(value)?;
+        check_metadata(&metadata)?;
+        if self.store.get_secret(name).await?.is_some() {
+            return Err(AppError::conflict(format!("secret {name} already exists")));
+        }
+        let row = self
+            .write(name, value, Vec::new(), String::new(), metadata, None)
+            .await?;
+        tracing::info!(secret = name, "secret created");
+        Ok(SecretInfo::from(&row))
+    }
+
+    /// E2B's `POST /secrets/{id}`: a new value as the next version, with new metadata when
+    /// given; hosts and header stay as they are.
+    pub async fn update_value(
+        &self,
+        name: &str,
+        value: &str,
+        metadata: Option<BTreeMap<String, String>>,
+    ) -> AppResult<SecretInfo> {
+        check_name(name)?;
+        check_value(value)?;
+        if let Some(m) = &metadata {
+            check_metadata(m)?;
+        }
+        let old = self
+            .store
+            .get_secret(name)
+            .await?
+            .ok_or_else(|| AppError::not_found(format!("secret {name} not found")))?;
+        let (hosts, header) = (old.hosts.clone(), old.header.clone());
+        let metadata = metadata.unwrap_or_else(|| old.metadata.clone());
+        let row = self
+            .write(name, value, hosts, header, metadata, Some(old))
+            .await?;
+        tracing::info!(secret = name, version = row.version, "secret updated");
         Ok(SecretInfo::from(&row))
     }
 
@@ -513,16 +630,84 @@ impl SecretVault {
                     "env var {name} is already set; secret {name} would replace it"
                 )));
             }
-            let row = self
-                .store
-                .get_secret(name)
-                .await?
-                .ok_or_else(|| AppError::invalid(format!("secret {name} not found")))?;
+            if !is_valid_env_key(name) {
+                return Err(AppError::invalid(format!(
+                    "secret {name} cannot be an environment variable (letters, digits and _ \
+                     only); name it in secret_headers instead"
+                )));
+            }
+            let row = self.existing(name).await?;
+            if row.hosts.is_empty() {
+                return Err(AppError::invalid(format!(
+                    "secret {name} has no hosts of its own (it was made through E2B's API): \
+                     name it in secret_headers, or give it hosts and a header with \
+                     PUT /v1/secrets/{name}"
+                )));
+            }
             out.push(SecretBindingRecord {
                 name: name.clone(),
                 placeholder: new_placeholder(),
                 hosts: row.hosts,
                 header: row.header,
+                inject: false,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The secret `name` for a binding (400, not 404, when it does not exist: the request
+    /// that names it is what is wrong).
+    async fn existing(&self, name: &str) -> AppResult<SecretRow> {
+        self.store
+            .get_secret(name)
+            .await?
+            .ok_or_else(|| AppError::invalid(format!("secret {name} not found")))
+    }
+
+    /// The bindings of a new sandbox's `secret_headers`: headers the proxy sets (`inject`),
+    /// with no placeholder. Each secret must exist; one bound to hosts of its own may only go
+    /// to those; `taken` bindings count towards the limit of 64.
+    pub async fn bind_headers(
+        &self,
+        headers: &[SecretHeader],
+        taken: usize,
+    ) -> AppResult<Vec<SecretBindingRecord>> {
+        if headers.len() + taken > 64 {
+            return Err(AppError::invalid("at most 64 secrets per sandbox"));
+        }
+        let mut out: Vec<SecretBindingRecord> = Vec::with_capacity(headers.len());
+        for h in headers {
+            check_name(&h.secret)?;
+            check_hosts(&h.hosts)?;
+            check_header(&h.header)?;
+            let row = self.existing(&h.secret).await?;
+            if let Some(host) = h.hosts.iter().find(|host| !host_allowed(&row.hosts, host)) {
+                return Err(AppError::invalid(format!(
+                    "secret {} may only be sent to {}, not to {host}",
+                    h.secret,
+                    row.hosts.join(", ")
+                )));
+            }
+            let name_of =
+                |header: &str| header.split(':').next().unwrap_or("").trim().to_lowercase();
+            let clash = out.iter().find(|b| {
+                name_of(&b.header) == name_of(&h.header)
+                    && b.hosts.iter().any(|x| h.hosts.contains(x))
+            });
+            if let Some(b) = clash {
+                return Err(AppError::invalid(format!(
+                    "two headers named {} for the same host ({} and {})",
+                    name_of(&h.header),
+                    b.name,
+                    h.secret
+                )));
+            }
+            out.push(SecretBindingRecord {
+                name: h.secret.clone(),
+                placeholder: String::new(),
+                hosts: h.hosts.clone(),
+                header: h.header.clone(),
+                inject: true,
             });
         }
         Ok(out)
@@ -534,6 +719,14 @@ impl SecretSource for SecretVault {
     async fn secret_value(&self, name: &str) -> Option<String> {
         self.value(name).await.map(|v| v.to_string())
     }
+}
+
+/// Whether a header rule's `host` stays within a secret's own `hosts` (any host, for a
+/// secret with none): a name one of them matches, or one of them exactly.
+fn host_allowed(own: &[String], host: &str) -> bool {
+    own.is_empty()
+        || own.iter().any(|o| o.trim() == host.trim())
+        || (!host.trim().starts_with("*.") && space_node::net::policy::matches_host(own, host))
 }
 
 // ---------------------------------------------------------------- engine + http

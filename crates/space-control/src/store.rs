@@ -69,13 +69,16 @@ pub struct NetworkRecord {
 
 /// One secret a sandbox uses: its env var `name` holds `placeholder`, which the egress proxy
 /// replaces in `header` of HTTPS requests to `hosts` (both copied from the secret when the
-/// sandbox was created).
+/// sandbox was created). With `inject`, there is no env var and no placeholder: the proxy
+/// sets `header` itself (`secret_headers`, decision 0027).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretBindingRecord {
     pub name: String,
     pub placeholder: String,
     pub hosts: Vec<String>,
     pub header: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inject: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -497,6 +500,7 @@ pub(crate) mod tests {
             placeholder: "spc_ph_00".into(),
             hosts: vec!["api.x.com".into()],
             header: "Authorization: Bearer {}".into(),
+            inject: false,
         }];
         assert!(store.set_spec(&r.id, &r.spec).await.unwrap());
         assert_eq!(

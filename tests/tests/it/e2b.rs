@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use space_tests::netlab::NetLab;
 use space_tests::*;
 
 /// The three `export` lines of `space e2b env`, as (name, value).
@@ -276,4 +277,52 @@ fn space_watch_prints_changes_as_they_happen() {
     s.sh(&id, "touch /w/file");
     let out = s.space(&["watch", &id, "/w/file"]);
     assert!(!out.status.success());
+}
+
+/// E2B's secrets (decision 0027), through the official SDK against spaced on the test's fake
+/// internet: secrets are made, versioned, listed and destroyed and never shown; a sandbox
+/// created with a network rule reaches the rule's HTTPS host with the real value in the
+/// header, while nothing inside it holds the value or a placeholder; plain HTTP and other
+/// hosts never see it.
+#[test]
+fn e2b_secrets_reach_the_rule_host_and_never_the_sandbox() {
+    let Some(python) = e2b_python() else { return };
+    let Some(cache) = base_cache() else { return };
+    let lab = NetLab::new().unwrap();
+    let cache = cache.to_str().expect("utf-8 path").to_owned();
+    let s = lab
+        .start_spaced(&["--default-template", "base", "--base-cache", &cache])
+        .unwrap();
+    let secret = format!("real-secret-{}", random_hex(16));
+    let mut cmd = sdk_command(&s, &python, "python");
+    cmd.args(["-m", "unittest", "-v", "test_secrets"])
+        .env("LAB_SECRET", &secret);
+    run_sdk(&s, cmd);
+
+    let hits = lab.http_hits();
+    let quiet = hits
+        .iter()
+        .find(|h| h.path == "/quiet")
+        .expect("the HTTPS request arrived");
+    assert!(quiet.tls);
+    assert_eq!(quiet.sni.as_deref(), Some("api.example.test"));
+    let auth = quiet
+        .headers
+        .get("authorization")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        auth,
+        [format!("Bearer {secret}")],
+        "the proxy's header, in place of the sandbox's own"
+    );
+    for h in hits.iter().filter(|h| h.path != "/quiet") {
+        let carries = h.headers.values().flatten().any(|v| v.contains(&secret));
+        assert!(!carries, "the secret reached {} {}", h.method, h.path);
+    }
+    assert!(
+        hits.iter().any(|h| h.path == "/plain") && hits.iter().any(|h| h.path == "/other"),
+        "the plain HTTP requests arrived: {hits:?}"
+    );
+    assert!(!s.log_tail().contains(&secret), "the log holds the secret");
 }

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use space_tests::netlab::{
     DNS_IP, ECHO_PORT, FAR_IP, META_IP, NODE_IP, NetLab, PRIVATE_IPS, RAW_IP, WEB_IP,
 };
-use space_tests::{NodeNet, Spaced, on_each_runtime, probe_binary};
+use space_tests::{NodeNet, Spaced, on_each_runtime, probe_binary, random_hex};
 
 const PROBE: &str = "/tmp/space-probe";
 
@@ -152,14 +152,6 @@ fn set_secret(s: &Spaced, name: &str, value: &str, hosts: &[&str], header: &str)
             String::from_utf8_lossy(&out.stderr)
         ),
     )
-}
-
-fn random_hex(n: usize) -> String {
-    let mut b = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
-        .unwrap();
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {

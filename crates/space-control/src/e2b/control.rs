@@ -18,12 +18,12 @@ use axum::routing::{MethodRouter, delete, get, post, put};
 use serde::{Deserialize, Serialize};
 use space_api::{CreateSandbox, OnTimeout, Sandbox, SandboxState, SetTimeout};
 
-use super::E2bError;
+use super::{E2bError, secrets};
 use crate::AppState;
 use crate::error::AppError;
 use crate::http::{ApiJson, ApiPath, ApiQuery};
 
-type E2bResult<T> = Result<T, E2bError>;
+pub(super) type E2bResult<T> = Result<T, E2bError>;
 
 /// E2B's control routes: (method, path). `http::app` registers them beside `/v1`.
 pub const ROUTES: &[(&str, &str)] = &[
@@ -44,6 +44,11 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/sandboxes/{id}/snapshots"),
     ("GET", "/snapshots"),
     ("DELETE", "/templates/{id}"),
+    ("POST", "/secrets"),
+    ("GET", "/secrets"),
+    ("GET", "/secrets/{id}"),
+    ("POST", "/secrets/{id}"),
+    ("DELETE", "/secrets/{id}"),
 ];
 
 pub fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
@@ -63,6 +68,11 @@ pub fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("POST", "/sandboxes/{id}/snapshots") => post(create_snapshot),
         ("GET", "/snapshots") => get(list_snapshots),
         ("DELETE", "/templates/{id}") => delete(delete_snapshot),
+        ("POST", "/secrets") => post(secrets::create),
+        ("GET", "/secrets") => get(secrets::list),
+        ("GET", "/secrets/{id}") => get(secrets::get),
+        ("POST", "/secrets/{id}") => post(secrets::update),
+        ("DELETE", "/secrets/{id}") => delete(secrets::delete),
         _ => unreachable!("E2B route {method} {path} has no handler"),
     }
 }
@@ -72,7 +82,7 @@ const DEFAULT_CREATE_TIMEOUT_SECS: u64 = 15;
 /// The deadline a connect gives a sandbox it resumes when it names no timeout.
 const DEFAULT_CONNECT_TIMEOUT_SECS: u64 = 300;
 /// Largest page of a list.
-const MAX_PAGE: usize = 100;
+pub(super) const MAX_PAGE: usize = 100;
 /// `clientID`: the node that runs the sandbox (one all-in-one node).
 const CLIENT_ID: &str = "space";
 /// `endAt` of a sandbox that has no deadline.
@@ -189,7 +199,7 @@ fn info_of(sb: &Sandbox, token: Option<String>) -> E2bInfo {
 }
 
 /// A 400 in E2B's shape.
-fn invalid(message: impl Into<String>) -> E2bError {
+pub(super) fn invalid(message: impl Into<String>) -> E2bError {
     E2bError(AppError::invalid(message))
 }
 
@@ -228,6 +238,7 @@ struct E2bNetwork {
     egress_proxy: Option<serde_json::Value>,
     mask_request_host: Option<serde_json::Value>,
     https_ports: Option<serde_json::Value>,
+    /// Headers with secrets in them, at create (see [`secrets::rule_headers`]).
     rules: Option<serde_json::Value>,
 }
 
@@ -243,7 +254,8 @@ fn denies_all(rule: &str) -> bool {
 /// - `allowOut` alone opens nothing more than open egress does, which it stays.
 ///
 /// space has no deny rules: a `denyOut` of particular destinations is refused with a 400
-/// that says so, as are the settings space has no counterpart for (DNS servers, rules...).
+/// that says so, as are the settings space has no counterpart for (DNS servers, ...).
+/// `rules` are the caller's to read ([`secrets::rule_headers`]).
 fn network_policy(
     n: &E2bNetwork,
     internet: Option<bool>,
@@ -253,7 +265,6 @@ fn network_policy(
         ("egressProxy", n.egress_proxy.is_some()),
         ("maskRequestHost", n.mask_request_host.is_some()),
         ("httpsPorts", n.https_ports.is_some()),
-        ("rules", n.rules.is_some()),
     ] {
         if given {
             return Err(invalid(format!(
@@ -331,6 +342,10 @@ async fn create(
         req.network.as_ref().unwrap_or(&E2bNetwork::default()),
         req.allow_internet_access,
     )?;
+    let secret_headers = match req.network.as_ref().and_then(|n| n.rules.as_ref()) {
+        Some(rules) => secrets::rule_headers(rules)?,
+        None => Vec::new(),
+    };
     let create = CreateSandbox {
         template: Some(template),
         env: req.env_vars.unwrap_or_default(),
@@ -342,6 +357,7 @@ async fn create(
             OnTimeout::Delete
         }),
         network,
+        secret_headers,
         ..Default::default()
     };
     let sb = s.engine.create_sandbox(create).await?;
@@ -547,6 +563,11 @@ async fn update_network(
     ApiJson(req): ApiJson<E2bNetwork>,
 ) -> E2bResult<StatusCode> {
     load(&s, &p.id).await?;
+    if req.rules.is_some() {
+        return Err(invalid(
+            "network.rules are set when a sandbox is created; space cannot change them later",
+        ));
+    }
     let policy = network_policy(&req, None)?.unwrap_or(space_api::NetworkPolicy {
         egress: None,
         allow: Vec::new(),
@@ -932,7 +953,7 @@ async fn list(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> E2
 }
 
 /// A page of a list, with `x-next-token` naming the next one when there is one.
-fn page_reply<T: Serialize>(page: Vec<T>, next: Option<String>) -> Response {
+pub(super) fn page_reply<T: Serialize>(page: Vec<T>, next: Option<String>) -> Response {
     let mut resp = Json(page).into_response();
     if let Some(v) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
         resp.headers_mut().insert("x-next-token", v);

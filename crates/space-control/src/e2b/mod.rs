@@ -13,6 +13,7 @@ pub mod control;
 pub mod envd;
 pub mod files;
 pub mod pb;
+pub mod secrets;
 pub mod watch;
 
 use axum::Json;
@@ -43,6 +44,8 @@ pub fn is_control_path(path: &str) -> bool {
         || path.starts_with("/v2/sandboxes/")
         || path == "/snapshots"
         || path.starts_with("/templates/")
+        || path == "/secrets"
+        || path.starts_with("/secrets/")
 }
 
 /// An [`AppError`] answered in E2B's shape: `{"code": <HTTP status>, "message": ...}`.

@@ -76,7 +76,9 @@ pub struct NetworkSpec {
 
 /// A secret a sandbox may use: its environment holds `name=placeholder`; the egress proxy
 /// puts the value in place of the placeholder in header `header` of HTTPS requests to hosts
-/// matching `hosts`. The value itself is never here (see [`SecretSource`]).
+/// matching `hosts`. With `inject`, the sandbox holds nothing (no placeholder): the proxy sets
+/// `header`, its template filled with the value, on every HTTPS request to those hosts. The
+/// value itself is never here (see [`SecretSource`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretBinding {
     pub name: String,
@@ -85,12 +87,19 @@ pub struct SecretBinding {
     pub hosts: Vec<String>,
     /// `Header-Name: template` with `{}` where the value goes (e.g. `Authorization: Bearer {}`).
     pub header: String,
+    #[serde(default)]
+    pub inject: bool,
 }
 
 impl SecretBinding {
     /// The header name (before the first `:`), trimmed.
     pub fn header_name(&self) -> &str {
         self.header.split(':').next().unwrap_or("").trim()
+    }
+
+    /// The header's template (after the first `:`), trimmed: `Bearer {}`.
+    pub fn header_template(&self) -> &str {
+        self.header.split_once(':').map_or("", |(_, t)| t.trim())
     }
 }
 

@@ -1,6 +1,7 @@
 //! The intercepting half of the egress proxy: HTTP/1.1 between the sandbox (TLS terminated
 //! with a leaf of the node CA) and the real host (TLS verified against the upstream roots),
-//! request by request, with secret placeholders replaced in the bound header only.
+//! request by request, with secret placeholders replaced in the bound header only, and the
+//! headers a sandbox's `secret_headers` name set with their secret's value.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -144,15 +145,15 @@ async fn forward(
     Ok(resp.map(|b| b.boxed()))
 }
 
-/// The bindings that apply to a request to `host`: their host patterns match it, their
-/// placeholder is not empty and their header is a valid header name.
+/// The bindings that apply to a request to `host`: their host patterns match it, they have a
+/// placeholder or set their header themselves, and their header is a valid header name.
 fn applicable<'a>(
     bindings: &'a [SecretBinding],
     host: &str,
 ) -> impl Iterator<Item = (&'a SecretBinding, HeaderName)> + 'a {
     let host = host.to_owned();
     bindings.iter().filter_map(move |b| {
-        if b.placeholder.is_empty() || !matches_host(&b.hosts, &host) {
+        if (b.placeholder.is_empty() && !b.inject) || !matches_host(&b.hosts, &host) {
             return None;
         }
         let name = HeaderName::from_bytes(b.header_name().as_bytes()).ok()?;
@@ -214,9 +215,28 @@ pub(super) fn substitute_header(
     changed
 }
 
+/// Sets header `name` to `template` with `{}` replaced by `value`, in place of whatever the
+/// sandbox sent under that name. Returns 1, or 0 (headers unchanged) when the result would not
+/// be a valid header value.
+fn inject_header(headers: &mut HeaderMap, name: HeaderName, template: &str, value: &[u8]) -> usize {
+    let Some((before, after)) = template.split_once("{}") else {
+        return 0;
+    };
+    let filled = [before.as_bytes(), value, after.as_bytes()].concat();
+    match HeaderValue::from_bytes(&filled) {
+        Ok(mut v) => {
+            v.set_sensitive(true);
+            headers.insert(name, v);
+            1
+        }
+        Err(_) => 0,
+    }
+}
+
 /// Puts the secret values in place of their placeholders in the headers of a request to
-/// `host`, for each binding that applies. A secret without a value leaves the request as it
-/// is (and logs a warning naming the secret, never a value).
+/// `host`, and sets the headers of the bindings that inject theirs, for each binding that
+/// applies. A secret without a value leaves the request as it is (and logs a warning naming
+/// the secret, never a value).
 pub(super) async fn substitute(
     headers: &mut HeaderMap,
     host: &str,
@@ -228,12 +248,16 @@ pub(super) async fn substitute(
     let mut changed = 0;
     for (binding, name) in applicable(bindings, host) {
         let placeholder = binding.placeholder.as_bytes();
-        if !header_holds(headers, &name, placeholder) {
+        if !binding.inject && !header_holds(headers, &name, placeholder) {
             continue;
         }
         match secrets.value(&binding.name).await {
             Some(value) => {
-                let n = substitute_header(headers, &name, placeholder, value.as_bytes());
+                let n = if binding.inject {
+                    inject_header(headers, name, binding.header_template(), value.as_bytes())
+                } else {
+                    substitute_header(headers, &name, placeholder, value.as_bytes())
+                };
                 changed += n;
                 if n == 0 && warn.allow() {
                     tracing::warn!(sandbox, secret = %binding.name, host,
@@ -276,12 +300,14 @@ mod tests {
                 placeholder: PH.into(),
                 hosts: vec!["api.example.com".into(), "*.example.org".into()],
                 header: "Authorization: Bearer {}".into(),
+                inject: false,
             },
             SecretBinding {
                 name: "OTHER".into(),
                 placeholder: PH2.into(),
                 hosts: vec!["other.example.net".into()],
                 header: "X-Api-Key: {}".into(),
+                inject: false,
             },
         ]
     }
@@ -361,6 +387,55 @@ mod tests {
         assert_eq!(run(&mut h, "api.example.com", &bad).await, 0);
         assert_eq!(h["authorization"], format!("Bearer {PH}").as_str());
         assert!(!h.contains_key("injected"));
+    }
+
+    #[tokio::test]
+    async fn injected_headers_are_set_for_their_hosts_only_and_replace_the_sandboxs() {
+        let inject = vec![SecretBinding {
+            name: "openai-key".into(),
+            placeholder: String::new(),
+            hosts: vec!["api.openai.test".into()],
+            header: "Authorization: Bearer {} (space)".into(),
+            inject: true,
+        }];
+        let s = secrets(&[("openai-key", "sk-real")]);
+        let b = &inject;
+        // Set where the sandbox sent nothing, and over whatever it sent.
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            substitute(&mut h, "api.openai.test", b, &s, "sb", &LogLimiter::new()).await,
+            1
+        );
+        assert_eq!(h["authorization"], "Bearer sk-real (space)");
+        assert!(h["authorization"].is_sensitive());
+        let mut h = headers(&[
+            ("authorization", "Bearer mine".into()),
+            ("authorization", "x".into()),
+        ]);
+        assert_eq!(
+            substitute(&mut h, "api.openai.test", b, &s, "sb", &LogLimiter::new()).await,
+            1
+        );
+        assert_eq!(h.get_all("authorization").iter().count(), 1);
+        assert_eq!(h["authorization"], "Bearer sk-real (space)");
+        // Another host, a missing value, a value that cannot be a header: untouched.
+        let mut h = headers(&[("authorization", "Bearer mine".into())]);
+        assert_eq!(
+            substitute(&mut h, "evil.test", b, &s, "sb", &LogLimiter::new()).await,
+            0
+        );
+        assert_eq!(h["authorization"], "Bearer mine");
+        for s in [
+            secrets(&[]),
+            secrets(&[("openai-key", "a\r\nX-Injected: 1")]),
+        ] {
+            let mut h = HeaderMap::new();
+            assert_eq!(
+                substitute(&mut h, "api.openai.test", b, &s, "sb", &LogLimiter::new()).await,
+                0
+            );
+            assert!(h.is_empty());
+        }
     }
 
     #[test]

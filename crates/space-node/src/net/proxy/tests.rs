@@ -273,6 +273,7 @@ impl World {
                 placeholder: PH.into(),
                 hosts: vec![API.into()],
                 header: "Authorization: Bearer {}".into(),
+                inject: false,
             }],
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
