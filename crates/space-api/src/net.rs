@@ -159,15 +159,15 @@ pub struct SecretList {
     pub secrets: Vec<SecretInfo>,
 }
 
-/// Whether `name` is a valid secret name: `[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}`. Only a name that
-/// is also an environment variable name (`[A-Za-z_][A-Za-z0-9_]*`) can be given to a sandbox
-/// as a placeholder (`CreateSandbox.secrets`); any can go in a `secret_headers` entry.
+/// Whether `name` is a valid secret name: `[A-Za-z_][A-Za-z0-9_.-]{0,63}`. Only a name that
+/// is also an environment variable name (no `.` or `-`) can be given to a sandbox as a
+/// placeholder (`CreateSandbox.secrets`); any can go in a `secret_headers` entry.
 pub fn is_valid_secret_name(name: &str) -> bool {
     let mut bytes = name.bytes();
     name.len() <= 64
         && bytes
             .next()
-            .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
         && bytes.all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
 }
 
@@ -214,7 +214,11 @@ mod tests {
         assert!(is_valid_secret_name(&"A".repeat(64)));
         assert!(!is_valid_secret_name(&"A".repeat(65)));
         assert!(!is_valid_secret_name("1X"));
-        assert!(!is_valid_secret_name("A-B"));
+        // E2B's names look like this; only env-var names can become placeholders.
+        assert!(is_valid_secret_name("openai-api.key_2"));
+        for bad in ["", "-x", ".x", "A B", "a/b", "a{b}"] {
+            assert!(!is_valid_secret_name(bad), "{bad:?}");
+        }
         let s = PutSecret {
             value: "sk-verysecret".into(),
             hosts: vec!["api.x.com".into()],

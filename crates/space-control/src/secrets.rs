@@ -176,7 +176,7 @@ pub fn check_name(name: &str) -> AppResult<()> {
         Ok(())
     } else {
         Err(AppError::invalid(format!(
-            "invalid secret name {name:?}: expected [A-Za-z0-9_][A-Za-z0-9_.-]{{0,63}}"
+            "invalid secret name {name:?}: expected [A-Za-z_][A-Za-z0-9_.-]{{0,63}}"
         )))
     }
 }
@@ -850,7 +850,8 @@ mod tests {
         assert!(e.message.contains("8192"), "{}", e.message);
         check_name("OPENAI_API_KEY").unwrap();
         assert!(check_name("1A").is_err());
-        assert!(check_name("A-B").is_err());
+        assert!(check_name("A B").is_err());
+        check_name("openai-key").unwrap();
         check_hosts(&["api.openai.com".into(), "*.example.com".into()]).unwrap();
         for bad in [
             vec![],
@@ -957,5 +958,122 @@ mod tests {
         let env = std::collections::BTreeMap::from([("K".to_string(), "x".to_string())]);
         let e = vault.bind(&["K".into()], &env).await.unwrap_err();
         assert!(e.message.contains("env var K"), "{}", e.message);
+    }
+
+    #[tokio::test]
+    async fn unbound_secrets_have_versions_and_go_in_headers_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("t.db")).await.unwrap();
+        let vault = SecretVault::open(store, &dir.path().join("secrets.key")).unwrap();
+        let meta = BTreeMap::from([("team".to_string(), "a".to_string())]);
+        let i = vault
+            .create_unbound("api-key", "v1", meta.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            (i.version, i.hosts.len(), i.metadata.clone()),
+            (1, 0, meta.clone())
+        );
+        let e = vault
+            .create_unbound("api-key", "v", BTreeMap::new())
+            .await
+            .unwrap_err();
+        assert_eq!(e.status.as_u16(), 409);
+        let i = vault.update_value("api-key", "v2", None).await.unwrap();
+        assert_eq!((i.version, i.metadata), (2, meta));
+        assert_eq!(vault.value("api-key").await.as_deref(), Some("v2"));
+        let i = vault
+            .update_value("api-key", "v3", Some(BTreeMap::new()))
+            .await
+            .unwrap();
+        assert_eq!((i.version, i.metadata.len()), (3, 0));
+        assert_eq!(
+            vault
+                .update_value("nope", "v", None)
+                .await
+                .unwrap_err()
+                .status
+                .as_u16(),
+            404
+        );
+        let too_many: BTreeMap<String, String> = (0..33)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        assert!(vault.create_unbound("x", "v", too_many).await.is_err());
+
+        // Not as a placeholder: it has no hosts, and its name is no env var.
+        let env = BTreeMap::new();
+        let e = vault.bind(&["api-key".into()], &env).await.unwrap_err();
+        assert!(e.message.contains("environment variable"), "{}", e.message);
+        vault
+            .create_unbound("API_KEY", "v", BTreeMap::new())
+            .await
+            .unwrap();
+        let e = vault.bind(&["API_KEY".into()], &env).await.unwrap_err();
+        assert!(e.message.contains("no hosts"), "{}", e.message);
+
+        // In a header: any host for an unbound secret, only its own for a bound one.
+        let h = |secret: &str, host: &str, header: &str| SecretHeader {
+            secret: secret.into(),
+            hosts: vec![host.into()],
+            header: header.into(),
+        };
+        let b = vault
+            .bind_headers(&[h("api-key", "api.x.com", "Authorization: Bearer {}")], 0)
+            .await
+            .unwrap();
+        assert_eq!((b[0].inject, b[0].placeholder.as_str()), (true, ""));
+        vault
+            .put(
+                "BOUND",
+                &PutSecret {
+                    value: "v".into(),
+                    hosts: vec!["*.y.com".into()],
+                    header: "X: {}".into(),
+                },
+            )
+            .await
+            .unwrap();
+        vault
+            .bind_headers(&[h("BOUND", "a.y.com", "X: {}")], 0)
+            .await
+            .unwrap();
+        vault
+            .bind_headers(&[h("BOUND", "*.y.com", "X: {}")], 0)
+            .await
+            .unwrap();
+        let e = vault
+            .bind_headers(&[h("BOUND", "evil.com", "X: {}")], 0)
+            .await
+            .unwrap_err();
+        assert!(
+            e.message.contains("may only be sent to *.y.com"),
+            "{}",
+            e.message
+        );
+        let e = vault
+            .bind_headers(
+                &[
+                    h("api-key", "a.x.com", "X: {}"),
+                    h("API_KEY", "a.x.com", "x: {} 2"),
+                ],
+                0,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("two headers named x"), "{}", e.message);
+        for (bad, why) in [
+            (h("nope", "a.x.com", "X: {}"), "not found"),
+            (h("api-key", "a.x.com", "X: no marker"), "{}"),
+            (h("api-key", "*", "X: {}"), "*"),
+        ] {
+            let e = vault.bind_headers(&[bad], 0).await.unwrap_err();
+            assert!(e.message.contains(why), "{why}: {}", e.message);
+        }
+        let e = vault
+            .bind_headers(&[h("api-key", "a.x.com", "X: {}")], 64)
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("64"), "{}", e.message);
     }
 }
