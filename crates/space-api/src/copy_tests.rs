@@ -71,6 +71,7 @@ fn info(name: &str, path: &str, n: &Node) -> EntryInfo {
         modified_at: "2024-05-01T12:00:00.000Z".to_owned(),
         symlink_target: target,
         mount_point,
+        metadata: Default::default(),
     }
 }
 

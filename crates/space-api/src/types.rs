@@ -569,6 +569,9 @@ pub struct EntryInfo {
     /// A directory another filesystem is mounted on (/proc, /sys, a tmpfs): downloads skip it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub mount_point: bool,
+    /// Its `user.e2b.<key>` extended attributes, by key (E2B's file metadata).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

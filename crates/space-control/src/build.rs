@@ -799,6 +799,7 @@ impl Build {
                 make_parents: true,
                 user: user.to_string(),
                 append: false,
+                metadata: Default::default(),
             })),
         };
         let chunks: Vec<pb::WriteFileRequest> = data

@@ -65,6 +65,7 @@ pub fn entry_info(e: pb::EntryInfo) -> EntryInfo {
         modified_at: rfc3339_from_unix_ms(e.modified_unix_ms),
         symlink_target: (!e.symlink_target.is_empty()).then_some(e.symlink_target),
         mount_point: e.mount_point,
+        metadata: e.metadata.into_iter().collect(),
     }
 }
 
@@ -173,8 +174,10 @@ mod tests {
             mount_point: false,
             owner: "root".into(),
             group: String::new(),
+            metadata: [("k".to_owned(), "v".to_owned())].into(),
         });
         assert_eq!(e.file_type, FileType::Dir);
+        assert_eq!(e.metadata, [("k".to_owned(), "v".to_owned())].into());
         assert_eq!(
             (e.owner.as_deref(), e.group.as_deref()),
             (Some("root"), None)

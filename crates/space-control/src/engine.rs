@@ -958,11 +958,13 @@ impl Engine {
     }
 
     /// Streams `body` into a file (chunks of `space_proto::CHUNK_BYTES`), never buffering
-    /// it whole. Past the upload limit the write is aborted and 413 returned.
+    /// it whole, with `metadata` set on it as `user.e2b.*` extended attributes. Past the upload
+    /// limit the write is aborted and 413 returned.
     pub async fn write_file<S, E>(
         &self,
         id: &str,
         q: WriteFileQuery,
+        metadata: std::collections::HashMap<String, String>,
         content_length: Option<u64>,
         body: S,
     ) -> AppResult<EntryInfo>
@@ -985,6 +987,7 @@ impl Engine {
                 make_parents: q.parents.unwrap_or(false),
                 user,
                 append: false,
+                metadata,
             })),
         };
         let (abort_tx, abort_rx) = tokio::sync::oneshot::channel();

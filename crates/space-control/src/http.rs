@@ -515,7 +515,13 @@ async fn write_file(
 ) -> HResult<Json<space_api::EntryInfo>> {
     let entry = s
         .engine
-        .write_file(&p.id, q, content_length(&headers), body.into_data_stream())
+        .write_file(
+            &p.id,
+            q,
+            Default::default(),
+            content_length(&headers),
+            body.into_data_stream(),
+        )
         .await?;
     Ok(Json(entry))
 }

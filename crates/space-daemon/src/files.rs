@@ -43,6 +43,8 @@ pub enum FilesError {
     },
     #[error("invalid write stream: {0}")]
     Protocol(&'static str),
+    #[error("invalid file metadata: {0}")]
+    Metadata(String),
     #[error(transparent)]
     User(#[from] UserError),
     #[error("file operation task failed")]
@@ -155,7 +157,93 @@ fn entry_from(path: &Path, md: &fs::Metadata, parent_dev: u64) -> EntryInfo {
         // Named by the service (users::Names), which reads /etc/passwd once per reply.
         owner: String::new(),
         group: String::new(),
+        metadata: if ft.is_symlink() {
+            Default::default()
+        } else {
+            read_metadata(path)
+        },
     }
+}
+
+/// The prefix of the extended attributes that hold a file's metadata (E2B's convention, so
+/// that code inside sees what it would see on E2B).
+pub const METADATA_XATTR_PREFIX: &str = "user.e2b.";
+/// Bounds on what one write may set: keys, bytes of a key, bytes of a value.
+const METADATA_MAX_KEYS: usize = 64;
+const METADATA_MAX_KEY: usize = 200;
+const METADATA_MAX_VALUE: usize = 4096;
+
+/// `path`'s `user.e2b.*` extended attributes, by key. Unreadable ones (a filesystem without
+/// xattrs, a value that is not UTF-8) are left out: metadata never fails a stat.
+fn read_metadata(path: &Path) -> std::collections::HashMap<String, String> {
+    let mut out = std::collections::HashMap::new();
+    let mut names = vec![0u8; 4096];
+    let Ok(n) = rustix::fs::llistxattr(path, &mut names) else {
+        return out;
+    };
+    let mut value = vec![0u8; METADATA_MAX_VALUE];
+    for name in names[..n.min(names.len())].split(|b| *b == 0) {
+        let Some(key) = name.strip_prefix(METADATA_XATTR_PREFIX.as_bytes()) else {
+            continue;
+        };
+        let (Ok(key), Ok(full)) = (std::str::from_utf8(key), std::str::from_utf8(name)) else {
+            continue;
+        };
+        if let Ok(len) = rustix::fs::lgetxattr(path, full, &mut value)
+            && let Ok(v) = std::str::from_utf8(&value[..len.min(value.len())])
+        {
+            out.insert(key.to_owned(), v.to_owned());
+        }
+    }
+    out
+}
+
+/// Checks the metadata of a write: keys are HTTP tokens (lowercased here), values printable
+/// ASCII, within the bounds above.
+fn check_metadata(
+    m: &std::collections::HashMap<String, String>,
+) -> Result<Vec<(String, String)>, FilesError> {
+    if m.len() > METADATA_MAX_KEYS {
+        return Err(FilesError::Metadata(format!(
+            "at most {METADATA_MAX_KEYS} keys"
+        )));
+    }
+    const TCHAR: &[u8] = b"!#$%&'*+-.^_`|~";
+    let mut out = Vec::with_capacity(m.len());
+    for (k, v) in m {
+        let token = !k.is_empty()
+            && k.len() <= METADATA_MAX_KEY
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || TCHAR.contains(&b));
+        if !token {
+            return Err(FilesError::Metadata(format!(
+                "key {k:?}: 1..={METADATA_MAX_KEY} letters, digits or !#$%&'*+-.^_`|~"
+            )));
+        }
+        if v.len() > METADATA_MAX_VALUE || !v.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            return Err(FilesError::Metadata(format!(
+                "value of {k:?}: up to {METADATA_MAX_VALUE} printable ASCII characters"
+            )));
+        }
+        out.push((
+            format!("{METADATA_XATTR_PREFIX}{}", k.to_ascii_lowercase()),
+            v.clone(),
+        ));
+    }
+    Ok(out)
+}
+
+fn set_metadata(file: &File, path: &Path, attrs: &[(String, String)]) -> Result<(), FilesError> {
+    for (name, value) in attrs {
+        rustix::fs::fsetxattr(
+            file,
+            name.as_str(),
+            value.as_bytes(),
+            rustix::fs::XattrFlags::empty(),
+        )
+        .map_err(|e| io_err("set metadata on", path)(e.into()))?;
+    }
+    Ok(())
 }
 
 pub async fn stat(path: &str) -> Result<EntryInfo, FilesError> {
@@ -269,6 +357,7 @@ pub async fn write_file(
     if path.parent().is_none() {
         return Err(FilesError::IsDir(path));
     }
+    check_metadata(&open.metadata)?;
     let owner = if open.user.is_empty() {
         None
     } else {
@@ -310,6 +399,7 @@ fn write_blocking(
     } else {
         existing.as_ref().map_or(0o644, |m| m.mode() & 0o7777)
     };
+    let metadata = check_metadata(&open.metadata)?;
 
     if open.append {
         let mut file = OpenOptions::new()
@@ -327,6 +417,7 @@ fn write_blocking(
             std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
                 .map_err(io_err("chown", &target))?;
         }
+        set_metadata(&file, &target, &metadata)?;
         return entry(&target);
     }
 
@@ -351,6 +442,7 @@ fn write_blocking(
             return Err(FilesError::Protocol("stream ended without commit"));
         }
         set_mode_owner(&file, &tmp, mode, owner)?;
+        set_metadata(&file, &target, &metadata)?;
         drop(file);
         fs::rename(&tmp, &target).map_err(io_err("rename into place", &target))
     })();

@@ -75,9 +75,10 @@ fn io_code(e: &io::Error) -> Code {
 impl From<FilesError> for Status {
     fn from(e: FilesError) -> Self {
         let code = match &e {
-            FilesError::InvalidPath { .. } | FilesError::Protocol(_) | FilesError::User(_) => {
-                Code::InvalidArgument
-            }
+            FilesError::InvalidPath { .. }
+            | FilesError::Protocol(_)
+            | FilesError::User(_)
+            | FilesError::Metadata(_) => Code::InvalidArgument,
             FilesError::Io { source, .. } => io_code(source),
             FilesError::IsDir(_)
             | FilesError::NotDir(_)

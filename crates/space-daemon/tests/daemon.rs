@@ -925,6 +925,55 @@ async fn fifty_mib_file_round_trip() {
 }
 
 #[tokio::test]
+async fn file_metadata_is_written_as_user_e2b_xattrs_and_read_back() {
+    let d = Daemon::start(&[]);
+    let mut c = d.client().await;
+    let path = d.dir.path().join("m.txt");
+    let mut o = open(&path);
+    o.metadata = [("Owner", "ann"), ("stage", "raw")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+    let info = write(&mut c, o, vec![b"x".to_vec()]).await.unwrap();
+    let want: std::collections::HashMap<String, String> = [("owner", "ann"), ("stage", "raw")]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+    assert_eq!(info.metadata, want, "keys lowercased");
+    let p = path.to_str().unwrap().to_owned();
+    let listed = c
+        .list_dir(ListDirRequest {
+            path: d.dir.path().to_str().unwrap().into(),
+            depth: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let e = listed.entries.iter().find(|e| e.name == "m.txt").unwrap();
+    assert_eq!(e.metadata, want);
+    // Only user.e2b.* is metadata: other user attributes are not shown.
+    rustix::fs::setxattr(&path, "user.other", b"1", rustix::fs::XattrFlags::empty()).unwrap();
+    let st = c
+        .stat(PathRequest { path: p.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.metadata, want);
+    // Bad keys and values are refused before anything is written.
+    for (k, v) in [
+        ("a b", "c"),
+        ("", "c"),
+        ("k", "\n"),
+        ("k", &"v".repeat(5000)),
+    ] {
+        let mut o = open(&d.dir.path().join("bad.txt"));
+        o.metadata = [(k.to_owned(), v.to_owned())].into();
+        let err = write(&mut c, o, vec![b"x".to_vec()]).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{k:?}");
+        assert!(err.message().contains("metadata"), "{}", err.message());
+    }
+    assert!(!d.dir.path().join("bad.txt").exists());
+}
+
+#[tokio::test]
 async fn file_writes_modes_owners_append_and_errors() {
     let d = Daemon::start(&[]);
     let mut c = d.client().await;

@@ -106,6 +106,37 @@ class Files(unittest.TestCase):
         with self.assertRaises(InvalidArgumentException):
             self.sbx.files.get_info("/home/user/\x00bad")
 
+    def test_file_metadata_is_kept_as_user_e2b_xattrs(self):
+        # envd 0.6.2: X-Metadata-* upload headers, stored as user.e2b.<key>, keys lowercased.
+        info = self.sbx.files.write("/home/user/meta.txt", "m", metadata={"Owner": "ann", "stage": "raw"})
+        self.assertEqual(info.metadata, {"owner": "ann", "stage": "raw"})
+        self.assertEqual(self.sbx.files.get_info("/home/user/meta.txt").metadata, {"owner": "ann", "stage": "raw"})
+        listed = {e.name: e.metadata for e in self.sbx.files.list("/home/user")}
+        self.assertEqual(listed["meta.txt"], {"owner": "ann", "stage": "raw"})
+        r = self.sbx.commands.run(
+            "python3 -c \"import os; print(os.getxattr('/home/user/meta.txt', 'user.e2b.owner').decode())\""
+        )
+        self.assertEqual(r.stdout, "ann\n")
+        # Set out of band, read back too; a file with none has none.
+        self.sbx.commands.run(
+            "python3 -c \"import os; os.setxattr('/home/user/meta.txt', 'user.e2b.extra', b'1')\""
+        )
+        self.assertEqual(self.sbx.files.get_info("/home/user/meta.txt").metadata["extra"], "1")
+        self.sbx.files.write("/home/user/plain.txt", "p")
+        self.assertIsNone(self.sbx.files.get_info("/home/user/plain.txt").metadata)
+        # Several files, one map; a multipart upload.
+        infos = self.sbx.files.write_files(
+            [{"path": "/home/user/m1", "data": "1"}, {"path": "/home/user/m2", "data": "2"}],
+            metadata={"batch": "7"},
+        )
+        self.assertEqual([i.metadata for i in infos], [{"batch": "7"}, {"batch": "7"}])
+        # A key that is no HTTP token is refused by the SDK; a value too long by the sandbox.
+        with self.assertRaises(InvalidArgumentException):
+            self.sbx.files.write("/home/user/bad", "x", metadata={"a b": "c"})
+        with self.assertRaises(Exception):
+            self.sbx.files.write("/home/user/bad", "x", metadata={"k": "v" * 5000})
+        self.assertFalse(self.sbx.files.exists("/home/user/bad"))
+
     def test_signed_urls(self):
         self.sbx.files.write("/home/user/s.txt", "signed")
         url = self.sbx.download_url("/home/user/s.txt", use_signature_expiration=60)
@@ -179,6 +210,41 @@ class Watch(unittest.TestCase):
                 await sbx.kill()
 
         asyncio.run(main())
+
+    def test_watch_events_carry_the_entry_when_asked(self):
+        # envd 0.6.3: include_entry.
+        sbx = Sandbox.create()
+
+        def until(handle, kind):
+            events, deadline = [], time.time() + 10
+            while time.time() < deadline:
+                events += handle.get_new_events()
+                if any(e.type == kind for e in events):
+                    return events
+                time.sleep(0.1)
+            self.fail(f"no {kind} event: {events}")
+
+        try:
+            sbx.files.make_dir("/home/user/we")
+            handle = sbx.files.watch_dir("/home/user/we", include_entry=True)
+            sbx.commands.run("echo abc > /home/user/we/f.txt")
+            created = [e for e in until(handle, FilesystemEventType.CREATE) if e.entry is not None]
+            self.assertTrue(created)
+            self.assertEqual(
+                (created[0].entry.name, created[0].entry.path, created[0].entry.type),
+                ("f.txt", "/home/user/we/f.txt", FileType.FILE),
+            )
+            sbx.commands.run("rm /home/user/we/f.txt")
+            removed = [e for e in until(handle, FilesystemEventType.REMOVE) if e.type == FilesystemEventType.REMOVE]
+            self.assertEqual([e.entry for e in removed], [None])
+            handle.stop()
+            # Without include_entry, no entries.
+            handle = sbx.files.watch_dir("/home/user/we")
+            sbx.commands.run("echo x > /home/user/we/g.txt")
+            self.assertTrue(all(e.entry is None for e in until(handle, FilesystemEventType.CREATE)))
+            handle.stop()
+        finally:
+            sbx.kill()
 
     def test_watching_a_missing_dir_is_not_found(self):
         sbx = Sandbox.create()

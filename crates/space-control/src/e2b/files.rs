@@ -9,6 +9,8 @@
 //! - A `/files` URL signed by the SDK (`?signature=v1_...`, decision 0022) stands in for the
 //!   access token: SHA-256 over path, operation, user, the token and the expiry.
 
+use std::collections::HashMap;
+
 use axum::body::Body;
 use axum::extract::{Extension, FromRequest, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -117,7 +119,7 @@ pub(crate) fn entry(e: space_api::EntryInfo) -> pb::EntryInfo {
         modified_time,
         is_symlink: e.file_type == FileType::Symlink,
         symlink_target: e.symlink_target,
-        metadata: Default::default(),
+        metadata: e.metadata.into_iter().collect(),
     }
 }
 
@@ -349,13 +351,36 @@ pub(crate) async fn download(
     result.unwrap_or_else(files_error)
 }
 
-/// What an upload wrote: envd's `[{"name", "type", "path"}]`.
+/// What an upload wrote: envd's `[{"name", "type", "path", "metadata"}]`.
 #[derive(Debug, serde::Serialize)]
 struct Written {
     name: String,
     #[serde(rename = "type")]
     kind: &'static str,
     path: String,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    metadata: std::collections::BTreeMap<String, String>,
+}
+
+/// The prefix of the upload headers that carry a file's metadata (envd 0.6.2).
+const METADATA_HEADER_PREFIX: &str = "x-metadata-";
+
+/// An upload's `X-Metadata-<key>: value` headers, by key (header names arrive lowercased,
+/// as the daemon stores the keys). The daemon checks keys and values.
+fn upload_metadata(headers: &HeaderMap) -> Result<HashMap<String, String>, AppError> {
+    let mut out = HashMap::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER_PREFIX) else {
+            continue;
+        };
+        let value = value.to_str().map_err(|_| {
+            AppError::invalid(format!(
+                "metadata {key:?}: the value must be printable ASCII"
+            ))
+        })?;
+        out.insert(key.to_owned(), value.to_owned());
+    }
+    Ok(out)
 }
 
 pub(crate) async fn upload(
@@ -366,6 +391,7 @@ pub(crate) async fn upload(
     let result = async move {
         let q = FilesQuery::parse(req.uri().query())?;
         let user = q.user(&ctx).map(str::to_string);
+        let metadata = upload_metadata(req.headers())?;
         let content_type = req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -403,8 +429,10 @@ pub(crate) async fn upload(
                     }
                 };
                 let rx = tokio_stream::wrappers::ReceiverStream::new(rx);
-                let (entry, ()) =
-                    tokio::join!(write(&s, &ctx.id, path, user.clone(), None, rx), pump);
+                let (entry, ()) = tokio::join!(
+                    write(&s, &ctx.id, path, user.clone(), metadata.clone(), None, rx),
+                    pump
+                );
                 written.push(entry?);
             }
             if written.is_empty() {
@@ -437,13 +465,14 @@ pub(crate) async fn upload(
                 );
                 let decoder = async_compression::tokio::bufread::GzipDecoder::new(reader);
                 let data = tokio_util::io::ReaderStream::new(decoder).map_err(|e| e.to_string());
-                write(&s, &ctx.id, path, user, None, data).await?
+                write(&s, &ctx.id, path, user, metadata, None, data).await?
             } else {
                 write(
                     &s,
                     &ctx.id,
                     path,
                     user,
+                    metadata,
                     length,
                     body.map_err(|e| e.to_string()),
                 )
@@ -466,6 +495,7 @@ async fn write<S>(
     id: &str,
     path: String,
     user: Option<String>,
+    metadata: HashMap<String, String>,
     length: Option<u64>,
     data: S,
 ) -> Result<Written, AppError>
@@ -478,11 +508,15 @@ where
         mode: None,
         parents: Some(true),
     };
-    let e = s.engine.write_file(id, q, length, Box::pin(data)).await?;
+    let e = s
+        .engine
+        .write_file(id, q, metadata, length, Box::pin(data))
+        .await?;
     Ok(Written {
         name: e.name,
         kind: "file",
         path: e.path,
+        metadata: e.metadata,
     })
 }
 
@@ -504,6 +538,7 @@ mod tests {
             modified_at: "2026-12-01T18:00:00.250Z".into(),
             symlink_target: None,
             mount_point: false,
+            metadata: Default::default(),
         }
     }
 

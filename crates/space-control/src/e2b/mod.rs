@@ -23,10 +23,10 @@ use axum::response::{IntoResponse, Response};
 use crate::error::{AppError, ErrorCode};
 
 /// The envd version space answers with. The SDKs gate features on it: 0.3.0 stdin, 0.4.0
-/// the default user, 0.5.2 close_stdin, 0.5.7 octet-stream uploads, all served. The next
-/// gates (0.6.2 file metadata, 0.6.3 entries in watch events, 0.6.4 watches on network
-/// mounts) are not served yet, so the SDKs refuse those options themselves, clearly.
-pub const ENVD_VERSION: &str = "0.6.1";
+/// the default user, 0.5.2 close_stdin, 0.5.7 octet-stream uploads, 0.6.2 file metadata
+/// (`user.e2b.*` extended attributes) and 0.6.3 entries in watch events, all served. The next
+/// gate (0.6.4, watches on network mounts) is not, so the SDKs refuse that option themselves.
+pub const ENVD_VERSION: &str = "0.6.3";
 
 /// The port the SDKs name in `E2b-Sandbox-Port` for envd.
 pub const ENVD_PORT: u16 = 49983;

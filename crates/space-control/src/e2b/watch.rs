@@ -50,29 +50,51 @@ fn fs_event(e: WatchEvent) -> Option<pb::FilesystemEvent> {
 }
 
 /// Opens the daemon's watch and waits until it has started: every change after this returns
-/// is reported.
+/// is reported. With `include_entry` (envd 0.6.3), each event but a removal carries the entry
+/// as it is when the event is passed on (none when it is already gone again).
 async fn open(
     s: &AppState,
     ctx: &EnvdCtx,
     path: &str,
     recursive: bool,
     include_entry: bool,
-) -> Result<BoxStream<'static, WatchEvent>, ConnectError> {
-    if include_entry {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "include_entry is not supported by space's envd yet",
-        ));
-    }
+) -> Result<BoxStream<'static, pb::FilesystemEvent>, ConnectError> {
     let path = resolve(path, ctx.user.as_deref())?;
     let mut events = s.engine.watch(&ctx.id, &path, recursive).await?;
     match events.next().await {
-        Some(e) if e.kind == WatchKind::Started => Ok(events),
-        _ => Err(ConnectError::new(
-            Code::Unavailable,
-            format!("the watch of {path} ended before it started"),
-        )),
+        Some(e) if e.kind == WatchKind::Started => {}
+        _ => {
+            return Err(ConnectError::new(
+                Code::Unavailable,
+                format!("the watch of {path} ended before it started"),
+            ));
+        }
     }
+    if !include_entry {
+        return Ok(events
+            .filter_map(|e| std::future::ready(fs_event(e)))
+            .boxed());
+    }
+    let (s, id) = (s.clone(), ctx.id.clone());
+    Ok(events
+        .filter_map(move |e| {
+            let (s, id) = (s.clone(), id.clone());
+            let full = format!("{}/{}", path.trim_end_matches('/'), e.name);
+            let removed = e.kind == WatchKind::Remove;
+            async move {
+                let mut ev = fs_event(e)?;
+                if !removed {
+                    ev.entry = s
+                        .engine
+                        .stat(&id, &full)
+                        .await
+                        .ok()
+                        .map(super::files::entry);
+                }
+                Some(ev)
+            }
+        })
+        .boxed())
 }
 
 pub(crate) async fn watch_dir(
@@ -89,11 +111,8 @@ pub(crate) async fn watch_dir(
             let start = futures::stream::once(std::future::ready(Ok(response(
                 pb::watch_dir_response::Event::Start(pb::watch_dir_response::StartEvent {}),
             ))));
-            let changes = events.filter_map(|e| {
-                std::future::ready(
-                    fs_event(e).map(|f| Ok(response(pb::watch_dir_response::Event::Filesystem(f)))),
-                )
-            });
+            let changes =
+                events.map(|f| Ok(response(pb::watch_dir_response::Event::Filesystem(f))));
             Ok(limits.with(
                 start.chain(changes).boxed(),
                 || {
@@ -157,14 +176,13 @@ impl Watchers {
         Ok(())
     }
 
-    fn insert(&self, sandbox: &str, events: BoxStream<'static, WatchEvent>) -> String {
+    fn insert(&self, sandbox: &str, events: BoxStream<'static, pb::FilesystemEvent>) -> String {
         let buf = Arc::new(Mutex::new(Buffer::default()));
         let task = tokio::spawn({
             let buf = buf.clone();
             let mut events = events;
             async move {
                 while let Some(e) = events.next().await {
-                    let Some(e) = fs_event(e) else { continue };
                     let mut b = buf.lock().unwrap_or_else(|e| e.into_inner());
                     if b.events.len() >= MAX_BUFFERED {
                         b.events.pop_front();
@@ -287,7 +305,10 @@ mod tests {
     async fn watchers_buffer_until_polled_and_belong_to_their_sandbox() {
         let w = Watchers::default();
         let (tx, rx) = futures::channel::mpsc::unbounded();
-        let id = w.insert("a", rx.boxed());
+        let id = w.insert(
+            "a",
+            rx.filter_map(|e| std::future::ready(fs_event(e))).boxed(),
+        );
         tx.unbounded_send(ev(WatchKind::Create, "x")).unwrap();
         tx.unbounded_send(ev(WatchKind::Overflow, "")).unwrap();
         tx.unbounded_send(ev(WatchKind::Remove, "x")).unwrap();
