@@ -235,6 +235,28 @@ JSON
     say "Debian base rootfs ready in $(( $(date +%s) - start )) s ($(du -sh "$BASE_CACHE/rootfs" | cut -f1))"
 }
 
+# space's own Python SDK (sdk/python) is tested from a venv with its one dependency, pinned,
+# made once per machine; scripts/test installs the SDK itself into it on every run.
+SDK_CACHE=${SPACE_SDK_CACHE:-/var/cache/space/sdk}
+SDK_HTTPX_VERSION=0.28.1
+
+# Prints the python of a venv with space-sdk installed from this checkout.
+sdk_venv() {
+    local venv="$SDK_CACHE/py-httpx-$SDK_HTTPX_VERSION"
+    if ! "$venv/bin/python" -c "import httpx, setuptools.command.bdist_wheel" 2>/dev/null; then
+        say "installing httpx $SDK_HTTPX_VERSION from PyPI into $venv (for sdk/python's tests)"
+        rm -rf "$venv"
+        mkdir -p "$SDK_CACHE"
+        python3 -m venv "$venv" >&2
+        # setuptools >= 70.1 builds wheels itself (no `wheel` package needed).
+        "$venv/bin/pip" install -q --disable-pip-version-check "httpx==$SDK_HTTPX_VERSION" \
+            "setuptools>=70.1" >&2
+    fi
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation \
+        --force-reinstall "$ROOT/sdk/python" >&2
+    echo "$venv/bin/python"
+}
+
 # Prints the python of a venv with e2b==$1 (and, with a second argument, e2b-code-interpreter
 # of that version), made if missing.
 e2b_venv() {

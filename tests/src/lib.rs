@@ -121,6 +121,12 @@ pub fn e2b_old_js() -> Option<PathBuf> {
     path_from("SPACE_E2B_OLD_JS", "scripts/test installs the SDK from npm")
 }
 
+/// The Python of a venv with space's own SDK installed from `sdk/python` (`SPACE_SDK_PYTHON`,
+/// set by scripts/test, which installs it).
+pub fn sdk_python() -> Option<PathBuf> {
+    path_from("SPACE_SDK_PYTHON", "scripts/test installs sdk/python")
+}
+
 /// The wheels the `code-interpreter` template installs offline (`SPACE_CI_WHEELS`, a
 /// directory that scripts/test fills from PyPI).
 pub fn ci_wheels() -> Option<PathBuf> {

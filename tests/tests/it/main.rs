@@ -23,6 +23,7 @@ mod pool_api;
 mod postgres;
 mod reconnect;
 mod recovery;
+mod sdk;
 mod snapshot_policy;
 mod snapshots;
 mod templates;
