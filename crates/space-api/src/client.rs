@@ -239,6 +239,16 @@ impl Client {
             .await
     }
 
+    /// A pause as `req` asks: `memory: Some(false)` stops every process and keeps only the
+    /// filesystem (the sandbox is `stopped`; `resume` starts it again).
+    pub async fn pause_sandbox_with(&self, id: &str, req: &crate::PauseRequest) -> Result<Sandbox> {
+        self.json(
+            self.request(Method::POST, &format!("/v1/sandboxes/{id}/pause"))
+                .json(req),
+        )
+        .await
+    }
+
     /// Thaws a paused sandbox. 409 if it is not paused.
     pub async fn resume_sandbox(&self, id: &str) -> Result<Sandbox> {
         self.json(self.request(Method::POST, &format!("/v1/sandboxes/{id}/resume")))

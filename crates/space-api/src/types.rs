@@ -143,6 +143,17 @@ pub struct CreateSandbox {
     pub runtime: Option<String>,
 }
 
+/// `POST /v1/sandboxes/{id}/pause` (the body is optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseRequest {
+    /// `false`: a filesystem-only pause. Every process ends and memory and CPU are freed; the
+    /// sandbox is `stopped` and `resume` starts it again, cold, on its filesystem. Absent or
+    /// `true`: a freeze that keeps processes and memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
+}
+
 /// What happens when a sandbox's timeout expires.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

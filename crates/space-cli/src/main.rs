@@ -57,8 +57,14 @@ enum Command {
         json: bool,
     },
     /// Freeze a sandbox (no CPU, memory kept).
-    Pause { id: String },
-    /// Thaw a paused sandbox.
+    Pause {
+        id: String,
+        /// Keep only the filesystem: every process ends and memory is freed; `resume`
+        /// starts the sandbox again, cold.
+        #[arg(long)]
+        filesystem_only: bool,
+    },
+    /// Thaw a paused sandbox, or start a stopped one again on its filesystem.
     Resume { id: String },
     /// Set (SECS from now) or clear (--clear) a sandbox's timeout.
     Timeout {
@@ -358,8 +364,14 @@ async fn run(cli: Cli) -> Result<i32> {
             print_json(&client()?.get_sandbox(&id).await?)?;
             Ok(0)
         }
-        Command::Pause { id } => {
-            let sb = client()?.pause_sandbox(&id).await?;
+        Command::Pause {
+            id,
+            filesystem_only,
+        } => {
+            let req = space_api::PauseRequest {
+                memory: filesystem_only.then_some(false),
+            };
+            let sb = client()?.pause_sandbox_with(&id, &req).await?;
             println!("{} {}", sb.id, sb.state);
             Ok(0)
         }

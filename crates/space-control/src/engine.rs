@@ -130,6 +130,9 @@ pub fn check_lifecycle(row: &SandboxRow, action: Action) -> AppResult<()> {
         ))),
         (Action::Guest, Stopped | Failed) => Err(AppError::conflict(match &row.error {
             Some(e) => format!("sandbox {} is {} ({e})", row.id, row.state),
+            None if row.state == Stopped => {
+                format!("sandbox {} is stopped; resume starts it again", row.id)
+            }
             None => format!("sandbox {} is {}", row.id, row.state),
         })),
     }

@@ -388,11 +388,49 @@ impl Engine {
         self.get_sandbox(id).await
     }
 
-    /// `POST /v1/sandboxes/{id}/resume`.
+    /// `POST /v1/sandboxes/{id}/pause` with `{"memory": false}` (E2B's filesystem-only
+    /// pause): every process ends and the sandbox's memory and CPU are freed; its filesystem,
+    /// snapshots and settings stay. The sandbox is `stopped` until `resume` starts it again
+    /// on that filesystem, cold: the template's start command runs again.
+    pub async fn stop_sandbox(&self, id: &str) -> AppResult<Sandbox> {
+        {
+            let _guard = self.locks.lock(id).await;
+            let row = self.load_checked(id).await?;
+            match row.state {
+                SandboxState::Running => {}
+                SandboxState::Stopped => {
+                    return Err(AppError::conflict(format!(
+                        "sandbox {id} is already stopped"
+                    )));
+                }
+                SandboxState::Paused => {
+                    return Err(AppError::conflict(format!(
+                        "sandbox {id} is paused with its memory; resume it before a \
+                         filesystem-only pause"
+                    )));
+                }
+                _ => check_lifecycle(&row, Action::Guest)?,
+            }
+            self.node.stop_sandbox(id).await?;
+            self.write_status(id, SandboxState::Stopped, None).await?;
+        }
+        self.get_sandbox(id).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/resume`: thaws a paused sandbox, or starts a stopped one
+    /// again on its filesystem.
     pub async fn resume_sandbox(&self, id: &str) -> AppResult<Sandbox> {
         {
             let _guard = self.locks.lock(id).await;
             let row = self.load_checked(id).await?;
+            if row.state == SandboxState::Stopped {
+                self.node
+                    .create_sandbox(&crate::engine::node_spec(id, &row.spec))
+                    .await?;
+                self.write_status(id, SandboxState::Running, None).await?;
+                self.activity.touch(id);
+                return self.get_sandbox(id).await;
+            }
             if row.state != SandboxState::Paused {
                 return Err(AppError::conflict(format!(
                     "sandbox {id} is {}, not paused",
@@ -600,8 +638,19 @@ use crate::http::IdPath;
 pub(crate) async fn http_pause(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
+    body: axum::body::Bytes,
 ) -> Result<Json<Sandbox>, AppError> {
-    Ok(Json(s.engine.pause_sandbox(&p.id).await?))
+    let req: space_api::PauseRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        Default::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| AppError::invalid(format!("invalid pause request: {e}")))?
+    };
+    Ok(Json(if req.memory == Some(false) {
+        s.engine.stop_sandbox(&p.id).await?
+    } else {
+        s.engine.pause_sandbox(&p.id).await?
+    }))
 }
 
 pub(crate) async fn http_resume(

@@ -121,6 +121,15 @@ class Sandboxes(unittest.TestCase):
                 sbx.run("true")
             sbx.resume()
             self.assertEqual(sbx.run("echo back").stdout, "back\n")
+            # A filesystem-only pause: processes end, files stay, resume starts it cold.
+            sbx.run("echo kept > /home/user/f")  # not /tmp: a tmpfs, emptied as by a reboot
+            pid = sbx.start(["sleep", "300"])
+            self.assertEqual(sbx.pause(memory=False).state, "stopped")
+            with self.assertRaises(Conflict):
+                sbx.run("true")
+            self.assertEqual(sbx.resume().state, "running")
+            self.assertEqual(sbx.files.read_text("/home/user/f"), "kept\n")
+            self.assertNotIn(pid, [p.pid for p in sbx.processes() if p.running])
             self.assertIsNone(sbx.set_timeout(None).timeout_at)
             n = sbx.set_network(egress="allowlist", allow=["pypi.org"]).network
             self.assertEqual((n.egress, n.allow), ("allowlist", ["pypi.org"]))

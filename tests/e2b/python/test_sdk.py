@@ -290,6 +290,25 @@ class Lifecycle(unittest.TestCase):
         finally:
             sbx.kill()
 
+    def test_a_filesystem_only_pause_keeps_files_and_resumes_cold(self):
+        # keep_memory=False is what both SDK versions send as {"memory": false}
+        # (the newest also takes mode="filesystem").
+        sbx = Sandbox.create()
+        try:
+            sbx.commands.run("echo kept > /home/user/f")
+            h = sbx.commands.run("sleep 300", background=True)
+            sbx.pause(keep_memory=False)
+            self.assertEqual(sbx.get_info().state, SandboxState.PAUSED)
+            self.assertEqual(native(sbx)["state"], "stopped")
+            self.assertFalse(sbx.is_running())
+            back = Sandbox.connect(sbx.sandbox_id)
+            self.assertEqual(back.get_info().state, SandboxState.RUNNING)
+            self.assertEqual(back.commands.run("cat /home/user/f").stdout, "kept\n")
+            self.assertNotIn(h.pid, [p.pid for p in back.commands.list()])
+            self.assertEqual(back.commands.run("pgrep -x sleep || true").stdout, "")
+        finally:
+            sbx.kill()
+
 
 class BadInput(unittest.TestCase):
     @classmethod

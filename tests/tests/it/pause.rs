@@ -298,3 +298,52 @@ fn auto_pause_after_idle() {
     // Bad input.
     assert!(space_err(&s, &["create", "--auto-pause", "0"]).contains("invalid_argument"));
 }
+
+on_each_runtime! {
+fn a_filesystem_only_pause_stops_everything_and_resume_starts_cold(rt) {
+    let s = Spaced::start_on(rt).unwrap();
+    let id = s.create(&[]);
+    // /tmp is a tmpfs, which a stop empties as a reboot would: the file goes on the rootfs.
+    s.space_ok(&["exec", &id, "--", "sh", "-c", "mkdir -p /data && echo kept > /data/f"]);
+    let pid = s.space_ok(&["exec", &id, "-d", "--", "sleep", "300"]);
+    let out = s.space_ok(&["pause", &id, "--filesystem-only"]);
+    assert_eq!(out.trim(), format!("{id} stopped"));
+    let v = s.inspect(&id);
+    assert_eq!(v["state"], "stopped", "{v}");
+    assert!(v.get("init_pid").is_none_or(Value::is_null), "{v}");
+
+    // Stopped: guest calls say how to go on; a second pause of either kind conflicts.
+    let err = space_err(&s, &["exec", &id, "--", "true"]);
+    assert!(err.contains("stopped; resume starts it again"), "{err}");
+    for body in [None, Some(serde_json::json!({"memory": false}))] {
+        let (code, v) = s.call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), body);
+        assert_eq!(code, 409, "{v}");
+    }
+    let (code, v) = s.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/pause"),
+        Some(serde_json::json!({"memory": "no"})),
+    );
+    assert_eq!((code, v["error"]["code"].as_str()), (400, Some("invalid_argument")), "{v}");
+
+    // Resume starts it again on its files; the old processes are gone.
+    let out = s.space_ok(&["resume", &id]);
+    assert_eq!(out.trim(), format!("{id} running"));
+    assert_eq!(s.space_ok(&["exec", &id, "--", "cat", "/data/f"]), "kept\n");
+    let ps = s.space_ok(&["ps", &id]);
+    assert!(!ps.contains("sleep"), "pid {} survived the stop: {ps}", pid.trim());
+    let events = s.space_ok(&["events", &id]);
+    assert!(events.contains("stopped") && events.contains("running"), "{events}");
+
+    // A paused (frozen) sandbox is not stopped behind its back.
+    s.space_ok(&["pause", &id]);
+    let (code, v) = s.call(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/pause"),
+        Some(serde_json::json!({"memory": false})),
+    );
+    assert_eq!(code, 409, "{v}");
+    s.space_ok(&["resume", &id]);
+    s.space_ok(&["rm", &id]);
+}
+}

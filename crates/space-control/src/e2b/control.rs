@@ -156,9 +156,11 @@ struct E2bInfo {
 }
 
 /// E2B knows two states: a sandbox being deleted is gone, every other one runs or is paused.
+/// A stopped sandbox (a filesystem-only pause, or an init that kept dying) is paused: a
+/// connect starts it again from its filesystem, as E2B's resume of such a pause does.
 fn e2b_state(s: SandboxState) -> Option<&'static str> {
     match s {
-        SandboxState::Paused => Some("paused"),
+        SandboxState::Paused | SandboxState::Stopped => Some("paused"),
         SandboxState::Deleting => None,
         _ => Some("running"),
     }
@@ -486,7 +488,7 @@ async fn connect(
 ) -> E2bResult<Response> {
     let req: ConnectBody = optional_body(&body)?;
     let sb = load(&s, &p.id).await?;
-    let resumed = sb.state == SandboxState::Paused;
+    let resumed = e2b_state(sb.state) == Some("paused");
     if resumed {
         match s.engine.resume_sandbox(&p.id).await {
             Ok(_) => {}
@@ -520,19 +522,18 @@ async fn pause(
     body: axum::body::Bytes,
 ) -> E2bResult<StatusCode> {
     let req: PauseBody = optional_body(&body)?;
-    if req.memory == Some(false) {
-        return Err(invalid(
-            "a filesystem-only pause (memory: false) is not supported by space's E2B API yet",
-        ));
-    }
     let sb = load(&s, &p.id).await?;
-    if sb.state == SandboxState::Paused {
+    if e2b_state(sb.state) == Some("paused") {
         return Err(E2bError(AppError::conflict(format!(
             "sandbox \"{}\" is already paused",
             p.id
         ))));
     }
-    s.engine.pause_sandbox(&p.id).await?;
+    if req.memory == Some(false) {
+        s.engine.stop_sandbox(&p.id).await?;
+    } else {
+        s.engine.pause_sandbox(&p.id).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -544,7 +545,7 @@ async fn resume(
 ) -> E2bResult<Response> {
     let req: ConnectBody = optional_body(&body)?;
     let sb = load(&s, &p.id).await?;
-    if sb.state != SandboxState::Paused {
+    if e2b_state(sb.state) != Some("paused") {
         return Err(E2bError(AppError::conflict(format!(
             "sandbox \"{}\" is already running",
             p.id

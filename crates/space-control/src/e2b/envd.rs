@@ -181,7 +181,7 @@ async fn admit(
         Ok(_) => return Err(super::sandbox_gone(id)),
         Err(e) => return Err(ConnectError::from(crate::AppError::from(e)).into_response()),
     };
-    if row.state == SandboxState::Paused {
+    if matches!(row.state, SandboxState::Paused | SandboxState::Stopped) {
         return Err(plain_error(
             StatusCode::BAD_GATEWAY,
             format!("The sandbox {id} is paused: resume it with a connect"),

@@ -236,11 +236,15 @@ class Sandbox:
 
     # ---- lifecycle ----
 
-    def pause(self) -> SandboxInfo:
-        """Freezes every process (no CPU, memory kept)."""
-        return self._info(self._http.json("POST", f"{self._base}/pause"))
+    def pause(self, memory: bool = True) -> SandboxInfo:
+        """Freezes every process (no CPU, memory kept). ``memory=False`` keeps only the
+        filesystem: every process ends, and the sandbox is ``stopped`` until :meth:`resume`
+        starts it again, cold."""
+        body = {} if memory else {"memory": False}
+        return self._info(self._http.json("POST", f"{self._base}/pause", json=body))
 
     def resume(self) -> SandboxInfo:
+        """Thaws a paused sandbox, or starts a stopped one again on its filesystem."""
         return self._info(self._http.json("POST", f"{self._base}/resume"))
 
     def set_timeout(self, secs: Optional[int], on_timeout: Optional[str] = None) -> SandboxInfo:
