@@ -163,6 +163,9 @@ pub enum OnTimeout {
     Pause,
     /// Delete it.
     Delete,
+    /// A filesystem-only pause: every process ends, the files stay (`stopped`; `resume`
+    /// starts it again, cold).
+    Stop,
 }
 
 impl OnTimeout {
@@ -170,6 +173,7 @@ impl OnTimeout {
         match self {
             OnTimeout::Pause => "pause",
             OnTimeout::Delete => "delete",
+            OnTimeout::Stop => "stop",
         }
     }
 
@@ -177,6 +181,7 @@ impl OnTimeout {
         match s {
             "pause" => Some(OnTimeout::Pause),
             "delete" => Some(OnTimeout::Delete),
+            "stop" => Some(OnTimeout::Stop),
             _ => None,
         }
     }

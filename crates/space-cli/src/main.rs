@@ -171,7 +171,7 @@ struct CreateArgs {
     /// Pause after this many idle seconds (none: never).
     #[arg(long, value_name = "SECS")]
     auto_pause: Option<u64>,
-    /// What an expired timeout does: pause (default) or delete.
+    /// What an expired timeout does: pause (default), stop (keep only the files) or delete.
     #[arg(long, value_parser = parse_on_timeout)]
     on_timeout: Option<space_api::OnTimeout>,
     /// Automatic snapshot every SECS seconds while its files change.
@@ -495,7 +495,8 @@ async fn run(cli: Cli) -> Result<i32> {
 }
 
 fn parse_on_timeout(s: &str) -> Result<space_api::OnTimeout, String> {
-    space_api::OnTimeout::parse(s).ok_or_else(|| format!("expected pause or delete, got {s:?}"))
+    space_api::OnTimeout::parse(s)
+        .ok_or_else(|| format!("expected pause, stop or delete, got {s:?}"))
 }
 
 /// `NAME@HOST=Header: template`: one `--secret-header`.

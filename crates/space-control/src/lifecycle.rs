@@ -411,10 +411,15 @@ impl Engine {
                 }
                 _ => check_lifecycle(&row, Action::Guest)?,
             }
-            self.node.stop_sandbox(id).await?;
-            self.write_status(id, SandboxState::Stopped, None).await?;
+            self.stop_locked(id).await?;
         }
         self.get_sandbox(id).await
+    }
+
+    /// The stop itself, under the sandbox's lock.
+    async fn stop_locked(&self, id: &str) -> AppResult<()> {
+        self.node.stop_sandbox(id).await?;
+        self.write_status(id, SandboxState::Stopped, None).await
     }
 
     /// `POST /v1/sandboxes/{id}/resume`: thaws a paused sandbox, or starts a stopped one
@@ -568,6 +573,12 @@ impl Engine {
                 if row.state == SandboxState::Running {
                     // The pause and the consumed deadline are one write.
                     return self.pause_locked(&row.id, true).await;
+                }
+            }
+            OnTimeout::Stop => {
+                tracing::info!(sandbox = %row.id, deadline, "timeout expired: stopping");
+                if row.state == SandboxState::Running {
+                    self.stop_locked(&row.id).await?;
                 }
             }
         }

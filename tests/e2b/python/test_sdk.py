@@ -310,6 +310,23 @@ class Lifecycle(unittest.TestCase):
             sbx.kill()
 
 
+    def test_a_timeout_can_pause_filesystem_only(self):
+        # autoPause with autoPauseMemory false: keep_memory=False in the lifecycle's object form
+        # (both SDK versions; the newest also takes mode="filesystem").
+        sbx = Sandbox.create(timeout=2, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}})
+        try:
+            sbx.commands.run("echo kept > /home/user/f")
+            deadline = time.time() + 30
+            while native(sbx)["state"] != "stopped" and time.time() < deadline:
+                time.sleep(0.2)
+            self.assertEqual(native(sbx)["state"], "stopped")
+            self.assertEqual(sbx.get_info().state, SandboxState.PAUSED)
+            back = Sandbox.connect(sbx.sandbox_id)
+            self.assertEqual(back.commands.run("cat /home/user/f").stdout, "kept\n")
+        finally:
+            sbx.kill()
+
+
 class BadInput(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -347,3 +347,26 @@ fn a_filesystem_only_pause_stops_everything_and_resume_starts_cold(rt) {
     s.space_ok(&["rm", &id]);
 }
 }
+
+/// `--on-timeout stop`: the deadline stops the sandbox (a filesystem-only pause) once; resume
+/// starts it again with its files.
+#[test]
+fn a_timeout_can_stop_a_sandbox_keeping_its_files() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&["--timeout", "2", "--on-timeout", "stop"]);
+    s.space_ok(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /data && echo kept > /data/f",
+    ]);
+    let v = wait_for(&s, &id, Duration::from_secs(30), |v| {
+        v["state"] == "stopped"
+    });
+    assert!(v.get("timeout_at").is_none_or(Value::is_null), "{v}");
+    s.space_ok(&["resume", &id]);
+    assert_eq!(s.space_ok(&["exec", &id, "--", "cat", "/data/f"]), "kept\n");
+    assert!(space_err(&s, &["create", "--on-timeout", "halt"]).contains("stop"));
+}

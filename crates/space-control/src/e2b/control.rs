@@ -98,6 +98,8 @@ struct NewSandbox {
     timeout: Option<u64>,
     #[serde(default)]
     auto_pause: bool,
+    /// With `autoPause`: `false` makes the timeout's pause filesystem-only (a stop).
+    auto_pause_memory: Option<bool>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     #[serde(default)]
@@ -353,10 +355,10 @@ async fn create(
         env: req.env_vars.unwrap_or_default(),
         metadata: req.metadata.unwrap_or_default(),
         timeout_secs: Some(req.timeout.unwrap_or(DEFAULT_CREATE_TIMEOUT_SECS)),
-        on_timeout: Some(if req.auto_pause {
-            OnTimeout::Pause
-        } else {
-            OnTimeout::Delete
+        on_timeout: Some(match (req.auto_pause, req.auto_pause_memory) {
+            (true, Some(false)) => OnTimeout::Stop,
+            (true, _) => OnTimeout::Pause,
+            (false, _) => OnTimeout::Delete,
         }),
         network,
         secret_headers,
