@@ -1178,22 +1178,14 @@ impl NodeApi for Node {
                 id: id.to_string(),
             });
         };
-        // The files outlive the stop: a running guest flushes them to its disk first (a VM's
-        // writes may still sit in its own page cache). A guest that does not answer (dead,
-        // frozen) is stopped all the same.
-        let name = entry.record.runtime_name().to_owned();
-        if entry.record.launched.is_some()
-            && !self.rt(&entry.record).is_frozen(&name)
-            && let Some(mut guest) = entry.client.clone()
-        {
-            let sync = tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                guest.sync(space_proto::Empty {}),
-            )
-            .await;
-            if !matches!(sync, Ok(Ok(_))) {
-                tracing::warn!(id, "the guest did not flush its disk before the stop");
-            }
+        // The files outlive the stop: a running guest flushes them first. One that does not
+        // answer (dead, hung) is stopped all the same; a frozen one cannot answer.
+        let running = entry.record.launched.is_some()
+            && !self
+                .rt(&entry.record)
+                .is_frozen(entry.record.runtime_name());
+        if running && !snapshots::flush_guest(entry.client.clone()).await {
+            tracing::warn!(id, "the guest did not flush its disk before the stop");
         }
         self.rt(&entry.record)
             .destroy(entry.record.runtime_name(), entry.record.launched.as_ref())

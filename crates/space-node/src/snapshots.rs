@@ -46,6 +46,21 @@ pub(crate) struct SnapshotRecord {
     pub memory: bool,
 }
 
+/// Asks a guest to flush its filesystem to its disk: a VM's writes may still sit in its own
+/// page cache, where neither a snapshot of its disk nor a stop would keep them. False when
+/// there is no client or the guest did not answer within 10 s.
+pub(crate) async fn flush_guest(client: Option<GuestClient<Channel>>) -> bool {
+    let Some(mut guest) = client else {
+        return false;
+    };
+    let sync = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        guest.sync(space_proto::Empty {}),
+    )
+    .await;
+    matches!(sync, Ok(Ok(_)))
+}
+
 pub(crate) fn snapshots_dir(layout: &Layout, id: &str) -> PathBuf {
     layout.sandbox_dir(id).join(SNAPSHOTS)
 }
@@ -326,23 +341,11 @@ impl Node {
         // across files; a sandbox that is paused already stays as it is.
         let name = entry.record.runtime_name().to_owned();
         let freeze = running && !self.rt(&entry.record).is_frozen(&name);
-        if freeze
-            && vm
-            && let Some(mut guest) = entry.client.clone()
-        {
-            // A VM's writes may still sit in its own page cache: flush them to its disk
-            // first (the host then sees them in the image file).
-            let sync = tokio::time::timeout(
-                std::time::Duration::from_secs(10),
-                guest.sync(space_proto::Empty {}),
-            )
-            .await;
-            if !matches!(sync, Ok(Ok(_))) {
-                return Err(NodeError::Unavailable {
-                    id: id.to_string(),
-                    reason: "the guest did not flush its disk for the snapshot".into(),
-                });
-            }
+        if freeze && vm && entry.client.is_some() && !flush_guest(entry.client.clone()).await {
+            return Err(NodeError::Unavailable {
+                id: id.to_string(),
+                reason: "the guest did not flush its disk for the snapshot".into(),
+            });
         }
         let t0 = std::time::Instant::now();
         let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
