@@ -207,6 +207,12 @@ pub(super) fn invalid(message: impl Into<String>) -> E2bError {
     E2bError(AppError::invalid(message))
 }
 
+/// Whether E2B sees the sandbox as paused (frozen, or stopped by a filesystem-only pause):
+/// what pause refuses and connect or resume starts again.
+fn paused(s: SandboxState) -> bool {
+    e2b_state(s) == Some("paused")
+}
+
 /// A missing sandbox in E2B's words (the SDKs match "not found").
 fn not_found(id: &str) -> E2bError {
     E2bError(AppError::not_found(format!("sandbox \"{id}\" not found")))
@@ -490,7 +496,7 @@ async fn connect(
 ) -> E2bResult<Response> {
     let req: ConnectBody = optional_body(&body)?;
     let sb = load(&s, &p.id).await?;
-    let resumed = e2b_state(sb.state) == Some("paused");
+    let resumed = paused(sb.state);
     if resumed {
         match s.engine.resume_sandbox(&p.id).await {
             Ok(_) => {}
@@ -525,7 +531,7 @@ async fn pause(
 ) -> E2bResult<StatusCode> {
     let req: PauseBody = optional_body(&body)?;
     let sb = load(&s, &p.id).await?;
-    if e2b_state(sb.state) == Some("paused") {
+    if paused(sb.state) {
         return Err(E2bError(AppError::conflict(format!(
             "sandbox \"{}\" is already paused",
             p.id
@@ -547,7 +553,7 @@ async fn resume(
 ) -> E2bResult<Response> {
     let req: ConnectBody = optional_body(&body)?;
     let sb = load(&s, &p.id).await?;
-    if e2b_state(sb.state) != Some("paused") {
+    if !paused(sb.state) {
         return Err(E2bError(AppError::conflict(format!(
             "sandbox \"{}\" is already running",
             p.id

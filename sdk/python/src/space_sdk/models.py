@@ -9,18 +9,27 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Type, TypeVar
 
-T = TypeVar("T")
+M = TypeVar("M", bound="_Model")
 
 
-def _build(cls: Type[T], d: Dict[str, Any], **nested: Any) -> T:
-    names = {f.name for f in dataclasses.fields(cls)}
-    kw = {k: v for k, v in d.items() if k in names}
-    kw.update(nested)
-    return cls(**kw)
+class _Model:
+    """A model built from an answer's JSON by ``from_dict``: fields it does not know are
+    ignored; ``_nested`` builds the fields that hold other models."""
+
+    @classmethod
+    def from_dict(cls: Type[M], d: Dict[str, Any]) -> M:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        kw = {k: v for k, v in d.items() if k in names}
+        kw.update(cls._nested(d))
+        return cls(**kw)
+
+    @classmethod
+    def _nested(cls, d: Dict[str, Any]) -> Dict[str, Any]:
+        return {}
 
 
 @dataclass(frozen=True)
-class NetworkInfo:
+class NetworkInfo(_Model):
     """A sandbox's egress policy, and its address while it runs."""
 
     egress: str
@@ -28,13 +37,9 @@ class NetworkInfo:
     address: Optional[str] = None
     gateway: Optional[str] = None
 
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "NetworkInfo":
-        return _build(cls, d)
-
 
 @dataclass(frozen=True)
-class SandboxInfo:
+class SandboxInfo(_Model):
     """A sandbox as `GET /v1/sandboxes/{id}` shows it."""
 
     id: str
@@ -62,13 +67,13 @@ class SandboxInfo:
     restored: bool = False
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "SandboxInfo":
+    def _nested(cls, d: Dict[str, Any]) -> Dict[str, Any]:
         net = d.get("network")
-        return _build(cls, d, network=NetworkInfo.from_dict(net) if net else None)
+        return {"network": NetworkInfo.from_dict(net) if net else None}
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Snapshot(_Model):
     id: str
     sandbox_id: str
     created_at: str
@@ -79,26 +84,18 @@ class Snapshot:
     auto: bool = False
     memory: bool = False
 
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "Snapshot":
-        return _build(cls, d)
-
 
 @dataclass(frozen=True)
-class Change:
+class Change(_Model):
     """One path of a diff: ``change`` is added, modified or deleted; ``type`` file or dir."""
 
     path: str
     change: str
     type: str
 
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "Change":
-        return _build(cls, d)
-
 
 @dataclass(frozen=True)
-class EntryInfo:
+class EntryInfo(_Model):
     """A file, directory, symlink or other entry inside a sandbox."""
 
     name: str
@@ -115,13 +112,9 @@ class EntryInfo:
     mount_point: bool = False
     metadata: Dict[str, str] = field(default_factory=dict)
 
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "EntryInfo":
-        return _build(cls, d)
-
 
 @dataclass(frozen=True)
-class ProcessInfo:
+class ProcessInfo(_Model):
     pid: int
     cmd: List[str]
     tag: str
@@ -131,10 +124,6 @@ class ProcessInfo:
     output_bytes: int
     exit_code: Optional[int] = None
     signal: Optional[int] = None
-
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "ProcessInfo":
-        return _build(cls, d)
 
 
 @dataclass(frozen=True)
@@ -187,7 +176,7 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
-class WatchEvent:
+class WatchEvent(_Model):
     """A change under a watched directory: ``type`` is started, create, write, remove, rename,
     chmod or overflow (events were lost); ``name`` is relative to the directory."""
 
@@ -195,13 +184,9 @@ class WatchEvent:
     name: str = ""
     is_dir: bool = False
 
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "WatchEvent":
-        return _build(cls, d)
-
 
 @dataclass(frozen=True)
-class Event:
+class Event(_Model):
     """An event or audit record of a sandbox."""
 
     id: int
@@ -212,25 +197,17 @@ class Event:
     result: str
     detail: Optional[str] = None
 
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "Event":
-        return _build(cls, d)
-
 
 @dataclass(frozen=True)
-class MetricsSample:
+class MetricsSample(_Model):
     time: str
     cpu_pct: float
     memory_bytes: int
     memory_cache_bytes: int
 
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "MetricsSample":
-        return _build(cls, d)
-
 
 @dataclass(frozen=True)
-class Metrics:
+class Metrics(_Model):
     cpu: float
     memory_limit_bytes: int
     samples: List[MetricsSample]
@@ -238,14 +215,12 @@ class Metrics:
     disk_used_bytes: Optional[int] = None
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "Metrics":
-        return _build(
-            cls, d, samples=[MetricsSample.from_dict(s) for s in d.get("samples", [])]
-        )
+    def _nested(cls, d: Dict[str, Any]) -> Dict[str, Any]:
+        return {"samples": [MetricsSample.from_dict(s) for s in d.get("samples", [])]}
 
 
 @dataclass(frozen=True)
-class Template:
+class Template(_Model):
     name: str
     version: int
     created_at: str
@@ -255,24 +230,20 @@ class Template:
     ready_cmd: Optional[str] = None
     runtime: Optional[str] = None
 
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "Template":
-        return _build(cls, d)
-
 
 @dataclass(frozen=True)
-class TemplateDetail:
+class TemplateDetail(_Model):
     name: str
     versions: List[Template]
     runtime: Optional[str] = None
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "TemplateDetail":
-        return _build(cls, d, versions=[Template.from_dict(v) for v in d["versions"]])
+    def _nested(cls, d: Dict[str, Any]) -> Dict[str, Any]:
+        return {"versions": [Template.from_dict(v) for v in d["versions"]]}
 
 
 @dataclass(frozen=True)
-class TemplateLog:
+class TemplateLog(_Model):
     """One line of a build's or pull's progress: step (``n`` of ``of``), note, output, done
     (``template``). An error line raises instead."""
 
@@ -283,13 +254,13 @@ class TemplateLog:
     template: Optional[Template] = None
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "TemplateLog":
+    def _nested(cls, d: Dict[str, Any]) -> Dict[str, Any]:
         t = d.get("template")
-        return _build(cls, d, template=Template.from_dict(t) if t else None)
+        return {"template": Template.from_dict(t) if t else None}
 
 
 @dataclass(frozen=True)
-class Pool:
+class Pool(_Model):
     template: str
     runtime: str
     min: int
@@ -301,13 +272,9 @@ class Pool:
     misses: int
     warning: Optional[str] = None
 
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "Pool":
-        return _build(cls, d)
-
 
 @dataclass(frozen=True)
-class SecretInfo:
+class SecretInfo(_Model):
     """A secret, never its value. ``hosts`` is empty for one made through E2B's API."""
 
     name: str
@@ -317,10 +284,6 @@ class SecretInfo:
     updated_at: str
     version: int = 1
     metadata: Dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "SecretInfo":
-        return _build(cls, d)
 
 
 @dataclass(frozen=True)
