@@ -18,7 +18,9 @@
 //! sandbox and what the real servers saw (e.g. the real secret, never the placeholder).
 //! The HTTPS server's certificate comes from the lab's own CA (`ca_path`), which spaced trusts
 //! upstream through `--upstream-ca`. DNS answers `*.example.test`:
-//! api, echo, other -> 203.0.113.10; raw -> 203.0.113.11; far -> 198.51.100.20; else NXDOMAIN.
+//! api, echo, other -> 203.0.113.10; raw -> 203.0.113.11; far -> 198.51.100.20;
+//! `node.example.test` and every name one label under it -> 203.0.113.1 (the node itself, for
+//! spaced's `--e2b-domain`); else NXDOMAIN.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -63,12 +65,23 @@ pub const PRIVATE_IPS: [Ipv4Addr; 4] = [
     Ipv4Addr::new(100, 64, 0, 1),
 ];
 
+/// A domain the lab's DNS points at the node (`NODE_IP`): itself and `*.NODE_DOMAIN`, as a
+/// wildcard record for spaced's `--e2b-domain` would.
+pub const NODE_DOMAIN: &str = "node.example.test";
+
 /// The zone the lab's DNS serves.
 pub fn zone(name: &str) -> Option<Ipv4Addr> {
-    match name.trim_end_matches('.').to_ascii_lowercase().as_str() {
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    let under_node = name
+        .strip_suffix(NODE_DOMAIN)
+        .and_then(|l| l.strip_suffix('.'))
+        .is_some_and(|l| !l.is_empty() && !l.contains('.'));
+    match name.as_str() {
         "api.example.test" | "echo.example.test" | "other.example.test" => Some(WEB_IP),
         "raw.example.test" => Some(RAW_IP),
         "far.example.test" => Some(FAR_IP),
+        NODE_DOMAIN => Some(NODE_IP),
+        _ if under_node => Some(NODE_IP),
         _ => None,
     }
 }
@@ -657,6 +670,9 @@ mod tests {
         assert_eq!(zone("raw.example.test"), Some(RAW_IP));
         assert_eq!(zone("far.example.test"), Some(FAR_IP));
         assert_eq!(zone("nope.example.test"), None);
+        assert_eq!(zone("node.example.test"), Some(NODE_IP));
+        assert_eq!(zone("49983-abc.NODE.example.test."), Some(NODE_IP));
+        assert_eq!(zone("a.b.node.example.test"), None);
         assert_eq!(zone("example.test"), None);
     }
 

@@ -197,6 +197,11 @@ impl Client {
             .map_err(|source| ClientError::Http { url, source })
     }
 
+    /// `GET /v1/e2b`: the server's E2B domain and the CA its certificates come from.
+    pub async fn e2b_settings(&self) -> Result<crate::E2bSettings> {
+        self.json(self.request(Method::GET, "/v1/e2b")).await
+    }
+
     // ---- sandboxes ----
 
     /// `GET /v1/sandboxes/{id}/metrics`: the sandbox's recent CPU, memory and disk use.

@@ -89,6 +89,17 @@ pub struct Health {
     pub version: String,
 }
 
+/// `GET /v1/e2b`: how E2B's SDKs reach this server beyond `E2B_API_URL` (decision 0030).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct E2bSettings {
+    /// spaced's `--e2b-domain` (`E2B_DOMAIN` for the SDKs), if it has one.
+    pub domain: Option<String>,
+    /// The CA certificate (PEM) of the certificates spaced issues for that domain, for
+    /// clients to trust; None when spaced serves a certificate it was given, or no TLS.
+    pub ca: Option<String>,
+}
+
 /// `POST /v1/sandboxes`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

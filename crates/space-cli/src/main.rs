@@ -220,7 +220,15 @@ pub(crate) fn parse_kv(s: &str) -> Result<(String, String), String> {
 enum E2bCmd {
     /// Print `export` lines for E2B_API_KEY (this key in E2B's form), E2B_API_URL and
     /// E2B_SANDBOX_URL (this API's address, which serves both E2B APIs).
-    Env,
+    Env {
+        /// Print E2B_API_KEY and E2B_DOMAIN instead: the SDKs then reach the server as
+        /// `https://api.DOMAIN` and `https://PORT-ID.DOMAIN` (spaced's `--e2b-domain`).
+        #[arg(long)]
+        domain: bool,
+    },
+    /// Print the CA certificate (PEM) of the certificates spaced issues for its
+    /// `--e2b-domain`, for clients to trust (it vouches for that domain only).
+    Ca,
 }
 
 /// The shell lines `space e2b env` prints.
@@ -230,6 +238,17 @@ fn e2b_env(url: &str, key: &str) -> String {
         space_api::e2b_key(key)
     )
 }
+
+/// The shell lines `space e2b env --domain` prints.
+fn e2b_env_domain(domain: &str, key: &str) -> String {
+    format!(
+        "export E2B_API_KEY={}\nexport E2B_DOMAIN={domain}\n",
+        space_api::e2b_key(key)
+    )
+}
+
+const NO_E2B_DOMAIN: &str =
+    "spaced has no E2B domain: start it with --e2b-domain DOMAIN (docs/E2B.md, \"By domain\")";
 
 fn client() -> Result<Client> {
     let (url, key) = connection()?;
@@ -485,9 +504,27 @@ async fn run(cli: Cli) -> Result<i32> {
         Command::Net(a) => net::run_net(client()?, a).await,
         Command::Port(a) => net::run_port(client()?, a).await,
         Command::Secret(c) => net::run_secret(client()?, c).await,
-        Command::E2b(E2bCmd::Env) => {
+        Command::E2b(E2bCmd::Env { domain: false }) => {
             let (url, key) = connection()?;
             print!("{}", e2b_env(&url, &key));
+            Ok(0)
+        }
+        Command::E2b(E2bCmd::Env { domain: true }) => {
+            let (_, key) = connection()?;
+            let settings = client()?.e2b_settings().await?;
+            let domain = settings.domain.context(NO_E2B_DOMAIN)?;
+            print!("{}", e2b_env_domain(&domain, &key));
+            Ok(0)
+        }
+        Command::E2b(E2bCmd::Ca) => {
+            let settings = client()?.e2b_settings().await?;
+            if settings.domain.is_none() {
+                anyhow::bail!(NO_E2B_DOMAIN);
+            }
+            let ca = settings.ca.context(
+                "spaced serves the certificate it was given (--tls-cert): trust that certificate's issuer",
+            )?;
+            print!("{ca}");
             Ok(0)
         }
         Command::Pool(c) => pool::run(client()?, c).await,
@@ -698,6 +735,12 @@ mod tests {
              export E2B_SANDBOX_URL=http://10.1.2.3:7070\n"
         );
         assert!(Cli::try_parse_from(["space", "e2b", "env"]).is_ok());
+        assert_eq!(
+            e2b_env_domain("sb.example.com", "sk_AB"),
+            "export E2B_API_KEY=e2b_736b5f4142\nexport E2B_DOMAIN=sb.example.com\n"
+        );
+        assert!(Cli::try_parse_from(["space", "e2b", "env", "--domain"]).is_ok());
+        assert!(Cli::try_parse_from(["space", "e2b", "ca"]).is_ok());
     }
 
     #[test]

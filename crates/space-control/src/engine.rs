@@ -59,6 +59,14 @@ pub struct ControlConfig {
     pub default_pool: Option<space_node::api::PoolConfig>,
     /// The template of creates that name none (spaced's `--default-template`; `base`).
     pub default_template: String,
+    /// E2B's host form (spaced's `--e2b-domain`, decision 0030): a request for
+    /// `PORT-ID.DOMAIN` goes to port PORT of sandbox ID, and replies name the domain.
+    /// None: E2B's calls are routed by header only.
+    pub e2b_domain: Option<String>,
+    /// The certificate (PEM) of the CA spaced issues `e2b_domain`'s certificates from, for
+    /// clients to trust (`GET /v1/e2b`, `space e2b ca`); None when spaced serves a
+    /// certificate it was given, or no TLS.
+    pub e2b_ca_pem: Option<String>,
 }
 
 impl ControlConfig {
@@ -78,6 +86,8 @@ impl ControlConfig {
                 microvm: false,
             }),
             default_template: DEFAULT_TEMPLATE.to_owned(),
+            e2b_domain: None,
+            e2b_ca_pem: None,
         }
     }
 }

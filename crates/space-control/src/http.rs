@@ -30,6 +30,7 @@ use crate::error::{AppError, ErrorCode};
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/metrics"),
+    ("GET", "/v1/e2b"),
     ("POST", "/v1/sandboxes"),
     ("GET", "/v1/sandboxes"),
     ("GET", "/v1/sandboxes/{id}"),
@@ -86,6 +87,7 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
     match (method, path) {
         ("GET", "/healthz") => get(healthz),
         ("GET", "/metrics") => get(metrics),
+        ("GET", "/v1/e2b") => get(e2b_settings),
         ("POST", "/v1/sandboxes") => post(create_sandbox),
         ("GET", "/v1/sandboxes") => get(list_sandboxes),
         ("GET", "/v1/sandboxes/{id}") => get(get_sandbox),
@@ -168,6 +170,11 @@ pub fn app(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             crate::e2b::envd::Envd::new(state.clone()),
             crate::e2b::dispatch,
+        ))
+        // With --e2b-domain, `PORT-ID.DOMAIN` becomes the headers dispatch routes by.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::e2b::host::route,
         ))
         .layer(axum::middleware::from_fn_with_state(state.clone(), trace))
         .layer(axum::middleware::from_fn(close_after_unread_body))
@@ -387,6 +394,14 @@ async fn healthz() -> Json<Health> {
     Json(Health {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
+    })
+}
+
+async fn e2b_settings(State(s): State<AppState>) -> Json<space_api::E2bSettings> {
+    let cfg = s.engine.config();
+    Json(space_api::E2bSettings {
+        domain: cfg.e2b_domain.clone(),
+        ca: cfg.e2b_ca_pem.clone(),
     })
 }
 

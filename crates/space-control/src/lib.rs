@@ -30,6 +30,7 @@ pub mod snapshots;
 pub mod store;
 pub mod template_settings;
 pub mod templates;
+pub mod tls;
 pub mod usage;
 
 use std::future::Future;
@@ -125,6 +126,16 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ControlError> {
+    serve_with_tls(listener, None, state, shutdown).await
+}
+
+/// [`serve`], and the same API on `tls` too (spaced's HTTPS listener, decision 0030).
+pub async fn serve_with_tls(
+    listener: tokio::net::TcpListener,
+    tls: Option<tls::TlsListener>,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ControlError> {
     let engine = state.engine.clone();
     let timeout = engine.config().shutdown_timeout;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -140,7 +151,7 @@ pub async fn serve(
             let _ = rx.wait_for(|s| *s).await;
         })
     };
-    let server_shutdown = {
+    let server_shutdown = || {
         let mut rx = stop_rx.clone();
         async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -152,16 +163,28 @@ pub async fn serve(
         let _ = stop_tx.send(true);
     });
     // TCP_NODELAY: responses (ndjson exec events above all) are many small writes; with Nagle
-    // on, each one after the first waits for the client's delayed ACK (~40 ms).
+    // on, each one after the first waits for the client's delayed ACK (~40 ms). The TLS
+    // listener sets it itself.
     use axum::serve::ListenerExt;
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!(error = %e, "cannot set TCP_NODELAY");
         }
     });
-    let server = axum::serve(listener, app(state))
-        .with_graceful_shutdown(server_shutdown)
+    let app = app(state);
+    let plain = axum::serve(listener, app.clone())
+        .with_graceful_shutdown(server_shutdown())
         .into_future();
+    let secure = {
+        let stopped = server_shutdown();
+        async move {
+            match tls {
+                Some(tls) => axum::serve(tls, app).with_graceful_shutdown(stopped).await,
+                None => Ok(()),
+            }
+        }
+    };
+    let server = async { tokio::try_join!(plain, secure).map(|_| ()) };
     let mut stopped = stop_rx;
     let grace = async move {
         let _ = stopped.wait_for(|s| *s).await;

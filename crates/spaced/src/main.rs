@@ -131,6 +131,79 @@ struct Args {
     /// The runtime of sandboxes created without one: namespace or microvm.
     #[arg(long, default_value = "namespace", value_parser = ["namespace", "microvm"])]
     default_runtime: String,
+    /// E2B's host form (decision 0030): serve `api.DOMAIN` and `PORT-ID.DOMAIN` (port PORT
+    /// of sandbox ID; envd's is 49983) as E2B's edge does, for SDKs given `E2B_DOMAIN`.
+    /// Point a wildcard DNS record for `*.DOMAIN` (and `DOMAIN`) at this server. Turns on the
+    /// HTTPS listener.
+    #[arg(long, value_name = "DOMAIN", value_parser = parse_domain)]
+    e2b_domain: Option<String>,
+    /// Address of the HTTPS listener (the whole API over TLS). Default: 0.0.0.0:443 with
+    /// --e2b-domain, else none.
+    #[arg(long, value_name = "ADDR")]
+    tls_listen: Option<SocketAddr>,
+    /// The HTTPS listener's certificate chain (PEM). Default with --e2b-domain: certificates
+    /// spaced issues for the domain from its own CA, name-constrained to the domain
+    /// (DATA_DIR/tls/DOMAIN/ca.pem; `space e2b ca` prints it).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+/// A DNS name for --e2b-domain, lowercased: labels of letters, digits and inner hyphens, with
+/// room under 253 characters for E2B's `PORT-ID.` in front.
+fn parse_domain(s: &str) -> Result<String, String> {
+    let d = s.trim_end_matches('.').to_ascii_lowercase();
+    let label_ok = |l: &str| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if d.len() > 200 || !d.split('.').all(label_ok) {
+        return Err(format!(
+            "{s:?} is not a DNS name (letters, digits and hyphens in dot-separated labels, at most 200 characters)"
+        ));
+    }
+    Ok(d)
+}
+
+/// The HTTPS listener's address and certificates, from the flags; and the CA certificate
+/// (PEM) when spaced issues them.
+fn tls_setup(
+    args: &Args,
+) -> Result<Option<(SocketAddr, space_control::tls::ServerCerts, Option<String>)>> {
+    use space_control::tls::{ServerCerts, load_given};
+    let listen = match (args.tls_listen, &args.e2b_domain) {
+        (Some(a), _) => a,
+        (None, Some(_)) => SocketAddr::from(([0, 0, 0, 0], 443)),
+        (None, None) => {
+            anyhow::ensure!(
+                args.tls_cert.is_none(),
+                "--tls-cert needs --tls-listen (or --e2b-domain) to serve it on"
+            );
+            return Ok(None);
+        }
+    };
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let given = load_given(cert, key).map_err(anyhow::Error::msg)?;
+        return Ok(Some((listen, ServerCerts::Given(Arc::new(given)), None)));
+    }
+    let domain = args.e2b_domain.clone().context(
+        "--tls-listen needs --tls-cert and --tls-key, or --e2b-domain for certificates spaced issues",
+    )?;
+    let dir = args.data_dir.join("tls").join(&domain);
+    let profile = space_node::net::ca::CaProfile::api(&domain);
+    let ca = space_node::net::ca::Ca::load_or_create_as(&dir, &profile)
+        .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))
+        .context("failed to load or make the API CA")?;
+    let pem = ca.cert_pem().to_owned();
+    let certs = ServerCerts::Issued {
+        ca: Arc::new(ca),
+        domain,
+    };
+    Ok(Some((listen, certs, Some(pem))))
 }
 
 /// Parses "MIN:MAX" (MIN <= MAX).
@@ -303,6 +376,9 @@ async fn main() -> Result<()> {
     cfg.default_egress = space_control::net::egress_from_node(args.default_egress);
     cfg.default_pool = Some(args.warm_pool).filter(|p| p.max > 0);
     cfg.default_runtime = args.default_runtime.clone();
+    let tls = tls_setup(&args)?;
+    cfg.e2b_domain = args.e2b_domain.clone();
+    cfg.e2b_ca_pem = tls.as_ref().and_then(|(_, _, ca)| ca.clone());
     anyhow::ensure!(
         space_api::is_valid_template_name(&args.default_template),
         "--default-template {:?} is not a valid template name",
@@ -322,10 +398,27 @@ async fn main() -> Result<()> {
         .with_context(|| format!("failed to listen on {}", args.listen))?;
     let addr = listener.local_addr().unwrap_or(args.listen);
     println!("spaced listening on http://{addr}");
+    let tls = match tls {
+        Some((listen, certs, _)) => {
+            let tcp = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("failed to listen on {listen} (--tls-listen)"))?;
+            let l = space_control::tls::TlsListener::new(
+                tcp,
+                space_control::tls::server_config(certs),
+            )?;
+            println!("spaced listening on https://{}", l.address());
+            Some(l)
+        }
+        None => None,
+    };
+    if let Some(d) = &args.e2b_domain {
+        println!("E2B domain: {d} (`space e2b env --domain`)");
+    }
     println!("admin key: {}", cp.admin_key_path.display());
     tracing::info!(%addr, key_file = %cp.admin_key_path.display(), "spaced started");
 
-    space_control::serve(listener, cp.state, shutdown_signal())
+    space_control::serve_with_tls(listener, tls, cp.state, shutdown_signal())
         .await
         .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))?;
     node_agent.shutdown().await;
@@ -402,5 +495,41 @@ mod tests {
         ] {
             assert!(Args::try_parse_from(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn e2b_domain_and_tls_flags() {
+        let a = Args::try_parse_from(["spaced", "--e2b-domain", "SB.Example.com."]).unwrap();
+        assert_eq!(a.e2b_domain.as_deref(), Some("sb.example.com"));
+        for bad in [
+            "-x.com",
+            "a..b",
+            "a_b.com",
+            "",
+            &"a".repeat(64),
+            &"ab.".repeat(70),
+        ] {
+            assert!(parse_domain(bad).is_err(), "{bad:?}");
+        }
+        // A certificate without its key (and the other way round) is refused by clap.
+        assert!(Args::try_parse_from(["spaced", "--tls-cert", "c.pem"]).is_err());
+        assert!(Args::try_parse_from(["spaced", "--tls-key", "k.pem"]).is_err());
+        // TLS with nothing to serve: clear errors before anything starts.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_str().unwrap();
+        let setup = |extra: &[&str]| {
+            let mut argv = vec!["spaced", "--data-dir", dir];
+            argv.extend_from_slice(extra);
+            tls_setup(&Args::try_parse_from(argv).unwrap()).map(|t| t.map(|(a, _, ca)| (a, ca)))
+        };
+        assert!(setup(&[]).unwrap().is_none());
+        let e = setup(&["--tls-listen", "127.0.0.1:8443"]).unwrap_err();
+        assert!(e.to_string().contains("--tls-cert"), "{e}");
+        let e = setup(&["--tls-cert", "c.pem", "--tls-key", "k.pem"]).unwrap_err();
+        assert!(e.to_string().contains("--tls-listen"), "{e}");
+        let (addr, ca) = setup(&["--e2b-domain", "sb.example.com"]).unwrap().unwrap();
+        assert_eq!(addr.to_string(), "0.0.0.0:443");
+        assert!(ca.unwrap().contains("BEGIN CERTIFICATE"));
+        assert!(tmp.path().join("tls/sb.example.com/ca.key").is_file());
     }
 }

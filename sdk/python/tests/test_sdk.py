@@ -37,6 +37,7 @@ class Sandboxes(unittest.TestCase):
         self.assertEqual(self.space.get(self.sbx.id).info.id, self.sbx.id)
         self.assertIn(self.sbx.id, [s.id for s in self.space.list()])
         self.assertEqual(self.space.health()["status"], "ok")
+        self.assertEqual(self.space.e2b_settings(), {"domain": None, "ca": None})
 
     def test_run_returns_output_and_exit_codes(self):
         r = self.sbx.run("echo $GREETING; echo err >&2; exit 3")

@@ -279,6 +279,14 @@ fn space_watch_prints_changes_as_they_happen() {
     assert!(!out.status.success());
 }
 
+/// A spaced on `lab` whose default template is the Debian `base` from `cache`.
+fn start_on_lab_with_base(lab: &NetLab, cache: &Path, extra: &[&str]) -> Spaced {
+    let cache = cache.to_str().expect("utf-8 path");
+    let mut args = vec!["--default-template", "base", "--base-cache", cache];
+    args.extend_from_slice(extra);
+    lab.start_spaced(&args).unwrap()
+}
+
 /// E2B's secrets (decision 0027), through the official SDK against spaced on the test's fake
 /// internet: secrets are made, versioned, listed and destroyed and never shown; a sandbox
 /// created with a network rule reaches the rule's HTTPS host with the real value in the
@@ -289,10 +297,7 @@ fn e2b_secrets_reach_the_rule_host_and_never_the_sandbox() {
     let Some(python) = e2b_python() else { return };
     let Some(cache) = base_cache() else { return };
     let lab = NetLab::new().unwrap();
-    let cache = cache.to_str().expect("utf-8 path").to_owned();
-    let s = lab
-        .start_spaced(&["--default-template", "base", "--base-cache", &cache])
-        .unwrap();
+    let s = start_on_lab_with_base(&lab, &cache, &[]);
     let secret = format!("real-secret-{}", random_hex(16));
     let mut cmd = sdk_command(&s, &python, "python");
     cmd.args(["-m", "unittest", "-v", "test_secrets"])
@@ -325,4 +330,83 @@ fn e2b_secrets_reach_the_rule_host_and_never_the_sandbox() {
         "the plain HTTP requests arrived: {hits:?}"
     );
     assert!(!s.log_tail().contains(&secret), "the log holds the secret");
+}
+
+/// E2B's host form over TLS (decision 0030): spaced with `--e2b-domain`, the SDK given only
+/// `space e2b env --domain` and the CA `space e2b ca` prints. The SDK runs in the node's
+/// namespace with its own mount namespace whose /etc/resolv.conf names the lab's DNS, which
+/// answers the domain and every name under it with the node's address (a wildcard record).
+#[test]
+fn the_python_sdk_reaches_space_by_domain_over_tls() {
+    use space_tests::netlab::{DNS_IP, NODE_DOMAIN};
+    let Some(python) = e2b_python() else { return };
+    let Some(cache) = base_cache() else { return };
+    let lab = NetLab::new().unwrap();
+    let s = start_on_lab_with_base(&lab, &cache, &["--e2b-domain", NODE_DOMAIN]);
+    let env = s.space_ok(&["e2b", "env", "--domain"]);
+    let vars: Vec<(String, String)> = env
+        .lines()
+        .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["E2B_API_KEY", "E2B_DOMAIN"], "{env}");
+    assert_eq!(vars[1].1, NODE_DOMAIN);
+    let ca = s.data_dir().join("e2b-ca.pem");
+    std::fs::write(&ca, s.space_ok(&["e2b", "ca"])).unwrap();
+    let resolv = s.data_dir().join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {DNS_IP}\n")).unwrap();
+
+    let net = s.net.as_ref().expect("spaced has its own netns");
+    let mut cmd = net.command("unshare");
+    cmd.args(["--mount", "--", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#)
+        .arg(&resolv)
+        .arg(&python)
+        .args(["-m", "unittest", "-v", "test_domain"])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/python"))
+        .envs(vars)
+        .env("SSL_CERT_FILE", &ca)
+        .env_remove("E2B_API_URL")
+        .env_remove("E2B_SANDBOX_URL")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("ALL_PROXY")
+        .env("NO_PROXY", "*");
+    run_sdk(&s, cmd);
+
+    // The certificate is the one spaced issued, for that name only: a name outside the
+    // domain gets no certificate at all.
+    let out = net
+        .command("curl")
+        .args(["-sS", "-o", "/dev/null", "--cacert"])
+        .arg(&ca)
+        .args([
+            "--resolve",
+            "evil.example.test:443:203.0.113.1",
+            "https://evil.example.test/healthz",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a certificate for a foreign name");
+    let out = net
+        .command("curl")
+        .args(["-fsS", "--cacert"])
+        .arg(&ca)
+        .args([
+            "--resolve",
+            &format!("api.{NODE_DOMAIN}:443:203.0.113.1"),
+            &format!("https://api.{NODE_DOMAIN}/v1/e2b"),
+            "-H",
+            &format!("Authorization: Bearer {}", s.key),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let settings: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(settings["domain"], NODE_DOMAIN);
 }

@@ -176,11 +176,11 @@ fn sandbox_reply(s: &AppState, sb: &Sandbox) -> E2bSandbox {
         envd_version: super::ENVD_VERSION,
         envd_access_token: s.engine.ports.envd_token(&sb.id),
         traffic_access_token: Some(s.engine.ports.traffic_token(&sb.id)),
-        domain: None,
+        domain: s.engine.config().e2b_domain.clone(),
     }
 }
 
-fn info_of(sb: &Sandbox, token: Option<String>) -> E2bInfo {
+fn info_of(s: &AppState, sb: &Sandbox, token: Option<String>) -> E2bInfo {
     E2bInfo {
         template_id: sb.template.clone(),
         sandbox_id: sb.id.clone(),
@@ -198,7 +198,7 @@ fn info_of(sb: &Sandbox, token: Option<String>) -> E2bInfo {
             .network
             .as_ref()
             .map(|n| n.egress != space_api::Egress::None),
-        domain: None,
+        domain: s.engine.config().e2b_domain.clone(),
     }
 }
 
@@ -380,7 +380,7 @@ async fn info(
 ) -> E2bResult<Json<E2bInfo>> {
     let sb = load(&s, &p.id).await?;
     let token = s.engine.ports.envd_token(&sb.id);
-    Ok(Json(info_of(&sb, Some(token))))
+    Ok(Json(info_of(&s, &sb, Some(token))))
 }
 
 async fn kill(
@@ -907,7 +907,7 @@ async fn list_running(
     Ok(Json(
         list.iter()
             .filter(|sb| filter.keeps(sb))
-            .map(|sb| info_of(sb, None))
+            .map(|sb| info_of(&s, sb, None))
             .collect(),
     ))
 }
@@ -957,7 +957,7 @@ async fn list(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> E2
     let next = (start + page.len() < list.len())
         .then(|| page.last().map(|(k, _)| k.to_string()))
         .flatten();
-    let body: Vec<E2bInfo> = page.iter().map(|(_, sb)| info_of(sb, None)).collect();
+    let body: Vec<E2bInfo> = page.iter().map(|(_, sb)| info_of(&s, sb, None)).collect();
     Ok(page_reply(body, next))
 }
 

@@ -7,11 +7,14 @@
 //! - [`envd`]: every request that carries `E2b-Sandbox-Id`, chosen by [`dispatch`] before any
 //!   path routing, checked against the sandbox's envd access token, and served over the
 //!   sandbox's space-daemon channel. [`connect`] is the Connect protocol codec it speaks.
+//! - [`host`]: with `spaced --e2b-domain`, E2B's host form (`PORT-ID.DOMAIN`) routed onto
+//!   the same headers (decision 0030).
 
 pub mod connect;
 pub mod control;
 pub mod envd;
 pub mod files;
+pub mod host;
 pub mod pb;
 pub mod secrets;
 pub mod watch;

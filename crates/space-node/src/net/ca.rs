@@ -2,6 +2,10 @@
 //! (space-daemon installs it in their CA bundle), and which signs the leaf certificates the
 //! egress proxy presents when it intercepts TLS to a host that a secret is bound to.
 //!
+//! The same type makes spaced's own API CA for `--e2b-domain` (decision 0030, a
+//! [`CaProfile::api`]): a separate key, and name-constrained to that one domain, so that
+//! trusting it vouches for nothing else.
+//!
 //! Files: `<dir>/ca.pem` (certificate) and `<dir>/ca.key` (PKCS#8 ECDSA P-256 key, mode 0600;
 //! the directory is 0700). The CA's subject is fixed, so a lost `ca.pem` is re-made from the key
 //! and leaves signed before still verify.
@@ -18,8 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
+    GeneralSubtree, IsCa, Issuer, KeyPair, KeyUsagePurpose, NameConstraints, PublicKeyData,
+    SerialNumber,
 };
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 use rustls::sign::CertifiedKey;
@@ -38,6 +43,33 @@ const BACKDATE: Duration = Duration::from_secs(24 * 3600);
 const CA_COMMON_NAME: &str = "space node CA";
 const CA_ORGANIZATION: &str = "space";
 
+/// What a CA is for: its subject and, optionally, the one DNS subtree it may vouch for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaProfile {
+    pub common_name: String,
+    /// A name constraint (RFC 5280 4.2.1.10): leaves of this CA verify only for this domain
+    /// and names under it.
+    pub permitted_dns: Option<String>,
+}
+
+impl CaProfile {
+    /// The node CA of the egress proxy (unconstrained: it stands in for any host).
+    pub fn node() -> Self {
+        Self {
+            common_name: CA_COMMON_NAME.into(),
+            permitted_dns: None,
+        }
+    }
+
+    /// spaced's API CA for `domain` (`--e2b-domain`).
+    pub fn api(domain: &str) -> Self {
+        Self {
+            common_name: format!("space API CA for {domain}"),
+            permitted_dns: Some(domain.to_owned()),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CaError {
     #[error("failed to {op} {path}")]
@@ -55,6 +87,8 @@ pub enum CaError {
     },
     #[error("CA certificate {cert} does not belong to the key in {key}")]
     KeyMismatch { cert: PathBuf, key: PathBuf },
+    #[error("CA certificate {cert} was not made as {common_name:?}")]
+    ProfileMismatch { cert: PathBuf, common_name: String },
     #[error("no certificate in {0}")]
     NoCertificate(PathBuf),
     #[error("failed to make a certificate for {name:?}")]
@@ -95,15 +129,19 @@ fn random_serial() -> SerialNumber {
     SerialNumber::from_slice(&bytes)
 }
 
-/// The CA's parameters: fixed subject and usages (so the issuer is the same for any
-/// certificate made from the same key), validity from now.
-fn ca_params() -> CertificateParams {
+/// The CA's parameters: the profile's fixed subject, usages and constraint (so the issuer is
+/// the same for any certificate made from the same key), validity from now.
+fn ca_params(profile: &CaProfile) -> CertificateParams {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, CA_COMMON_NAME);
+    dn.push(DnType::CommonName, profile.common_name.as_str());
     dn.push(DnType::OrganizationName, CA_ORGANIZATION);
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.name_constraints = profile.permitted_dns.as_ref().map(|d| NameConstraints {
+        permitted_subtrees: vec![GeneralSubtree::DnsName(d.clone())],
+        excluded_subtrees: Vec::new(),
+    });
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -152,9 +190,15 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 impl Ca {
-    /// Loads the CA from `dir`, or makes it (and `dir`) on first use. A missing `ca.pem` next
-    /// to an existing key is made again from that key.
+    /// Loads the node CA from `dir`, or makes it (and `dir`) on first use. A missing `ca.pem`
+    /// next to an existing key is made again from that key.
     pub fn load_or_create(dir: &Path) -> Result<Ca, CaError> {
+        Self::load_or_create_as(dir, &CaProfile::node())
+    }
+
+    /// [`Ca::load_or_create`] for a CA of `profile`. The profile names the CA's subject: a
+    /// `ca.pem` made for another profile is refused ([`CaError::ProfileMismatch`]).
+    pub fn load_or_create_as(dir: &Path, profile: &CaProfile) -> Result<Ca, CaError> {
         fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
             .map_err(io_err("set permissions of", dir))?;
@@ -172,7 +216,7 @@ impl Ca {
             }
             None => {
                 let key = KeyPair::generate().map_err(|source| CaError::Generate {
-                    name: CA_COMMON_NAME.into(),
+                    name: profile.common_name.clone(),
                     source,
                 })?;
                 write_atomic(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
@@ -185,12 +229,13 @@ impl Ca {
         let cert_pem = match read_optional(&cert_path)? {
             Some(pem) => pem,
             None => {
-                let cert = ca_params()
-                    .self_signed(&key)
-                    .map_err(|source| CaError::Generate {
-                        name: CA_COMMON_NAME.into(),
-                        source,
-                    })?;
+                let cert =
+                    ca_params(profile)
+                        .self_signed(&key)
+                        .map_err(|source| CaError::Generate {
+                            name: profile.common_name.clone(),
+                            source,
+                        })?;
                 let pem = cert.pem();
                 write_atomic(&cert_path, pem.as_bytes(), 0o644)?;
                 pem
@@ -203,10 +248,16 @@ impl Ca {
                 key: key_path,
             });
         }
+        if !contains(&cert_der, profile.common_name.as_bytes()) {
+            return Err(CaError::ProfileMismatch {
+                cert: cert_path,
+                common_name: profile.common_name.clone(),
+            });
+        }
         Ok(Ca {
             cert_pem,
             cert_der,
-            issuer: Issuer::new(ca_params(), key),
+            issuer: Issuer::new(ca_params(profile), key),
             leaves: Mutex::new(HashMap::new()),
         })
     }
@@ -285,7 +336,8 @@ mod tests {
     use rustls::client::danger::ServerCertVerifier;
     use std::os::unix::fs::MetadataExt;
 
-    fn verify_leaf(ca: &Ca, leaf: &CertifiedKey, host: &str) {
+    /// Whether a client trusting only `ca` accepts `leaf` for `host`.
+    fn check_leaf(ca: &Ca, leaf: &CertifiedKey, host: &str) -> Result<(), rustls::Error> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca.cert_der().clone()).unwrap();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -302,7 +354,11 @@ mod tests {
                 &[],
                 rustls::pki_types::UnixTime::now(),
             )
-            .unwrap();
+            .map(drop)
+    }
+
+    fn verify_leaf(ca: &Ca, leaf: &CertifiedKey, host: &str) {
+        check_leaf(ca, leaf, host).unwrap();
     }
 
     #[test]
@@ -365,28 +421,29 @@ mod tests {
         assert!(!Arc::ptr_eq(&a, &b));
         verify_leaf(&ca, &b, "b.example.com");
         // The leaf does not verify for another name.
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca.cert_der().clone()).unwrap();
-        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
-            Arc::new(roots),
-            Arc::new(rustls::crypto::ring::default_provider()),
-        )
-        .build()
-        .unwrap();
-        assert!(
-            verifier
-                .verify_server_cert(
-                    &b.cert[0],
-                    &[],
-                    &rustls::pki_types::ServerName::try_from("a.example.com").unwrap(),
-                    &[],
-                    rustls::pki_types::UnixTime::now(),
-                )
-                .is_err()
-        );
+        assert!(check_leaf(&ca, &b, "a.example.com").is_err());
         for i in 0..LEAF_CACHE_MAX + 5 {
             ca.leaf(&format!("h{i}.example.com")).unwrap();
         }
         assert_eq!(ca.cached_leaves(), LEAF_CACHE_MAX);
+    }
+
+    #[test]
+    fn an_api_ca_vouches_only_for_its_domain() {
+        let tmp = tempfile::tempdir().unwrap();
+        let profile = CaProfile::api("sb.example.test");
+        let ca = Ca::load_or_create_as(tmp.path(), &profile).unwrap();
+        let ok = ca.leaf("49983-abc.sb.example.test").unwrap();
+        verify_leaf(&ca, &ok, "49983-abc.sb.example.test");
+        // Signed by the same key, but outside the name constraint: no client accepts it.
+        let out = ca.leaf("api.bank.example").unwrap();
+        let err = check_leaf(&ca, &out, "api.bank.example").unwrap_err();
+        assert!(format!("{err:?}").contains("NameConstraint"), "{err:?}");
+        // Loaded again as it was made; as another profile (the node CA's), refused.
+        Ca::load_or_create_as(tmp.path(), &profile).unwrap();
+        assert!(matches!(
+            Ca::load_or_create(tmp.path()),
+            Err(CaError::ProfileMismatch { .. })
+        ));
     }
 }

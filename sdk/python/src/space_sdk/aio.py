@@ -457,6 +457,11 @@ class AsyncSpace:
     async def health(self) -> Dict[str, Any]:
         return dict(await self._http.json("GET", "/healthz"))
 
+    async def e2b_settings(self) -> Dict[str, Any]:
+        """``GET /v1/e2b``: the server's E2B domain (``--e2b-domain``) and the CA (PEM) of
+        the certificates it issues for it; each None when there is none."""
+        return dict(await self._http.json("GET", "/v1/e2b"))
+
     async def create(self, template: Optional[str] = None, *, secret_headers: Optional[Sequence[SecretHeader]] = None, **kw: Any) -> AsyncSandbox:
         """A new sandbox, running when this returns. Keywords: ``cpu``, ``memory_mib``,
         ``pids``, ``env``, ``metadata``, ``hostname``, ``timeout_secs``, ``on_timeout``,

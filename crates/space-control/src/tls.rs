@@ -1,0 +1,248 @@
+//! spaced's HTTPS listener (decision 0030): the same API as the plain listener, over TLS, with
+//! either a certificate spaced was given (`--tls-cert`, `--tls-key`) or leaves spaced issues for
+//! its `--e2b-domain` from its own name-constrained CA.
+//!
+//! Handshakes run in tasks of their own (at most [`MAX_HANDSHAKES`] at once, each bounded by
+//! [`HANDSHAKE_TIMEOUT`]), so a client that never finishes one holds up nobody; finished ones
+//! are handed to axum's server through [`TlsListener`].
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use space_node::net::ca::Ca;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// Handshakes in progress at most; further connections wait to be accepted.
+pub const MAX_HANDSHAKES: usize = 256;
+/// A client that has not finished its handshake by then is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the listener's certificate comes from.
+pub enum ServerCerts {
+    /// One certificate chain and key, served whatever the client asks for.
+    Given(Arc<CertifiedKey>),
+    /// A leaf per name, issued by `ca` for `domain` and the names one label under it (E2B's
+    /// `api.DOMAIN` and `PORT-ID.DOMAIN`); other names get no certificate (the handshake
+    /// fails), and a client that sends no name gets the domain's.
+    Issued { ca: Arc<Ca>, domain: String },
+}
+
+impl std::fmt::Debug for ServerCerts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Given(_) => f.write_str("ServerCerts::Given"),
+            Self::Issued { domain, .. } => write!(f, "ServerCerts::Issued({domain})"),
+        }
+    }
+}
+
+impl ServerCerts {
+    /// The certificate for a client that asked for `name` (its SNI), if any.
+    pub fn for_name(&self, name: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        match self {
+            Self::Given(key) => Some(key.clone()),
+            Self::Issued { ca, domain } => {
+                let name = name.unwrap_or(domain).trim_end_matches('.');
+                let name = name.to_ascii_lowercase();
+                let under = name
+                    .strip_suffix(domain.as_str())
+                    .and_then(|label| label.strip_suffix('.'));
+                let ok =
+                    name == *domain || under.is_some_and(|l| !l.is_empty() && !l.contains('.'));
+                if !ok {
+                    return None;
+                }
+                match ca.leaf(&name) {
+                    Ok(leaf) => Some(leaf),
+                    Err(e) => {
+                        tracing::error!(error = %crate::error_chain(&e), %name, "cannot issue a certificate");
+                        None
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl ResolvesServerCert for ServerCerts {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.for_name(hello.server_name())
+    }
+}
+
+/// Reads a PEM certificate chain and its private key (PKCS#8, PKCS#1 or SEC1).
+pub fn load_given(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
+    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()));
+    let cert_pem = read(cert)?;
+    let chain = rustls_pemfile::certs(&mut cert_pem.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{} is not PEM: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("no certificate in {}", cert.display()));
+    }
+    let key_pem = read(key)?;
+    let der = rustls_pemfile::private_key(&mut key_pem.as_slice())
+        .map_err(|e| format!("{} is not PEM: {e}", key.display()))?
+        .ok_or_else(|| format!("no private key in {}", key.display()))?;
+    let signer = rustls::crypto::ring::sign::any_supported_type(&der)
+        .map_err(|e| format!("unusable key in {}: {e}", key.display()))?;
+    let certified = CertifiedKey::new(chain, signer);
+    certified.keys_match().map_err(|e| {
+        format!(
+            "the key in {} does not belong to the certificate in {}: {e}",
+            key.display(),
+            cert.display()
+        )
+    })?;
+    Ok(certified)
+}
+
+/// The listener's TLS settings: TLS 1.2 and 1.3 (ring), HTTP/2 and HTTP/1.1 by ALPN.
+pub fn server_config(certs: ServerCerts) -> Arc<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default TLS versions")
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(certs));
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(cfg)
+}
+
+/// A TCP listener whose connections come out TLS-terminated (an [`axum::serve::Listener`]).
+pub struct TlsListener {
+    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+}
+
+impl TlsListener {
+    /// Starts accepting on `tcp`. The accept loop ends when the listener is dropped.
+    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
+        let local = tcp.local_addr()?;
+        let (tx, ready) = mpsc::channel(64);
+        let acceptor = TlsAcceptor::from(config);
+        let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
+        tokio::spawn(async move {
+            loop {
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                let (tcp, peer) = tokio::select! {
+                    _ = tx.closed() => return,
+                    r = tcp.accept() => match r {
+                        Ok(c) => c,
+                        Err(e) => {
+                            // EMFILE and the like: wait a little rather than spin.
+                            tracing::warn!(error = %e, "TLS listener: accept failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    },
+                };
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+                }
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let shake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+                    drop(slot);
+                    match shake {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(Self { ready, local })
+    }
+
+    /// The address it listens on.
+    pub fn address(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(conn) => conn,
+            // The accept loop never ends while the receiver lives; if it did, accept nothing.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issued(domain: &str) -> (tempfile::TempDir, ServerCerts) {
+        let tmp = tempfile::tempdir().unwrap();
+        let ca = Ca::load_or_create_as(tmp.path(), &space_node::net::ca::CaProfile::api(domain))
+            .unwrap();
+        (
+            tmp,
+            ServerCerts::Issued {
+                ca: Arc::new(ca),
+                domain: domain.into(),
+            },
+        )
+    }
+
+    #[test]
+    fn issued_certificates_cover_the_domain_and_one_label_below_only() {
+        let (_tmp, certs) = issued("sb.example.test");
+        for ok in [
+            Some("sb.example.test"),
+            Some("api.sb.example.test"),
+            Some("49983-abcdefghij0123456789.SB.example.test."),
+            None,
+        ] {
+            assert!(certs.for_name(ok).is_some(), "{ok:?}");
+        }
+        for no in [
+            "example.test",
+            "evil.test",
+            "a.b.sb.example.test",
+            "xsb.example.test",
+            ".sb.example.test",
+        ] {
+            assert!(certs.for_name(Some(no)).is_none(), "{no}");
+        }
+    }
+
+    #[test]
+    fn given_certificates_are_checked_when_loaded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = |n: &str| tmp.path().join(n);
+        let a = rcgen::generate_simple_self_signed(vec!["a.test".into()]).unwrap();
+        let b = rcgen::generate_simple_self_signed(vec!["b.test".into()]).unwrap();
+        std::fs::write(p("a.pem"), a.cert.pem()).unwrap();
+        std::fs::write(p("a.key"), a.signing_key.serialize_pem()).unwrap();
+        std::fs::write(p("b.key"), b.signing_key.serialize_pem()).unwrap();
+        std::fs::write(p("junk"), "not pem").unwrap();
+        load_given(&p("a.pem"), &p("a.key")).unwrap();
+        let err = |c: &str, k: &str| load_given(&p(c), &p(k)).unwrap_err();
+        assert!(err("a.pem", "b.key").contains("does not belong"));
+        assert!(err("junk", "a.key").contains("no certificate"));
+        assert!(err("a.pem", "junk").contains("no private key"));
+        assert!(err("missing.pem", "a.key").contains("cannot read"));
+    }
+}
