@@ -1,6 +1,6 @@
 """The official `e2b` Python SDK reaching space by domain, over TLS (decision 0030).
 
-Run by the Rust integration test `e2b::the_python_sdk_reaches_space_by_domain_over_tls`. It
+Run by the Rust integration test `e2b::the_sdks_reach_space_by_domain_over_tls`. It
 starts spaced with `--e2b-domain` in a network namespace whose DNS (the test's own server)
 answers the domain and every name under it with spaced's address, and sets only what a user
 would: E2B_API_KEY and E2B_DOMAIN (`space e2b env --domain`), and SSL_CERT_FILE naming the CA

@@ -332,12 +332,13 @@ fn e2b_secrets_reach_the_rule_host_and_never_the_sandbox() {
     assert!(!s.log_tail().contains(&secret), "the log holds the secret");
 }
 
-/// E2B's host form over TLS (decision 0030): spaced with `--e2b-domain`, the SDK given only
-/// `space e2b env --domain` and the CA `space e2b ca` prints. The SDK runs in the node's
-/// namespace with its own mount namespace whose /etc/resolv.conf names the lab's DNS, which
-/// answers the domain and every name under it with the node's address (a wildcard record).
+/// E2B's host form over TLS (decision 0030): spaced with `--e2b-domain`, the SDKs given only
+/// `space e2b env --domain` and the CA `space e2b ca` prints: the newest Python SDK, the
+/// older one and the JS SDK. Each runs in the node's namespace with its own mount namespace
+/// whose /etc/resolv.conf names the lab's DNS, which answers the domain and every name under
+/// it with the node's address (a wildcard record).
 #[test]
-fn the_python_sdk_reaches_space_by_domain_over_tls() {
+fn the_sdks_reach_space_by_domain_over_tls() {
     use space_tests::netlab::{DNS_IP, NODE_DOMAIN};
     let Some(python) = e2b_python() else { return };
     let Some(cache) = base_cache() else { return };
@@ -356,24 +357,42 @@ fn the_python_sdk_reaches_space_by_domain_over_tls() {
     std::fs::write(&ca, s.space_ok(&["e2b", "ca"])).unwrap();
     let resolv = s.data_dir().join("resolv.conf");
     std::fs::write(&resolv, format!("nameserver {DNS_IP}\n")).unwrap();
-
     let net = s.net.as_ref().expect("spaced has its own netns");
-    let mut cmd = net.command("unshare");
-    cmd.args(["--mount", "--", "sh", "-c"])
-        .arg(r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#)
-        .arg(&resolv)
-        .arg(&python)
-        .args(["-m", "unittest", "-v", "test_domain"])
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b/python"))
-        .envs(vars)
-        .env("SSL_CERT_FILE", &ca)
-        .env_remove("E2B_API_URL")
-        .env_remove("E2B_SANDBOX_URL")
-        .env_remove("HTTP_PROXY")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("ALL_PROXY")
-        .env("NO_PROXY", "*");
-    run_sdk(&s, cmd);
+
+    // `program args` in tests/e2b/DIR, as a user of the domain would run it.
+    let sdk = |program: &Path, dir: &str, args: &[&str]| {
+        let mut cmd = net.command("unshare");
+        cmd.args(["--mount", "--", "sh", "-c"])
+            .arg(r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#)
+            .arg(&resolv)
+            .arg(program)
+            .args(args)
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b").join(dir))
+            .envs(vars.clone())
+            .env("SSL_CERT_FILE", &ca)
+            .env("NODE_EXTRA_CA_CERTS", &ca)
+            .env_remove("E2B_API_URL")
+            .env_remove("E2B_SANDBOX_URL")
+            .env_remove("HTTP_PROXY")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("ALL_PROXY")
+            .env("NO_PROXY", "*");
+        cmd
+    };
+    let unittest = ["-m", "unittest", "-v", "test_domain"];
+    run_sdk(&s, sdk(&python, "python", &unittest));
+    if let Some(old) = e2b_old_python() {
+        run_sdk(&s, sdk(&old, "python", &unittest));
+    }
+    if let (Some(node), Some(js)) = (e2b_node(), e2b_js()) {
+        let mut cmd = sdk(
+            &node,
+            "js",
+            &["--test", "--test-reporter=spec", "test_domain.cjs"],
+        );
+        cmd.env("SPACE_E2B_JS", js);
+        eprintln!("{}", run_sdk(&s, cmd));
+    }
 
     // The certificate is the one spaced issued, for that name only: a name outside the
     // domain gets no certificate at all.
