@@ -7,12 +7,19 @@ Prints one JSON object: for each figure, p50/p90/p99 in ms (or MB/s) over N runs
 - create_first_run: `Sandbox.create()` then `commands.run("true")`, against POST
   /v1/sandboxes then POST /v1/sandboxes/{id}/exec of `true` (the native API over httpx);
   each sandbox is removed outside the timed part.
-- create: the create call alone, both ways.
+- create: the create call alone, both ways. `sdk_client_work` is the part of
+  `Sandbox.create()` spent outside its HTTP request (the SDK building its per-sandbox API,
+  envd and RPC clients), timed by wrapping the SDK's own request function: Python time no
+  server can take away.
 - create_wire: POST /v2/sandboxes and POST /v1/sandboxes from one httpx client: spaced's
   own share of the difference.
 - run: `commands.run("true")` on one sandbox, against the native exec of `bash -l -c true`.
 - stream: MB/s of `head -c 64000000 /dev/zero` through `commands.run`, against the native
   exec's ndjson stream of the same command.
+- shell_floor: what a `commands.run` round trip cannot go under on this machine: one start
+  of `/bin/bash -l -c true` inside the sandbox, by a bash loop there (no HTTP, spaced or
+  daemon in it); N samples, each the mean of 20 starts. `run_over_floor` is run's p50 minus
+  it: what the API path adds to the shell.
 """
 
 import base64
@@ -87,19 +94,50 @@ def bench_create_first_run():
     return summary(e2b), summary(nat)
 
 
+SDK_REQUEST = []
+CLIENT_WORK = []
+
+
+def _timed_sdk_request():
+    """Wraps the SDK's create request so that its share of `Sandbox.create()` is known (a
+    timer around the SDK's own function; the call itself is unchanged)."""
+    from e2b.sandbox_sync.sandbox_api import SandboxApi
+
+    descriptor = SandboxApi.__dict__["_create_sandbox"]
+    call = SandboxApi._create_sandbox
+
+    def timed(*a, **kw):
+        t = time.perf_counter()
+        try:
+            return call(*a, **kw)
+        finally:
+            SDK_REQUEST.append((time.perf_counter() - t) * 1000)
+
+    SandboxApi._create_sandbox = timed
+    return descriptor
+
+
 def bench_create():
     """The create call alone: `Sandbox.create()` against POST /v1/sandboxes."""
-    e2b, nat = [], []
-    for _ in range(N):
-        t = time.perf_counter()
-        sbx = Sandbox.create(timeout=600)
-        e2b.append((time.perf_counter() - t) * 1000)
-        sbx.kill()
-        t = time.perf_counter()
-        sid = native_create()
-        nat.append((time.perf_counter() - t) * 1000)
-        native.delete(f"/v1/sandboxes/{sid}").raise_for_status()
-        time.sleep(0.3)
+    from e2b.sandbox_sync.sandbox_api import SandboxApi
+
+    e2b, nat, client_work = [], [], []
+    real = _timed_sdk_request()
+    try:
+        for _ in range(N):
+            t = time.perf_counter()
+            sbx = Sandbox.create(timeout=600)
+            e2b.append((time.perf_counter() - t) * 1000)
+            client_work.append(e2b[-1] - SDK_REQUEST.pop())
+            sbx.kill()
+            t = time.perf_counter()
+            sid = native_create()
+            nat.append((time.perf_counter() - t) * 1000)
+            native.delete(f"/v1/sandboxes/{sid}").raise_for_status()
+            time.sleep(0.3)
+    finally:
+        SandboxApi._create_sandbox = real
+    CLIENT_WORK.extend(client_work)
     return summary(e2b), summary(nat)
 
 
@@ -162,6 +200,19 @@ def bench_stream():
     return summary(e2b, "MB/s"), summary(nat, "MB/s")
 
 
+def bench_shell_floor():
+    sbx = Sandbox.create(timeout=600)
+    loop = (
+        "for k in $(seq %d); do s=$(date +%%s%%N); for i in $(seq 20); do /bin/bash -l -c true;"
+        " done; e=$(date +%%s%%N); echo $(( (e - s) / 20000 )); done" % N
+    )
+    try:
+        r = sbx.commands.run(loop, timeout=0)
+    finally:
+        sbx.kill()
+    return summary([int(us) / 1000 for us in r.stdout.split()])
+
+
 def main():
     result = {}
     for name, fn in [
@@ -176,6 +227,15 @@ def main():
         result[name] = {"e2b_sdk": e2b, "native": nat, "p50_ratio": ratio,
                         "p50_diff": round(e2b["p50"] - nat["p50"], 3)}
         print(name, json.dumps(result[name]), file=sys.stderr, flush=True)
+    floor = bench_shell_floor()
+    result["shell_floor"] = floor
+    result["run_over_floor"] = {
+        "e2b_sdk": round(result["run"]["e2b_sdk"]["p50"] - floor["p50"], 3),
+        "native": round(result["run"]["native"]["p50"] - floor["p50"], 3),
+    }
+    result["sdk_client_work"] = summary(CLIENT_WORK)
+    print("shell_floor", json.dumps(floor), file=sys.stderr, flush=True)
+    print("sdk_client_work", json.dumps(result["sdk_client_work"]), file=sys.stderr, flush=True)
     print(json.dumps(result, indent=2))
 
 
