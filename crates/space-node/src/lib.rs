@@ -8,6 +8,7 @@ pub mod ids;
 pub mod net;
 pub mod node;
 pub mod oci;
+pub mod run_dir;
 pub mod runtime;
 pub mod state;
 pub mod storage;

@@ -35,9 +35,12 @@ struct Args {
     /// Persistent state: store, admin key, templates, sandboxes.
     #[arg(long, default_value = "/var/lib/space", env = "SPACE_DATA_DIR")]
     data_dir: PathBuf,
-    /// Runtime state (sockets); lost on reboot.
-    #[arg(long, default_value = "/run/space")]
-    run_dir: PathBuf,
+    /// Runtime state (sockets, network namespace mounts); lost on reboot. Default:
+    /// /run/space for the default data dir, else /run/space-<hash of the data dir>, so that
+    /// two spaced with different data dirs never share one. A run dir held by a live spaced
+    /// is refused.
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
     /// Size of the btrfs image created when the data dir is not btrfs (bytes, or K/M/G/T).
     #[arg(long, default_value = "16G", value_parser = parse_size)]
     image_size: u64,
@@ -322,6 +325,13 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     init_logging(args.log_format, args.log_spans);
     let daemon = daemon_binary(args.daemon_binary.clone())?;
+    let run_dir = args
+        .run_dir
+        .clone()
+        .unwrap_or_else(|| space_node::run_dir::default_for(&args.data_dir));
+    // Held until the process exits: a second spaced on this run dir is refused.
+    let _run_lock = space_node::run_dir::RunDirLock::acquire(&run_dir, &args.data_dir)
+        .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))?;
 
     anyhow::ensure!(
         (4 << 10..=256 << 20).contains(&args.output_buffer),
@@ -330,7 +340,7 @@ async fn main() -> Result<()> {
     );
     let node_cfg = NodeConfig {
         data_dir: args.data_dir.clone(),
-        run_dir: args.run_dir.clone(),
+        run_dir: run_dir.clone(),
         image_size_bytes: args.image_size,
         daemon_binary: daemon,
         busybox: args.busybox.clone(),

@@ -225,3 +225,45 @@ fn every_sandbox_comes_back_after_a_host_reboot() {
     assert_eq!(s.sh(&bare, "cat /root/kept").1, "kept\n");
     s.space_ok(&["rm", &snapped, &bare, &paused]);
 }
+
+/// Issue 14's "also found": a second spaced pointed at a run dir a live one holds is refused
+/// before it touches anything, naming the holder; the first one's sandboxes keep running.
+#[test]
+fn a_second_spaced_on_a_held_run_dir_is_refused() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&[]);
+    let other = tempfile::Builder::new()
+        .prefix("space-it-second-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let out = std::process::Command::new(space_tests::bin_dir().join("spaced"))
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(other.path())
+        .arg("--run-dir")
+        .arg(s.run_dir())
+        .arg("--daemon-binary")
+        .arg(space_tests::daemon_binary())
+        .args([
+            "--network",
+            "off",
+            "--microvm",
+            "off",
+            "--base-cache",
+            "none",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("is in use by another space node")
+            && stderr.contains(&format!("pid {}", s.pid())),
+        "{stderr}"
+    );
+    // It made nothing in its own data dir, and the first spaced's sandbox is untouched.
+    assert_eq!(std::fs::read_dir(other.path()).unwrap().count(), 0);
+    assert_eq!(s.sh(&id, "echo alive").1, "alive\n");
+    assert_eq!(state_of(&s, &id), "running");
+}
