@@ -20,7 +20,7 @@ use futures::stream::BoxStream;
 use sha2::{Digest, Sha256};
 use space_api::net::{Egress, NetworkPolicy};
 use space_api::{CreateSandbox, CreateSnapshot, ExecEvent, ExecRequest, Template, TemplateLog};
-use space_node::api::{PullSpec, TemplateDefaults, TemplateEvent, TemplateSource};
+use space_node_api::{PullSpec, TemplateDefaults, TemplateEvent, TemplateSource};
 use space_proto as pb;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -342,7 +342,7 @@ impl Build {
     async fn from(
         &self,
         image: &str,
-        all: &[space_node::TemplateInfo],
+        all: &[space_node_api::TemplateInfo],
     ) -> AppResult<(String, String, TemplateDefaults)> {
         if let Some(t) = all.iter().find(|t| t.name == image) {
             return Ok((
@@ -379,7 +379,7 @@ impl Build {
                 );
                 let (r, ()) = tokio::join!(pull, fwd);
                 r.map_err(|e| match e {
-                    space_node::NodeError::NotFound { .. } => AppError::not_found(format!(
+                    space_node_api::NodeError::NotFound { .. } => AppError::not_found(format!(
                         "FROM {image}: no template {image} on the node, and no such image in its registry"
                     )),
                     e => AppError::from(e),
@@ -848,7 +848,7 @@ impl Engine {
             std::fs::create_dir_all(&ctx)
                 .map_err(|e| AppError::internal(format_args!("create {}: {e}", ctx.display())))?;
             let f = std::fs::File::open(&tar_path).map_err(AppError::internal)?;
-            space_node::oci::unpack::apply_layer(&ctx, f).map_err(|e| {
+            space_unpack::apply_layer(&ctx, f).map_err(|e| {
                 AppError::invalid(format!("the build context is not a valid tar archive: {e}"))
             })?;
             let rel = context_rel(&df).ok_or_else(|| {

@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
 use space_api::{DiffEntry, DiffList};
-use space_node::diff::ChangeKind;
+use space_node_api::diff::ChangeKind;
 
 use crate::AppState;
 use crate::engine::Engine;

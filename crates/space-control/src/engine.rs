@@ -17,7 +17,7 @@ use space_api::{
     SandboxState, SignalRequest, Template, WriteFileQuery, is_valid_env_key, is_valid_sandbox_id,
     is_valid_template_name, rfc3339_from_unix_ms,
 };
-use space_node::api::{Limits, NodeApi, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource};
+use space_node_api::{Limits, NodeApi, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource};
 use space_proto as pb;
 use space_proto::guest_client::GuestClient;
 use tokio::io::AsyncWriteExt;
@@ -56,7 +56,7 @@ pub struct ControlConfig {
     pub default_runtime: String,
     /// Warm pool of the default template while no pool was set for it through the API
     /// (spaced's `--warm-pool`; None: no default pool). See `pools`.
-    pub default_pool: Option<space_node::api::PoolConfig>,
+    pub default_pool: Option<space_node_api::PoolConfig>,
     /// The template of creates that name none (spaced's `--default-template`; `base`).
     pub default_template: String,
     /// E2B's host form (spaced's `--e2b-domain`, decision 0030): a request for
@@ -80,7 +80,7 @@ impl ControlConfig {
             shutdown_timeout: Duration::from_secs(5),
             default_egress: space_api::Egress::Open,
             default_runtime: RUNTIME_NAME.to_owned(),
-            default_pool: Some(space_node::api::PoolConfig {
+            default_pool: Some(space_node_api::PoolConfig {
                 min: 4,
                 max: 32,
                 microvm: false,

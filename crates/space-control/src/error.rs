@@ -5,7 +5,7 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use space_api::ErrorBody;
-use space_node::api::NodeError;
+use space_node_api::NodeError;
 
 use crate::store::StoreError;
 
@@ -96,7 +96,7 @@ impl From<NodeError> for AppError {
         match &e {
             NodeError::NotFound { .. } => Self::not_found(e.to_string()),
             NodeError::InvalidArgument(_) => Self::invalid(e.to_string()),
-            NodeError::Conflict(_) => Self::conflict(e.to_string()),
+            NodeError::Conflict(_) | NodeError::WrongPhase { .. } => Self::conflict(e.to_string()),
             NodeError::Exhausted(_) => Self::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "resource_exhausted",
@@ -192,6 +192,14 @@ mod tests {
                 "invalid_argument",
             ),
             (NodeError::Conflict("x".into()), 409, "conflict"),
+            (
+                NodeError::WrongPhase {
+                    id: "x".into(),
+                    phase: space_node_api::Phase::Paused,
+                },
+                409,
+                "conflict",
+            ),
             (NodeError::Exhausted("x".into()), 507, "resource_exhausted"),
             (
                 NodeError::Unavailable {

@@ -37,7 +37,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use space_node::api::NodeApi;
+use space_node_api::NodeApi;
 
 pub use auth::Auth;
 pub use engine::{ControlConfig, Engine};
@@ -89,7 +89,7 @@ pub struct ControlPlane {
 impl ControlPlane {
     /// Where the node's egress proxy gets secret values (decrypted from the store when a
     /// request needs one). spaced hands it to `Node::set_secret_source` after `open`.
-    pub fn secret_source(&self) -> Arc<dyn space_node::net::SecretSource> {
+    pub fn secret_source(&self) -> Arc<dyn space_node_api::net::SecretSource> {
         self.state.engine.secret_source()
     }
 

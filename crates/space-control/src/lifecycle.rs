@@ -445,7 +445,10 @@ impl Engine {
             match self.node.resume_sandbox(id).await {
                 Ok(_) => {}
                 // Already thawed on the node (a crash between thaw and the store write).
-                Err(space_node::api::NodeError::Conflict(m)) if m.contains("not paused") => {}
+                Err(space_node_api::NodeError::WrongPhase {
+                    phase: space_node_api::Phase::Running,
+                    ..
+                }) => {}
                 Err(e) => return Err(e.into()),
             }
             self.write_status(id, SandboxState::Running, None).await?;
@@ -530,7 +533,10 @@ impl Engine {
         match self.node.pause_sandbox(id).await {
             Ok(_) => {}
             // Already frozen on the node (a crash between freeze and the store write).
-            Err(space_node::api::NodeError::Conflict(m)) if m.contains("already paused") => {}
+            Err(space_node_api::NodeError::WrongPhase {
+                phase: space_node_api::Phase::Paused,
+                ..
+            }) => {}
             Err(e) => return Err(e.into()),
         }
         let mut l = self.lifecycle_or_default(id).await?;
@@ -617,7 +623,7 @@ impl Engine {
         let Some(status) = self.node.sandbox_status(&row.id).await? else {
             return Ok(());
         };
-        use space_node::api::Phase;
+        use space_node_api::Phase;
         match (row.state, status.phase) {
             (SandboxState::Running, Phase::Paused) => {
                 self.node.resume_sandbox(&row.id).await?;

@@ -1,6 +1,6 @@
 //! What `GET /metrics` shows, in the Prometheus text exposition format (version 0.0.4):
 //! counters, latency histograms and errors by code, kept here; sandbox counts (from the
-//! store) and node series (from [`NodeApi::metrics`](space_node::api::NodeApi::metrics))
+//! store) and node series (from [`NodeApi::metrics`](space_node_api::NodeApi::metrics))
 //! are added by [`Engine::metrics_text`](crate::Engine::metrics_text).
 //!
 //! Recording is lock-free (relaxed atomics) except for errors by code, a small map touched

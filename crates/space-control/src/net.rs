@@ -11,8 +11,8 @@ use space_api::{
     Egress, NetworkPolicy, PortInfo, PortRequest, Sandbox, SandboxNetwork, SandboxState,
     is_valid_sandbox_id,
 };
-use space_node::api::SandboxStatus;
-use space_node::net::{NetworkSpec, NetworkStatus, SecretBinding};
+use space_node_api::SandboxStatus;
+use space_node_api::net::{NetworkSpec, NetworkStatus, SecretBinding};
 
 use crate::AppState;
 use crate::engine::Engine;
@@ -24,19 +24,19 @@ use crate::store::{NetworkRecord, SandboxRow, SecretBindingRecord};
 /// Hex digits of the HMAC kept in a port token.
 const TOKEN_MAC_HEX: usize = 32;
 
-pub fn egress_to_node(e: Egress) -> space_node::net::Egress {
+pub fn egress_to_node(e: Egress) -> space_node_api::net::Egress {
     match e {
-        Egress::None => space_node::net::Egress::None,
-        Egress::Allowlist => space_node::net::Egress::Allowlist,
-        Egress::Open => space_node::net::Egress::Open,
+        Egress::None => space_node_api::net::Egress::None,
+        Egress::Allowlist => space_node_api::net::Egress::Allowlist,
+        Egress::Open => space_node_api::net::Egress::Open,
     }
 }
 
-pub fn egress_from_node(e: space_node::net::Egress) -> Egress {
+pub fn egress_from_node(e: space_node_api::net::Egress) -> Egress {
     match e {
-        space_node::net::Egress::None => Egress::None,
-        space_node::net::Egress::Allowlist => Egress::Allowlist,
-        space_node::net::Egress::Open => Egress::Open,
+        space_node_api::net::Egress::None => Egress::None,
+        space_node_api::net::Egress::Allowlist => Egress::Allowlist,
+        space_node_api::net::Egress::Open => Egress::Open,
     }
 }
 
@@ -71,7 +71,7 @@ pub fn resolve_policy(req: &NetworkPolicy, default: Egress) -> AppResult<Network
         egress,
         allow: req.allow.iter().map(|r| r.trim().to_string()).collect(),
     };
-    space_node::net::policy::Policy::new(&node_network(&rec), &[])
+    space_node_api::policy::Policy::new(&node_network(&rec), &[])
         .map_err(|e| AppError::invalid(e.to_string()))?;
     Ok(rec)
 }
@@ -271,7 +271,7 @@ impl Engine {
                 match self.node.set_network(id, &spec).await {
                     Ok(_) => {}
                     // The node lost it meanwhile: the reconciler explains that.
-                    Err(space_node::api::NodeError::NotFound { .. }) => self.wake_reconciler(),
+                    Err(space_node_api::NodeError::NotFound { .. }) => self.wake_reconciler(),
                     Err(e) => {
                         // Stored as desired state; the reconciler retries applying it.
                         self.wake_reconciler();

@@ -12,7 +12,7 @@ use axum::Json;
 use axum::extract::State;
 use serde::Deserialize;
 use space_api::{Pool, PoolList, SetPool, is_valid_template_name};
-use space_node::api::{PoolConfig, PoolStatus};
+use space_node_api::{PoolConfig, PoolStatus};
 use sqlx::Row;
 
 use crate::AppState;

@@ -11,7 +11,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
-use space_node::api::NodeError;
+use space_node_api::NodeError;
 
 use crate::AppState;
 use crate::error::AppError;
@@ -152,7 +152,6 @@ pub(crate) async fn forward(
             return unavailable(format!("nothing answers on port {port} in sandbox {id}"));
         }
     };
-    let _ = stream.set_nodelay(true);
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
     {
         Ok(v) => v,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use space_api::SandboxState;
-use space_node::api::{Phase, SandboxStatus};
+use space_node_api::{Phase, SandboxStatus};
 use tracing::Instrument;
 
 use crate::engine::{Engine, node_spec};

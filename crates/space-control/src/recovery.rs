@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use space_api::SandboxState;
-use space_node::api::Phase;
+use space_node_api::Phase;
 
 use crate::engine::{Engine, node_spec};
 use crate::error::{AppError, AppResult};

@@ -28,7 +28,7 @@ use space_api::{
     MAX_SECRET_BYTES, PutSecret, SecretHeader, SecretInfo, SecretList, is_valid_env_key,
     is_valid_secret_name, rfc3339_from_unix_ms,
 };
-use space_node::net::SecretSource;
+use space_node_api::net::SecretSource;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -237,7 +237,7 @@ pub fn check_hosts(hosts: &[String]) -> AppResult<()> {
         return Err(AppError::invalid("at most 64 hosts per secret"));
     }
     for h in hosts {
-        space_node::net::policy::parse_host_pattern(h)
+        space_node_api::policy::parse_host_pattern(h)
             .map_err(|e| AppError::invalid(e.to_string()))?;
     }
     Ok(())
@@ -726,7 +726,7 @@ impl SecretSource for SecretVault {
 fn host_allowed(own: &[String], host: &str) -> bool {
     own.is_empty()
         || own.iter().any(|o| o.trim() == host.trim())
-        || (!host.trim().starts_with("*.") && space_node::net::policy::matches_host(own, host))
+        || (!host.trim().starts_with("*.") && space_node_api::policy::matches_host(own, host))
 }
 
 // ---------------------------------------------------------------- engine + http

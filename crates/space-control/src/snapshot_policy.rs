@@ -5,7 +5,7 @@
 //!
 //! - Automatic snapshots carry no label (labels are the user's); they are marked in table
 //!   `auto_snapshots` and shown with `auto: true`.
-//! - "Changed" is asked of the node ([`space_node::api::NodeApi::changed_since_snapshot`]:
+//! - "Changed" is asked of the node ([`space_node_api::NodeApi::changed_since_snapshot`]:
 //!   one btrfs tree search for items newer than the head snapshot's transaction).
 //! - The pure [`policy_steps`] says which sandboxes are due (injected clock); the reconciler
 //!   applies `Step::AutoSnapshot` through [`Engine::ensure_auto_snapshot`] under the lock.

@@ -431,7 +431,7 @@ impl Engine {
             .node
             .import_template(
                 name,
-                space_node::api::TemplateSource::Snapshot {
+                space_node_api::TemplateSource::Snapshot {
                     sandbox: req.sandbox.clone(),
                     snapshot: snap.id,
                     defaults: None,

@@ -8,7 +8,7 @@ use axum::response::Response;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use space_api::{PullTemplate, TemplateLog, is_valid_template_name};
-use space_node::api::{PullSpec, TemplateEvent, TemplateSource};
+use space_node_api::{PullSpec, TemplateEvent, TemplateSource};
 
 use crate::AppState;
 use crate::engine::{Engine, template_dto};

@@ -11,7 +11,7 @@ use axum::http::{Method, Request, StatusCode};
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use space_api::{ErrorBody, ExecEvent, Sandbox, SandboxState};
-use space_node::api::{
+use space_node_api::{
     NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource,
 };
 use space_proto as pb;
@@ -355,7 +355,7 @@ struct FakeNode {
     /// What `connect_port` reaches, by sandbox port (listeners on 127.0.0.1).
     ports: Mutex<HashMap<u16, std::net::SocketAddr>>,
     /// Warm pools as set (clamped to `FAKE_POOL_CAPACITY`), by template.
-    pools: Mutex<BTreeMap<String, space_node::api::PoolStatus>>,
+    pools: Mutex<BTreeMap<String, space_node_api::PoolStatus>>,
     /// Acts as a node whose checkpoints keep memory (a microvm's) and whose rollbacks and
     /// forks restore it.
     vm_memory: std::sync::atomic::AtomicBool,
@@ -397,7 +397,7 @@ impl FakeNode {
             .unwrap()
             .insert(spec.id.clone(), spec.clone());
         let mut st = Self::status(&spec.id, Phase::Running);
-        st.network = Some(space_node::net::NetworkStatus {
+        st.network = Some(space_node_api::net::NetworkStatus {
             address: "10.213.0.2".parse().unwrap(),
             gateway: "10.213.0.1".parse().unwrap(),
             egress: spec.network.egress,
@@ -453,8 +453,11 @@ impl NodeApi for FakeNode {
         Ok(self.started(spec))
     }
 
-    fn validate_network(&self, network: &space_node::net::NetworkSpec) -> Result<(), NodeError> {
-        space_node::net::policy::Policy::new(network, &[])
+    fn validate_network(
+        &self,
+        network: &space_node_api::net::NetworkSpec,
+    ) -> Result<(), NodeError> {
+        space_node_api::policy::Policy::new(network, &[])
             .map(drop)
             .map_err(|e| NodeError::InvalidArgument(e.to_string()))
     }
@@ -462,7 +465,7 @@ impl NodeApi for FakeNode {
     async fn set_network(
         &self,
         id: &str,
-        network: &space_node::net::NetworkSpec,
+        network: &space_node_api::net::NetworkSpec,
     ) -> Result<SandboxStatus, NodeError> {
         self.validate_network(network)?;
         self.calls
@@ -481,7 +484,11 @@ impl NodeApi for FakeNode {
         Ok(st.clone())
     }
 
-    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, NodeError> {
+    async fn connect_port(
+        &self,
+        id: &str,
+        port: u16,
+    ) -> Result<space_node_api::PortStream, NodeError> {
         if !self.sandboxes.lock().unwrap().contains_key(id) {
             return Err(NodeError::NotFound {
                 kind: "sandbox",
@@ -494,9 +501,10 @@ impl NodeApi for FakeNode {
             reason: format!("nothing listens on port {port}"),
         };
         let addr = addr.ok_or_else(unavailable)?;
-        tokio::net::TcpStream::connect(addr)
+        let tcp = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|_| unavailable())
+            .map_err(|_| unavailable())?;
+        Ok(Box::new(tcp))
     }
 
     async fn fork_sandbox(
@@ -565,12 +573,12 @@ impl NodeApi for FakeNode {
         &self,
         id: &str,
         snap: &str,
-    ) -> Result<space_node::api::SnapshotInfo, NodeError> {
+    ) -> Result<space_node_api::SnapshotInfo, NodeError> {
         self.calls
             .lock()
             .unwrap()
             .push(format!("snapshot {id} {snap}"));
-        Ok(space_node::api::SnapshotInfo {
+        Ok(space_node_api::SnapshotInfo {
             id: snap.into(),
             sandbox_id: id.into(),
             created_unix_ms: 1000,
@@ -604,7 +612,7 @@ impl NodeApi for FakeNode {
         &self,
         id: &str,
         snap: &str,
-    ) -> Result<space_node::api::SnapshotInfo, NodeError> {
+    ) -> Result<space_node_api::SnapshotInfo, NodeError> {
         let mut info = self.snapshot_sandbox(id, snap).await?;
         if self.vm_memory.load(std::sync::atomic::Ordering::Relaxed) {
             self.calls
@@ -641,8 +649,8 @@ impl NodeApi for FakeNode {
     async fn set_pool(
         &self,
         template: &str,
-        cfg: space_node::api::PoolConfig,
-    ) -> Result<space_node::api::PoolStatus, NodeError> {
+        cfg: space_node_api::PoolConfig,
+    ) -> Result<space_node_api::PoolStatus, NodeError> {
         self.calls.lock().unwrap().push(format!(
             "pool {template} {} {}{}",
             cfg.min,
@@ -672,7 +680,7 @@ impl NodeApi for FakeNode {
             cfg.min.min(FAKE_POOL_CAPACITY),
             cfg.max.min(FAKE_POOL_CAPACITY),
         );
-        let st = space_node::api::PoolStatus {
+        let st = space_node_api::PoolStatus {
             template: template.into(),
             runtime: "namespace".into(),
             min,
@@ -693,7 +701,7 @@ impl NodeApi for FakeNode {
         Ok(st)
     }
 
-    fn pools(&self) -> Vec<space_node::api::PoolStatus> {
+    fn pools(&self) -> Vec<space_node_api::PoolStatus> {
         self.pools.lock().unwrap().values().cloned().collect()
     }
 

@@ -152,7 +152,7 @@ async fn create_binds_secrets_and_passes_network_to_the_node() {
     assert_eq!(sb.secrets, vec!["API_KEY"]);
 
     let spec = h.node.spec(&sb.id);
-    assert_eq!(spec.network.egress, space_node::net::Egress::Allowlist);
+    assert_eq!(spec.network.egress, space_node_api::net::Egress::Allowlist);
     assert_eq!(spec.network.allow.len(), 2);
     assert_eq!(spec.secrets.len(), 1);
     let b = &spec.secrets[0];
@@ -197,7 +197,7 @@ async fn default_egress_comes_from_the_config() {
     assert_eq!(sb.network.unwrap().egress, space_api::Egress::None);
     assert_eq!(
         h.node.spec(&sb.id).network.egress,
-        space_node::net::Egress::None
+        space_node_api::net::Egress::None
     );
 }
 
@@ -312,7 +312,7 @@ async fn network_updates_apply_now_or_at_next_start() {
         .unwrap();
     assert_eq!(row.spec.network.egress, space_api::Egress::None);
     let spec = crate::engine::node_spec(&row.id, &row.spec);
-    assert_eq!(spec.network.egress, space_node::net::Egress::None);
+    assert_eq!(spec.network.egress, space_node_api::net::Egress::None);
 
     // Unknown and removed sandboxes: 404.
     h.call(
@@ -350,7 +350,7 @@ async fn reconciler_reapplies_a_drifted_policy() {
         .get_mut(&sb.id)
         .and_then(|s| s.network.as_mut())
     {
-        n.egress = space_node::net::Egress::Open;
+        n.egress = space_node_api::net::Egress::Open;
     }
     assert_eq!(engine.reconcile_once(&mut backoff).await.unwrap(), 1);
     assert!(h.node.calls().contains(&format!("network {} none", sb.id)));

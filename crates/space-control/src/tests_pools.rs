@@ -237,7 +237,7 @@ async fn restore_pushes_stored_pools_and_the_default_only_to_a_base_without_one(
 
     // A configured default, or none.
     let h = harness_with(|c| {
-        c.default_pool = Some(space_node::api::PoolConfig {
+        c.default_pool = Some(space_node_api::PoolConfig {
             min: 1,
             max: 2,
             microvm: false,

@@ -1,6 +1,7 @@
 //! spaced's HTTPS listener (decision 0030): the same API as the plain listener, over TLS, with
 //! either a certificate spaced was given (`--tls-cert`, `--tls-key`) or leaves spaced issues for
-//! its `--e2b-domain` from its own name-constrained CA.
+//! its `--e2b-domain` from its own name-constrained CA (an [`IssueCert`]; spaced passes the
+//! node crate's CA).
 //!
 //! Handshakes run in tasks of their own (at most [`MAX_HANDSHAKES`] at once, each bounded by
 //! [`HANDSHAKE_TIMEOUT`]), so a client that never finishes one holds up nobody; finished ones
@@ -13,7 +14,6 @@ use std::time::Duration;
 
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use space_node::net::ca::Ca;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
@@ -24,6 +24,11 @@ pub const MAX_HANDSHAKES: usize = 256;
 /// A client that has not finished its handshake by then is dropped.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A CA that makes a leaf certificate for one DNS name (cached by the issuer as it likes).
+pub trait IssueCert: Send + Sync {
+    fn leaf(&self, name: &str) -> Result<Arc<CertifiedKey>, String>;
+}
+
 /// Where the listener's certificate comes from.
 pub enum ServerCerts {
     /// One certificate chain and key, served whatever the client asks for.
@@ -31,7 +36,10 @@ pub enum ServerCerts {
     /// A leaf per name, issued by `ca` for `domain` and the names one label under it (E2B's
     /// `api.DOMAIN` and `PORT-ID.DOMAIN`); other names get no certificate (the handshake
     /// fails), and a client that sends no name gets the domain's.
-    Issued { ca: Arc<Ca>, domain: String },
+    Issued {
+        ca: Arc<dyn IssueCert>,
+        domain: String,
+    },
 }
 
 impl std::fmt::Debug for ServerCerts {
@@ -62,7 +70,7 @@ impl ServerCerts {
                 match ca.leaf(&name) {
                     Ok(leaf) => Some(leaf),
                     Err(e) => {
-                        tracing::error!(error = %crate::error_chain(&e), %name, "cannot issue a certificate");
+                        tracing::error!(error = %e, %name, "cannot issue a certificate");
                         None
                     }
                 }
@@ -193,22 +201,34 @@ impl axum::serve::Listener for TlsListener {
 mod tests {
     use super::*;
 
-    fn issued(domain: &str) -> (tempfile::TempDir, ServerCerts) {
-        let tmp = tempfile::tempdir().unwrap();
-        let ca = Ca::load_or_create_as(tmp.path(), &space_node::net::ca::CaProfile::api(domain))
-            .unwrap();
-        (
-            tmp,
-            ServerCerts::Issued {
-                ca: Arc::new(ca),
-                domain: domain.into(),
-            },
-        )
+    /// Self-signed leaves: which names get one is what is under test here (the API CA itself
+    /// is tested in space-node's `ca`).
+    struct SelfSigned;
+
+    impl IssueCert for SelfSigned {
+        fn leaf(&self, name: &str) -> Result<Arc<CertifiedKey>, String> {
+            let c = rcgen::generate_simple_self_signed(vec![name.to_owned()])
+                .map_err(|e| e.to_string())?;
+            let key = rustls::pki_types::PrivateKeyDer::Pkcs8(c.signing_key.serialize_der().into());
+            let signer =
+                rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| e.to_string())?;
+            Ok(Arc::new(CertifiedKey::new(
+                vec![c.cert.der().clone()],
+                signer,
+            )))
+        }
+    }
+
+    fn issued(domain: &str) -> ServerCerts {
+        ServerCerts::Issued {
+            ca: Arc::new(SelfSigned),
+            domain: domain.into(),
+        }
     }
 
     #[test]
     fn issued_certificates_cover_the_domain_and_one_label_below_only() {
-        let (_tmp, certs) = issued("sb.example.test");
+        let certs = issued("sb.example.test");
         for ok in [
             Some("sb.example.test"),
             Some("api.sb.example.test"),

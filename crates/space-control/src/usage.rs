@@ -5,7 +5,7 @@
 use axum::Json;
 use axum::extract::State;
 use space_api::{MetricSample, MetricsQuery, SandboxMetrics, rfc3339_from_unix_ms};
-use space_node::api::{SandboxUsage, UsageSample};
+use space_node_api::{SandboxUsage, UsageSample};
 
 use crate::AppState;
 use crate::engine::Engine;

@@ -18,27 +18,10 @@ use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+pub use space_node_api::diff::{Change, ChangeKind};
+
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
-use serde::{Deserialize, Serialize};
 use space_sys::btrfs;
-
-/// What happened to one path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ChangeKind {
-    Added,
-    Modified,
-    Deleted,
-}
-
-/// One changed path. `path` is absolute inside the sandbox ("/etc/hosts"), decoded as lossy
-/// UTF-8 (names are sandbox-controlled bytes).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Change {
-    pub path: String,
-    pub kind: ChangeKind,
-    pub is_dir: bool,
-}
 
 /// How a diff was computed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

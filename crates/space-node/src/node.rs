@@ -982,17 +982,17 @@ impl Node {
             kind: "sandbox",
             id: id.to_string(),
         })?;
+        let wrong = |phase| NodeError::WrongPhase {
+            id: id.to_string(),
+            phase,
+        };
         if !self.is_running(&entry.record) {
-            return Err(NodeError::Conflict(format!("sandbox {id} is stopped")));
+            return Err(wrong(Phase::Stopped));
         }
         let name = entry.record.runtime_name();
         let frozen = self.rt(&entry.record).is_frozen(name);
         if frozen == pause {
-            return Err(NodeError::Conflict(if pause {
-                format!("sandbox {id} is already paused")
-            } else {
-                format!("sandbox {id} is not paused")
-            }));
+            return Err(wrong(if pause { Phase::Paused } else { Phase::Running }));
         }
         self.rt(&entry.record)
             .set_frozen(name, pause)
@@ -1392,7 +1392,7 @@ impl NodeApi for Node {
         Ok(status)
     }
 
-    async fn connect_port(&self, id: &str, port: u16) -> Result<tokio::net::TcpStream, NodeError> {
+    async fn connect_port(&self, id: &str, port: u16) -> Result<crate::api::PortStream, NodeError> {
         ids::validate_sandbox_id(id)?;
         if port == 0 {
             return Err(NodeError::InvalidArgument("port must be 1..=65535".into()));
@@ -1407,13 +1407,15 @@ impl NodeApi for Node {
         } else {
             std::net::Ipv4Addr::LOCALHOST
         };
-        net.connect(id, host, port).await.map_err(|e| match e {
+        let stream = net.connect(id, host, port).await.map_err(|e| match e {
             NetError::Setup { source, .. } => NodeError::Unavailable {
                 id: id.to_string(),
                 reason: format!("nothing answers on port {port} inside the sandbox: {source}"),
             },
             e => net_error(id, e),
-        })
+        })?;
+        let _ = stream.set_nodelay(true);
+        Ok(Box::new(stream))
     }
 
     async fn import_template(

@@ -691,7 +691,10 @@ async fn pause_and_resume_follow_the_freezer_and_survive_reopen() {
     ));
     assert!(matches!(
         f.node.pause_sandbox(id).await,
-        Err(NodeError::Conflict(_))
+        Err(NodeError::WrongPhase {
+            phase: Phase::Paused,
+            ..
+        })
     ));
     assert!(matches!(
         f.node.pause_sandbox("unknownunknownunknow").await,
@@ -712,14 +715,20 @@ async fn pause_and_resume_follow_the_freezer_and_survive_reopen() {
     assert_eq!(node.resume_sandbox(id).await.unwrap().phase, Phase::Running);
     assert!(matches!(
         node.resume_sandbox(id).await,
-        Err(NodeError::Conflict(_))
+        Err(NodeError::WrongPhase {
+            phase: Phase::Running,
+            ..
+        })
     ));
     node.guest(id).await.unwrap();
     // Stopped sandboxes cannot be paused.
     node.stop_sandbox(id).await.unwrap();
     assert!(matches!(
         node.pause_sandbox(id).await,
-        Err(NodeError::Conflict(_))
+        Err(NodeError::WrongPhase {
+            phase: Phase::Stopped,
+            ..
+        })
     ));
 }
 

@@ -172,6 +172,18 @@ fn parse_domain(s: &str) -> Result<String, String> {
     Ok(d)
 }
 
+/// spaced's API CA (the node crate's CA type, name-constrained to `--e2b-domain`) as the
+/// listener's certificate issuer.
+struct ApiCa(space_node::net::ca::Ca);
+
+impl space_control::tls::IssueCert for ApiCa {
+    fn leaf(&self, name: &str) -> Result<Arc<rustls::sign::CertifiedKey>, String> {
+        self.0
+            .leaf(name)
+            .map_err(|e| space_control::error_chain(&e))
+    }
+}
+
 /// The HTTPS listener's address and certificates, from the flags; and the CA certificate
 /// (PEM) when spaced issues them.
 fn tls_setup(
@@ -203,7 +215,7 @@ fn tls_setup(
         .context("failed to load or make the API CA")?;
     let pem = ca.cert_pem().to_owned();
     let certs = ServerCerts::Issued {
-        ca: Arc::new(ca),
+        ca: Arc::new(ApiCa(ca)),
         domain,
     };
     Ok(Some((listen, certs, Some(pem))))

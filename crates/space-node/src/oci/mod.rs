@@ -6,7 +6,9 @@
 
 pub mod archive;
 pub mod registry;
-pub mod unpack;
+/// Hostile layer unpacking lives in its own crate (the control plane unpacks build contexts
+/// with it too).
+pub use space_unpack as unpack;
 
 use std::collections::BTreeMap;
 use std::io::Read;

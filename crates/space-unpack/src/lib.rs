@@ -566,5 +566,5 @@ pub(crate) fn remove_at(
 }
 
 #[cfg(test)]
-#[path = "unpack_tests.rs"]
+#[path = "tests.rs"]
 mod tests;
