@@ -17,7 +17,9 @@ use space_api::{
     SandboxState, SignalRequest, Template, WriteFileQuery, is_valid_env_key, is_valid_sandbox_id,
     is_valid_template_name, rfc3339_from_unix_ms,
 };
-use space_node_api::{Limits, NodeApi, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource};
+use space_node_api::{
+    Limits, NodeApi, RuntimeKind, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource,
+};
 use space_proto as pb;
 use space_proto::guest_client::GuestClient;
 use tokio::io::AsyncWriteExt;
@@ -29,9 +31,10 @@ use crate::error::{AppError, AppResult};
 use crate::metrics::{Metrics, inc};
 use crate::store::{SandboxRow, SandboxSpecRecord, Store, now_ms};
 
-pub const RUNTIME_NAME: &str = "namespace";
+/// The runtimes as the API and the store write them: the node contract's kinds.
+pub const RUNTIME_NAME: &str = RuntimeKind::Namespace.as_str();
 /// The runtime of a VM per sandbox (decision 0014).
-pub const MICROVM: &str = "microvm";
+pub const MICROVM: &str = RuntimeKind::Microvm.as_str();
 /// The runtimes a create may ask for (decision 0014).
 pub const RUNTIMES: [&str; 2] = [RUNTIME_NAME, MICROVM];
 
@@ -375,7 +378,8 @@ pub(crate) fn node_spec(id: &str, spec: &SandboxSpecRecord) -> SandboxSpec {
         hostname: spec.hostname.clone(),
         network: crate::net::node_network(&spec.network),
         secrets: crate::net::node_bindings(&spec.secrets),
-        runtime: spec.runtime.clone(),
+        // Validated against RUNTIMES when the row was made.
+        runtime: spec.runtime.as_deref().and_then(|r| r.parse().ok()),
     }
 }
 
@@ -392,7 +396,7 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
     Sandbox {
         id: row.id.clone(),
         template: row.spec.template.clone(),
-        runtime: live.map(|s| s.runtime.clone()).unwrap_or_else(|| {
+        runtime: live.map(|s| s.runtime.to_string()).unwrap_or_else(|| {
             row.spec
                 .runtime
                 .clone()

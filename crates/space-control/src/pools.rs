@@ -107,7 +107,7 @@ impl Store {
 pub fn pool_dto(s: PoolStatus) -> Pool {
     Pool {
         template: s.template,
-        runtime: s.runtime,
+        runtime: s.runtime.to_string(),
         min: s.min,
         max: s.max,
         target: s.target,

@@ -341,7 +341,7 @@ mod tests {
             id: id.into(),
             phase,
             template: "base".into(),
-            runtime: "namespace".into(),
+            runtime: space_node_api::RuntimeKind::Namespace,
             init_pid: (phase == Phase::Running).then_some(42),
             uid_base: 100_000,
             uid_count: 65_536,

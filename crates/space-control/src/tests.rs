@@ -370,7 +370,7 @@ impl FakeNode {
             id: id.into(),
             phase,
             template: "base".into(),
-            runtime: "namespace".into(),
+            runtime: space_node_api::RuntimeKind::Namespace,
             init_pid: (phase == Phase::Running).then_some(4242),
             uid_base: 1_000_000,
             uid_count: 65_536,
@@ -682,7 +682,7 @@ impl NodeApi for FakeNode {
         );
         let st = space_node_api::PoolStatus {
             template: template.into(),
-            runtime: "namespace".into(),
+            runtime: space_node_api::RuntimeKind::Namespace,
             min,
             max,
             target: min,
@@ -2227,15 +2227,21 @@ async fn a_templates_runtime_is_the_default_of_its_creates_and_its_pool() {
     let list: space_api::TemplateList = r.json();
     assert_eq!(list.templates[0].runtime.as_deref(), Some("microvm"));
     // Creates that name no runtime get the template's; a create's own wins.
-    let runtime_of = |id: &str| h.node.specs.lock().unwrap()[id].runtime.clone();
+    let runtime_of = |id: &str| h.node.specs.lock().unwrap()[id].runtime;
     let sb = h.create().await;
-    assert_eq!(runtime_of(&sb.id).as_deref(), Some("microvm"));
+    assert_eq!(
+        runtime_of(&sb.id),
+        Some(space_node_api::RuntimeKind::Microvm)
+    );
     let r = h
         .call(Method::POST, "/v1/sandboxes", r#"{"runtime":"namespace"}"#)
         .await;
     assert_eq!(r.status, StatusCode::CREATED);
     let own = r.json::<Sandbox>();
-    assert_eq!(runtime_of(&own.id).as_deref(), Some("namespace"));
+    assert_eq!(
+        runtime_of(&own.id),
+        Some(space_node_api::RuntimeKind::Namespace)
+    );
     // So does a pool set without one.
     let r = h
         .call(Method::PUT, "/v1/templates/base/pool", r#"{"min":1}"#)
@@ -2255,5 +2261,8 @@ async fn a_templates_runtime_is_the_default_of_its_creates_and_its_pool() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.json::<space_api::Template>().runtime, None);
     let again = h.create().await;
-    assert_eq!(runtime_of(&again.id).as_deref(), Some("namespace"));
+    assert_eq!(
+        runtime_of(&again.id),
+        Some(space_node_api::RuntimeKind::Namespace)
+    );
 }

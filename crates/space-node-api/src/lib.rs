@@ -41,6 +41,48 @@ impl Default for Limits {
     }
 }
 
+/// How a sandbox is isolated: `namespace` (Linux namespaces, cgroups and seccomp on the
+/// node's kernel) or `microvm` (a QEMU microvm with its own kernel, decision 0014). Written
+/// as those words in records and on the wire.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    #[default]
+    Namespace,
+    Microvm,
+}
+
+impl RuntimeKind {
+    pub const ALL: [RuntimeKind; 2] = [RuntimeKind::Namespace, RuntimeKind::Microvm];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RuntimeKind::Namespace => "namespace",
+            RuntimeKind::Microvm => "microvm",
+        }
+    }
+}
+
+impl std::fmt::Display for RuntimeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for RuntimeKind {
+    type Err = NodeError;
+    fn from_str(s: &str) -> Result<Self, NodeError> {
+        RuntimeKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                NodeError::InvalidArgument(format!(
+                    "unknown runtime {s:?}: expected namespace or microvm"
+                ))
+            })
+    }
+}
+
 /// What the control plane wants to exist on the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxSpec {
@@ -59,9 +101,9 @@ pub struct SandboxSpec {
     /// in the control plane's store).
     #[serde(default)]
     pub secrets: Vec<crate::net::SecretBinding>,
-    /// "namespace" or "microvm"; None: the node's default runtime.
+    /// None: the node's default runtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub runtime: Option<String>,
+    pub runtime: Option<RuntimeKind>,
 }
 
 /// Where a sandbox stands as the node observes it.
@@ -92,7 +134,7 @@ pub struct SandboxStatus {
     pub id: String,
     pub phase: Phase,
     pub template: String,
-    pub runtime: String,
+    pub runtime: RuntimeKind,
     /// Host pid of the sandbox's init (space-daemon) while running.
     pub init_pid: Option<u32>,
     /// First host uid of the sandbox's id range (root inside = this uid outside).
@@ -546,7 +588,7 @@ pub struct PoolConfig {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStatus {
     pub template: String,
-    pub runtime: String,
+    pub runtime: RuntimeKind,
     /// Sizes in force (after clamping).
     pub min: u32,
     pub max: u32,
@@ -559,4 +601,32 @@ pub struct PoolStatus {
     pub misses: u64,
     /// Why the requested sizes were clamped, when they were.
     pub warning: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_kinds_keep_the_words_records_hold() {
+        for k in RuntimeKind::ALL {
+            let json = serde_json::to_string(&k).unwrap();
+            assert_eq!(json, format!("\"{}\"", k.as_str()));
+            assert_eq!(serde_json::from_str::<RuntimeKind>(&json).unwrap(), k);
+            assert_eq!(k.as_str().parse::<RuntimeKind>().unwrap(), k);
+        }
+        let e = "firecracker".parse::<RuntimeKind>().unwrap_err();
+        assert_eq!(e.code(), "invalid_argument");
+        assert!(
+            e.to_string().contains("expected namespace or microvm"),
+            "{e}"
+        );
+        // A sandbox record written before the enum reads the same.
+        let spec: SandboxSpec = serde_json::from_str(
+            r#"{"id":"a","template":"base","limits":{"cpu_millis":1000,"memory_mib":512,"pids":512},
+                "env":[],"hostname":"a","runtime":"microvm"}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.runtime, Some(RuntimeKind::Microvm));
+    }
 }

@@ -15,8 +15,8 @@ use space_proto::guest_client::GuestClient;
 use tonic::transport::Channel;
 
 use crate::api::{
-    NodeApi, NodeError, Phase, PoolConfig, PoolStatus, SandboxSpec, SandboxStatus, SnapshotInfo,
-    TemplateInfo, TemplateSource,
+    NodeApi, NodeError, Phase, PoolConfig, PoolStatus, RuntimeKind, SandboxSpec, SandboxStatus,
+    SnapshotInfo, TemplateInfo, TemplateSource,
 };
 use crate::channel::{GuestConnector, UnixConnector};
 use crate::ids::{self, UidAllocator};
@@ -26,10 +26,8 @@ use crate::state::{RECORD_VERSION, SandboxRecord, now_unix_ms};
 use crate::storage::{self, Btrfs, Layout, StorageError, Subvolumes};
 use crate::template::{TemplateError, TemplateStore};
 
-/// The name of the microvm runtime (decision 0014).
-pub const MICROVM: &str = "microvm";
-/// The name of the namespace runtime (the default one).
-pub const NAMESPACE: &str = "namespace";
+/// The microvm runtime (decision 0014), as node code compares records with it.
+pub const MICROVM: RuntimeKind = RuntimeKind::Microvm;
 
 /// A microvm sandbox's disk image in its sandbox dir.
 pub const SANDBOX_DISK: &str = "disk.ext4";
@@ -137,8 +135,8 @@ pub struct NodeConfig {
     /// The microvm runtime (decision 0014), made on first use; None: off. Its daemon binary,
     /// work dir and run root are filled from the fields above.
     pub microvm: Option<crate::runtime::microvm::MicrovmConfig>,
-    /// The runtime of a create that names none: "namespace" or "microvm".
-    pub default_runtime: String,
+    /// The runtime of a create that names none.
+    pub default_runtime: RuntimeKind,
     /// How often every sandbox's cgroup counters are sampled (`usage.rs`); zero: never.
     /// Default 5 s.
     pub usage_interval: std::time::Duration,
@@ -160,7 +158,7 @@ impl Default for NodeConfig {
             exited_retention_secs: 600,
             net: NetConfig::default(),
             microvm: Some(Default::default()),
-            default_runtime: "namespace".to_owned(),
+            default_runtime: RuntimeKind::Namespace,
             usage_interval: std::time::Duration::from_secs(5),
         }
     }
@@ -389,9 +387,9 @@ impl Node {
         Ok(entry)
     }
 
-    /// The runtime named `kind` ("namespace" or "microvm"); the default one for anything
-    /// else (a record of a runtime this node lacks fails on use, not here).
-    fn rt_of(&self, kind: &str) -> &Arc<dyn Runtime> {
+    /// The runtime of `kind`: the microvm one when this node has it, else the default one (a
+    /// record of a runtime this node lacks fails on use, not here).
+    fn rt_of(&self, kind: RuntimeKind) -> &Arc<dyn Runtime> {
         match self.microvm.get() {
             Some(Ok(vm)) if kind == vm.kind() => vm,
             _ => &self.runtime,
@@ -440,7 +438,7 @@ impl Node {
 
     /// The runtime of the sandbox of `rec`.
     fn rt(&self, rec: &SandboxRecord) -> &Arc<dyn Runtime> {
-        self.rt_of(&rec.runtime)
+        self.rt_of(rec.runtime)
     }
 
     fn is_running(&self, rec: &SandboxRecord) -> bool {
@@ -459,7 +457,7 @@ impl Node {
                 Phase::Running
             },
             template: rec.spec.template.clone(),
-            runtime: rec.runtime.clone(),
+            runtime: rec.runtime,
             init_pid: if running {
                 rec.launched.as_ref().map(|l| l.init_pid)
             } else {
@@ -532,7 +530,7 @@ impl Node {
     /// The base environment of the sandbox's processes (with the daemon's own settings, which
     /// it strips): for a launch, and for handing out a warm pool's sandbox.
     fn sandbox_env(&self, rec: &SandboxRecord) -> Vec<(String, String)> {
-        let (spec, runtime) = (&rec.spec, rec.runtime.as_str());
+        let (spec, runtime) = (&rec.spec, rec.runtime);
         let defaults = self
             .templates
             .get(&spec.template, rec.template_version)
@@ -735,7 +733,7 @@ impl Node {
                 },
             }
         })?;
-        let kind = spec.runtime.as_deref().unwrap_or(&self.cfg.default_runtime);
+        let kind = spec.runtime.unwrap_or(self.cfg.default_runtime);
         let mut from = None;
         if kind == MICROVM {
             let vm = match self.microvm().await {
@@ -750,11 +748,6 @@ impl Node {
                 return Ok(status);
             }
             from = self.template_checkpoint(vm.as_ref(), &tmpl, &spec.limits);
-        } else if kind != self.runtime.kind() && kind != NAMESPACE {
-            return Err(NodeError::InvalidArgument(format!(
-                "unknown runtime {kind:?}: expected {} or {MICROVM}",
-                self.runtime.kind()
-            )));
         } else if let Some(status) = self.create_from_pool(spec, &tmpl, false).await {
             return Ok(status);
         }
@@ -881,10 +874,7 @@ impl Node {
             template_version,
             uid_base,
             uid_count: self.cfg.uid_count,
-            runtime: match spec.runtime.as_deref().unwrap_or(&self.cfg.default_runtime) {
-                MICROVM => MICROVM.to_owned(),
-                _ => self.runtime.kind().to_owned(),
-            },
+            runtime: spec.runtime.unwrap_or(self.cfg.default_runtime),
             created_unix_ms: now_unix_ms(),
             launched: None,
             slot: None,
@@ -1125,10 +1115,10 @@ impl NodeApi for Node {
         }
         let launched = entry.as_ref().and_then(|e| e.record.launched.clone());
         let (name, kind) = match &entry {
-            Some(e) => (e.record.runtime_name().to_owned(), e.record.runtime.clone()),
-            None => (id.to_owned(), self.runtime.kind().to_owned()),
+            Some(e) => (e.record.runtime_name().to_owned(), e.record.runtime),
+            None => (id.to_owned(), self.runtime.kind()),
         };
-        self.rt_of(&kind)
+        self.rt_of(kind)
             .destroy(&name, launched.as_ref())
             .await
             .map_err(|e| NodeError::Internal(format!("failed to stop sandbox {id}: {e}")))?;

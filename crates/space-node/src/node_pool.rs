@@ -110,9 +110,9 @@ impl Node {
 
     fn pool_status(&self, v: warm::PoolView) -> PoolStatus {
         let runtime = if self.pool_is_microvm(&v.template) {
-            super::MICROVM.to_owned()
+            super::MICROVM
         } else {
-            self.runtime.kind().to_owned()
+            self.runtime.kind()
         };
         PoolStatus {
             template: v.template,
@@ -277,7 +277,7 @@ impl Node {
         let microvm = self.pool_is_microvm(template);
         let mut from = None;
         if microvm {
-            spec.runtime = Some(super::MICROVM.to_owned());
+            spec.runtime = Some(super::MICROVM);
             // Network slots are not given to microvms yet (decision 0014).
             spec.network = Default::default();
             let vm = self.microvm().await.map_err(|why| {

@@ -61,7 +61,7 @@ impl Node {
                 } else if rec.launched.is_some() {
                     dead.push((
                         id.clone(),
-                        rec.runtime.clone(),
+                        rec.runtime,
                         rec.runtime_name().to_owned(),
                         rec.launched.take(),
                     ));
@@ -101,7 +101,7 @@ impl Node {
         }
         // Clean up what the runtime may have left of sandboxes that died while we were away.
         for (id, kind, name, launched) in dead {
-            if let Err(e) = self.rt_of(&kind).destroy(&name, launched.as_ref()).await {
+            if let Err(e) = self.rt_of(kind).destroy(&name, launched.as_ref()).await {
                 tracing::warn!(id, error = %e, "cleaning up a dead sandbox failed");
             }
             tracing::info!(id, "sandbox init is gone; marked stopped");

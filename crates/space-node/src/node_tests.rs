@@ -12,7 +12,7 @@ use space_proto::guest_client::GuestClient;
 use tonic::transport::Channel;
 
 use super::*;
-use crate::api::Limits;
+use crate::api::{Limits, RuntimeKind};
 use crate::channel::{ChannelError, GuestConnector, lazy_client};
 use crate::runtime::{Launched, RuntimeError};
 use crate::storage::fake::DirSubvolumes;
@@ -45,8 +45,9 @@ impl FakeRuntime {
 
 #[async_trait]
 impl Runtime for FakeRuntime {
-    fn kind(&self) -> &'static str {
-        "fake"
+    fn kind(&self) -> RuntimeKind {
+        // The fake stands in for the node's default runtime.
+        RuntimeKind::Namespace
     }
     async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError> {
         self.calls
@@ -202,7 +203,7 @@ async fn create_snapshots_records_launches_and_connects() {
     assert_eq!(st.phase, Phase::Running);
     assert_eq!(st.uid_base, START);
     assert_eq!(st.uid_count, 65536);
-    assert_eq!(st.runtime, "fake");
+    assert_eq!(st.runtime, RuntimeKind::Namespace);
     assert_eq!(st.init_pid, Some(1000));
     assert_eq!(st.memory_bytes, Some(4096));
     assert_eq!(st.cpu_usage_usec, Some(250_000));

@@ -686,7 +686,7 @@ impl Node {
             .allocate()?;
         let mut rec = self.new_record(spec, src.record.template_version, uid_base);
         // A fork runs where its source ran.
-        rec.runtime = src.record.runtime.clone();
+        rec.runtime = src.record.runtime;
         let result = async {
             let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
             blocking(move || {

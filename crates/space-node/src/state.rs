@@ -16,8 +16,8 @@ pub struct SandboxRecord {
     pub template_version: u32,
     pub uid_base: u32,
     pub uid_count: u32,
-    /// "namespace" or "microvm".
-    pub runtime: String,
+    /// Written as "namespace" or "microvm".
+    pub runtime: crate::api::RuntimeKind,
     pub created_unix_ms: u64,
     /// The running init, when launched (meaningless after a host reboot; checked with
     /// `Runtime::alive`).
@@ -78,7 +78,7 @@ mod tests {
             template_version: 3,
             uid_base: 1_000_065_536,
             uid_count: 65536,
-            runtime: "namespace".into(),
+            runtime: crate::api::RuntimeKind::Namespace,
             created_unix_ms: 1,
             launched: Some(Launched {
                 init_pid: 42,

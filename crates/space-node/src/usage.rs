@@ -47,7 +47,7 @@ impl UsageHistory {
 
 impl Node {
     /// The sandbox's counters now, when its cgroups answer (a stopped sandbox has none).
-    fn usage_now(&self, runtime: &str, name: &str) -> Option<UsageSample> {
+    fn usage_now(&self, runtime: crate::api::RuntimeKind, name: &str) -> Option<UsageSample> {
         let rt = self.rt_of(runtime);
         Some(UsageSample {
             unix_ms: now_unix_ms(),
@@ -59,7 +59,7 @@ impl Node {
 
     /// Takes one sample of every sandbox (pool members are nobody's yet).
     fn sample_usage(&self) {
-        let sandboxes: Vec<(String, String, String)> = self
+        let sandboxes: Vec<(String, crate::api::RuntimeKind, String)> = self
             .table
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -68,12 +68,12 @@ impl Node {
             .filter(|r| !r.pool_member)
             .map(|r| {
                 let name = r.runtime_name().to_owned();
-                (r.spec.id.clone(), r.runtime.clone(), name)
+                (r.spec.id.clone(), r.runtime, name)
             })
             .collect();
         let mut live = HashSet::with_capacity(sandboxes.len());
         for (id, runtime, name) in sandboxes {
-            if let Some(s) = self.usage_now(&runtime, &name) {
+            if let Some(s) = self.usage_now(runtime, &name) {
                 self.usage.record(&id, s);
             }
             live.insert(id);
@@ -101,7 +101,7 @@ impl Node {
             .record;
         let mut samples = self.usage.samples(id);
         let mut usage = SandboxUsage::default();
-        if let Some(now) = self.usage_now(&rec.runtime, rec.runtime_name()) {
+        if let Some(now) = self.usage_now(rec.runtime, rec.runtime_name()) {
             samples.push(now);
             // A paused guest does not answer; its disk is then unknown.
             if let Ok(mut guest) = NodeApi::guest(self, id).await {

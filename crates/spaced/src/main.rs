@@ -376,7 +376,10 @@ async fn main() -> Result<()> {
             cgroup_parent: format!("{}-vm", args.cgroup_parent),
             ..Default::default()
         }),
-        default_runtime: args.default_runtime.clone(),
+        default_runtime: args
+            .default_runtime
+            .parse()
+            .map_err(|e: space_node::api::NodeError| anyhow::anyhow!("--default-runtime: {e}"))?,
         usage_interval: Duration::from_secs(args.usage_interval),
         ..NodeConfig::default()
     };

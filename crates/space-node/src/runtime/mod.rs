@@ -84,8 +84,8 @@ pub enum RuntimeError {
 
 #[async_trait]
 pub trait Runtime: Send + Sync {
-    /// "namespace" or "microvm".
-    fn kind(&self) -> &'static str;
+    /// Which kind of runtime this is.
+    fn kind(&self) -> crate::api::RuntimeKind;
     /// Start the sandbox; returns once space-daemon runs and the channel socket is bound
     /// (the node then connects to it). On error, everything this call set up is undone.
     async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError>;
@@ -159,7 +159,7 @@ pub trait Runtime: Send + Sync {
     }
 }
 
-fn unsupported(kind: &str, what: &'static str, id: &str) -> RuntimeError {
+fn unsupported(kind: crate::api::RuntimeKind, what: &'static str, id: &str) -> RuntimeError {
     RuntimeError::Setup {
         step: what,
         source: std::io::Error::new(

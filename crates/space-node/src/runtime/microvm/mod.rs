@@ -868,8 +868,8 @@ fn join_error(step: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Runt
 
 #[async_trait]
 impl Runtime for MicrovmRuntime {
-    fn kind(&self) -> &'static str {
-        "microvm"
+    fn kind(&self) -> crate::api::RuntimeKind {
+        crate::api::RuntimeKind::Microvm
     }
 
     /// `<accel>-<MiB>m-<vCPUs>c-n1-<image id>`: what a restore must match. None without

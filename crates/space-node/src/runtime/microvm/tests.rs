@@ -415,7 +415,7 @@ fn missing_pieces_are_named_with_their_fix() {
     let rt = MicrovmRuntime::new(base).unwrap();
     assert_eq!(rt.accel(), "tcg");
     assert!(rt.accel_note().contains("forced"), "{}", rt.accel_note());
-    assert_eq!(rt.kind(), "microvm");
+    assert_eq!(rt.kind(), crate::api::RuntimeKind::Microvm);
     let entries = parse_newc(&fs::read(rt.initramfs()).unwrap());
     assert!(entries.iter().any(|e| e.0 == "init" && e.3 == elf_with(1)));
 }

@@ -425,8 +425,8 @@ async fn kill_adopted(l: &Launched, timeout: Duration) {
 
 #[async_trait]
 impl Runtime for NamespaceRuntime {
-    fn kind(&self) -> &'static str {
-        "namespace"
+    fn kind(&self) -> crate::api::RuntimeKind {
+        crate::api::RuntimeKind::Namespace
     }
 
     async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError> {
