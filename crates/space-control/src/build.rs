@@ -11,10 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Body;
-use axum::extract::{RawQuery, State};
-use axum::http::HeaderMap;
-use axum::response::Response;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use sha2::{Digest, Sha256};
@@ -24,11 +20,9 @@ use space_node_api::{PullSpec, TemplateDefaults, TemplateEvent, TemplateSource};
 use space_proto as pb;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::AppState;
 use crate::dockerfile::{Command, Instruction, Step, parse};
 use crate::engine::{Engine, ExecReply, template_dto};
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiPath, NamePath};
 use crate::templates::check_template_name;
 
 /// Internal templates (build steps, base images) carry this prefix; users cannot name one so.
@@ -902,25 +896,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-pub(crate) async fn build_template(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<NamePath>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, AppError> {
-    let opts = BuildOptions::from_query(q.as_deref())?;
-    let len = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok());
-    let lines = s
-        .engine
-        .build_template(&p.name, opts, len, body.into_data_stream())
-        .await?;
-    Ok(crate::http::ndjson(lines))
 }
 
 #[cfg(test)]

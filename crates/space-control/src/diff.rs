@@ -2,28 +2,11 @@
 //! and deleted between two of the sandbox's snapshots, or from its creation (`from` absent)
 //! and/or to the live filesystem (`to` absent).
 
-use axum::Json;
-use axum::extract::State;
-use serde::Deserialize;
-use space_api::{DiffEntry, DiffList};
+use space_api::DiffEntry;
 use space_node_api::diff::ChangeKind;
 
-use crate::AppState;
 use crate::engine::Engine;
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiPath, ApiQuery};
-
-#[derive(Debug, Deserialize)]
-pub(crate) struct DiffPath {
-    id: String,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct DiffQuery {
-    from: Option<String>,
-    to: Option<String>,
-}
 
 impl Engine {
     /// 404 for an unknown sandbox or snapshot, 400 for another sandbox's snapshot.
@@ -63,16 +46,4 @@ impl Engine {
             })
             .collect())
     }
-}
-
-pub(crate) async fn diff(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<DiffPath>,
-    ApiQuery(q): ApiQuery<DiffQuery>,
-) -> Result<Json<DiffList>, AppError> {
-    let changes = s
-        .engine
-        .diff(&p.id, q.from.as_deref(), q.to.as_deref())
-        .await?;
-    Ok(Json(DiffList { changes }))
 }

@@ -507,16 +507,6 @@ pub(crate) async fn audited(
         .await
 }
 
-/// `GET /v1/sandboxes/{id}/events?limit=N&after=ID`.
-pub async fn http_list_events(
-    axum::extract::State(state): axum::extract::State<crate::AppState>,
-    axum::extract::Path(id): axum::extract::Path<String>,
-    crate::http::ApiQuery(q): crate::http::ApiQuery<space_api::EventQuery>,
-) -> Result<axum::Json<space_api::EventList>, crate::AppError> {
-    let events = state.engine.list_events(&id, q).await?;
-    Ok(axum::Json(space_api::EventList { events }))
-}
-
 #[cfg(test)]
 mod cost_tests {
     use super::*;

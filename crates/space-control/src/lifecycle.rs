@@ -18,18 +18,14 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::task::{Context, Poll};
 
-use axum::Json;
-use axum::extract::State;
 use futures::Stream;
 use futures::stream::BoxStream;
 use space_api::{OnTimeout, Sandbox, SandboxState, SetTimeout, rfc3339_from_unix_ms};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::AppState;
 use crate::engine::{Action, Engine, check_lifecycle};
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiJson, ApiPath};
 use crate::reconcile::Step;
 use crate::store::{SandboxRow, Store, StoreError, now_ms};
 
@@ -649,41 +645,6 @@ impl Engine {
 }
 
 // ---------------------------------------------------------------- http
-
-use crate::http::IdPath;
-
-pub(crate) async fn http_pause(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-    body: axum::body::Bytes,
-) -> Result<Json<Sandbox>, AppError> {
-    let req: space_api::PauseRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        Default::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| AppError::invalid(format!("invalid pause request: {e}")))?
-    };
-    Ok(Json(if req.memory == Some(false) {
-        s.engine.stop_sandbox(&p.id).await?
-    } else {
-        s.engine.pause_sandbox(&p.id).await?
-    }))
-}
-
-pub(crate) async fn http_resume(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-) -> Result<Json<Sandbox>, AppError> {
-    Ok(Json(s.engine.resume_sandbox(&p.id).await?))
-}
-
-pub(crate) async fn http_set_timeout(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-    ApiJson(req): ApiJson<SetTimeout>,
-) -> Result<Json<Sandbox>, AppError> {
-    Ok(Json(s.engine.set_timeout(&p.id, req).await?))
-}
 
 #[cfg(test)]
 mod tests {

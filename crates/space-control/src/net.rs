@@ -3,21 +3,15 @@
 //! the conversions to the node's types, and port URLs (`POST /v1/sandboxes/{id}/ports`,
 //! tokens signed with `<data_dir>/ports.key`; the proxy itself is in `port_proxy`).
 
-use axum::Json;
-use axum::extract::State;
-use axum::http::{HeaderMap, Uri, header};
 use ring::hmac;
 use space_api::{
-    Egress, NetworkPolicy, PortInfo, PortRequest, Sandbox, SandboxNetwork, SandboxState,
-    is_valid_sandbox_id,
+    Egress, NetworkPolicy, PortInfo, Sandbox, SandboxNetwork, SandboxState, is_valid_sandbox_id,
 };
 use space_node_api::SandboxStatus;
 use space_node_api::net::{NetworkSpec, NetworkStatus, SecretBinding};
 
-use crate::AppState;
 use crate::engine::Engine;
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiJson, ApiPath};
 use crate::reconcile::Step;
 use crate::store::{NetworkRecord, SandboxRow, SecretBindingRecord};
 
@@ -339,34 +333,6 @@ impl Engine {
 }
 
 // ---------------------------------------------------------------- http
-
-use crate::http::IdPath;
-
-pub(crate) async fn http_set_network(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-    ApiJson(req): ApiJson<NetworkPolicy>,
-) -> Result<Json<Sandbox>, AppError> {
-    Ok(Json(s.engine.set_network(&p.id, req).await?))
-}
-
-pub(crate) async fn http_open_port(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-    uri: Uri,
-    headers: HeaderMap,
-    ApiJson(req): ApiJson<PortRequest>,
-) -> Result<Json<PortInfo>, AppError> {
-    // HTTP/1.1 sends Host; HTTP/2 the URI's authority.
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| uri.authority().map(|a| a.to_string()));
-    Ok(Json(
-        s.engine.open_port(&p.id, req.port, host.as_deref()).await?,
-    ))
-}
 
 #[cfg(test)]
 mod tests {

@@ -8,14 +8,10 @@
 //! gets [`ControlConfig::default_pool`](crate::ControlConfig::default_pool) (spaced's
 //! `--warm-pool`) until a user sets its pool (to 0 as well).
 
-use axum::Json;
-use axum::extract::State;
-use serde::Deserialize;
-use space_api::{Pool, PoolList, SetPool, is_valid_template_name};
+use space_api::{Pool, SetPool, is_valid_template_name};
 use space_node_api::{PoolConfig, PoolStatus};
 use sqlx::Row;
 
-use crate::AppState;
 use crate::engine::{Engine, MICROVM, RUNTIME_NAME, RUNTIMES};
 
 /// The runtime name a pool configuration stores.
@@ -23,7 +19,6 @@ fn runtime_of(cfg: &PoolConfig) -> &'static str {
     if cfg.microvm { MICROVM } else { RUNTIME_NAME }
 }
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiJson, ApiPath};
 use crate::store::{Store, StoreError, now_ms};
 
 /// A template's requested pool sizes, as stored.
@@ -302,32 +297,6 @@ impl Engine {
 }
 
 // ---- HTTP ----
-
-#[derive(Debug, Deserialize)]
-pub(crate) struct TemplatePath {
-    pub(crate) name: String,
-}
-
-pub(crate) async fn http_list(State(s): State<AppState>) -> Result<Json<PoolList>, AppError> {
-    Ok(Json(PoolList {
-        pools: s.engine.list_pools(),
-    }))
-}
-
-pub(crate) async fn http_get(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<TemplatePath>,
-) -> Result<Json<Pool>, AppError> {
-    Ok(Json(s.engine.get_pool(&p.name).await?))
-}
-
-pub(crate) async fn http_set(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<TemplatePath>,
-    ApiJson(req): ApiJson<SetPool>,
-) -> Result<Json<Pool>, AppError> {
-    Ok(Json(s.engine.set_pool(&p.name, req).await?))
-}
 
 #[cfg(test)]
 mod tests {

@@ -15,27 +15,20 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use axum::Json;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use ring::aead::{self, Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
-use serde::Deserialize;
 use space_api::{
-    MAX_SECRET_BYTES, PutSecret, SecretHeader, SecretInfo, SecretList, is_valid_env_key,
-    is_valid_secret_name, rfc3339_from_unix_ms,
+    MAX_SECRET_BYTES, PutSecret, SecretHeader, SecretInfo, is_valid_env_key, is_valid_secret_name,
+    rfc3339_from_unix_ms,
 };
 use space_node_api::net::SecretSource;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::AppState;
 use crate::engine::Engine;
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiJson, ApiPath};
 use crate::store::{SecretBindingRecord, Store, StoreError, now_ms};
 
 /// Length of the key files (`secrets.key`, `ports.key`).
@@ -736,40 +729,6 @@ impl Engine {
     pub fn secret_source(&self) -> Arc<dyn SecretSource> {
         self.vault.clone()
     }
-}
-
-#[derive(Deserialize)]
-pub(crate) struct SecretPath {
-    name: String,
-}
-
-pub(crate) async fn http_put(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<SecretPath>,
-    ApiJson(req): ApiJson<PutSecret>,
-) -> Result<Json<SecretInfo>, AppError> {
-    Ok(Json(s.engine.vault.put(&p.name, &req).await?))
-}
-
-pub(crate) async fn http_list(State(s): State<AppState>) -> Result<Json<SecretList>, AppError> {
-    Ok(Json(SecretList {
-        secrets: s.engine.vault.list().await?,
-    }))
-}
-
-pub(crate) async fn http_get(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<SecretPath>,
-) -> Result<Json<SecretInfo>, AppError> {
-    Ok(Json(s.engine.vault.get(&p.name).await?))
-}
-
-pub(crate) async fn http_delete(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<SecretPath>,
-) -> Result<Response, AppError> {
-    s.engine.vault.delete(&p.name).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[cfg(test)]

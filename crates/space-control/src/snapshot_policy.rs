@@ -14,18 +14,14 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use axum::Json;
-use axum::extract::State;
 use futures::Stream;
 use futures::stream::BoxStream;
 use space_api::{MAX_EVERY_SECS, MAX_KEEP_LAST, Sandbox, SandboxState, Snapshot, SnapshotPolicy};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::AppState;
 use crate::engine::Engine;
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiJson, ApiPath};
 use crate::reconcile::Step;
 use crate::snapshots::SnapshotRow;
 use crate::store::{SandboxRow, Store, StoreError, now_ms};
@@ -487,16 +483,6 @@ impl<T> Drop for AfterExec<T> {
 }
 
 // ---------------------------------------------------------------- http
-
-use crate::http::IdPath;
-
-pub(crate) async fn http_set_policy(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-    ApiJson(req): ApiJson<SnapshotPolicy>,
-) -> Result<Json<Sandbox>, AppError> {
-    Ok(Json(s.engine.set_snapshot_policy(&p.id, req).await?))
-}
 
 #[cfg(test)]
 mod tests {

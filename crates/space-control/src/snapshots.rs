@@ -8,25 +8,17 @@
 
 use std::collections::HashMap;
 
-use axum::Json;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use rand::Rng;
-use serde::Deserialize;
 use space_api::{
-    CreateSnapshot, ForkRequest, MAX_FORK_COUNT, RollbackRequest, Sandbox, SandboxList,
-    SandboxState, Snapshot, SnapshotKind, SnapshotList, Template, TemplateFromSnapshot,
-    is_valid_sandbox_id, rfc3339_from_unix_ms,
+    CreateSnapshot, ForkRequest, MAX_FORK_COUNT, RollbackRequest, Sandbox, SandboxState, Snapshot,
+    SnapshotKind, Template, TemplateFromSnapshot, is_valid_sandbox_id, rfc3339_from_unix_ms,
 };
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::AppState;
 use crate::checkpoints::Checkpoint;
 use crate::engine::{Action, Engine, check_lifecycle, node_spec, sandbox_dto};
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiBytes, ApiJson, ApiPath};
 use crate::store::{SandboxRow, Store, StoreError, now_ms};
 
 /// Longest label accepted.
@@ -543,76 +535,16 @@ impl Engine {
 
 // ---- HTTP handlers ----
 
-use crate::http::IdPath;
-
-#[derive(Deserialize)]
-pub(crate) struct SnapPath {
-    id: String,
-    snap: String,
-}
-
 /// An optional JSON object body: empty means the default.
-fn optional_body<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> AppResult<T> {
+pub(crate) fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    bytes: &[u8],
+) -> AppResult<T> {
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         None => Ok(T::default()),
         Some(b'{') => serde_json::from_slice(bytes)
             .map_err(|e| AppError::invalid(format!("invalid JSON body: {e}"))),
         Some(_) => Err(AppError::invalid("the request body must be a JSON object")),
     }
-}
-
-pub(crate) async fn create_snapshot(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-    ApiBytes(body): ApiBytes,
-) -> Result<Response, AppError> {
-    let req: CreateSnapshot = optional_body(&body)?;
-    let snap = s.engine.create_snapshot(&p.id, req).await?;
-    Ok((StatusCode::CREATED, Json(snap)).into_response())
-}
-
-pub(crate) async fn list_snapshots(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-) -> Result<Json<SnapshotList>, AppError> {
-    Ok(Json(SnapshotList {
-        snapshots: s.engine.list_snapshots(&p.id).await?,
-    }))
-}
-
-pub(crate) async fn delete_snapshot(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<SnapPath>,
-) -> Result<StatusCode, AppError> {
-    s.engine.delete_snapshot(&p.id, &p.snap).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-pub(crate) async fn template_from_snapshot(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<crate::http::NamePath>,
-    ApiJson(req): ApiJson<TemplateFromSnapshot>,
-) -> Result<Response, AppError> {
-    let t = s.engine.template_from_snapshot(&p.name, req).await?;
-    Ok((StatusCode::CREATED, Json(t)).into_response())
-}
-
-pub(crate) async fn rollback(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-    ApiJson(req): ApiJson<RollbackRequest>,
-) -> Result<Json<Sandbox>, AppError> {
-    Ok(Json(s.engine.rollback(&p.id, req).await?))
-}
-
-pub(crate) async fn fork(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-    ApiBytes(body): ApiBytes,
-) -> Result<Response, AppError> {
-    let req: ForkRequest = optional_body(&body)?;
-    let sandboxes = s.engine.fork(&p.id, req).await?;
-    Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })).into_response())
 }
 
 #[cfg(test)]

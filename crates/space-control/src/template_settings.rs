@@ -4,15 +4,11 @@
 
 use std::collections::HashMap;
 
-use axum::Json;
-use axum::extract::State;
 use space_api::{SetTemplateSettings, Template};
 use sqlx::Row;
 
-use crate::AppState;
 use crate::engine::{Engine, RUNTIMES, template_dto};
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiJson, ApiPath};
 use crate::store::{Store, StoreError, now_ms};
 
 fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
@@ -118,12 +114,4 @@ impl Engine {
         dto.runtime = req.runtime;
         Ok(dto)
     }
-}
-
-pub(crate) async fn http_set(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<crate::pools::TemplatePath>,
-    ApiJson(req): ApiJson<SetTemplateSettings>,
-) -> Result<Json<Template>, AppError> {
-    Ok(Json(s.engine.set_template_settings(&p.name, req).await?))
 }

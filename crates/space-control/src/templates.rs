@@ -3,17 +3,13 @@
 //! `done` (the new version) or `error`. The work runs to its end even when the client goes
 //! away: a template then appears all the same, or nothing does.
 
-use axum::extract::State;
-use axum::response::Response;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use space_api::{PullTemplate, TemplateLog, is_valid_template_name};
 use space_node_api::{PullSpec, TemplateEvent, TemplateSource};
 
-use crate::AppState;
 use crate::engine::{Engine, template_dto};
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiJson, ApiPath, NamePath};
 
 /// Longest start or ready command accepted.
 const MAX_COMMAND_LEN: usize = 16 * 1024;
@@ -251,47 +247,6 @@ impl Engine {
             versions,
         })
     }
-}
-
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RemoveQuery {
-    version: Option<u32>,
-}
-
-pub(crate) async fn set_template_start(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<NamePath>,
-    ApiJson(req): ApiJson<space_api::SetTemplateStart>,
-) -> Result<axum::Json<space_api::Template>, AppError> {
-    Ok(axum::Json(s.engine.set_template_start(&p.name, req).await?))
-}
-
-pub(crate) async fn get_template(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<NamePath>,
-) -> Result<axum::Json<space_api::TemplateDetail>, AppError> {
-    Ok(axum::Json(s.engine.get_template(&p.name).await?))
-}
-
-pub(crate) async fn remove_template(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<NamePath>,
-    crate::http::ApiQuery(q): crate::http::ApiQuery<RemoveQuery>,
-) -> Result<axum::Json<space_api::TemplateRemoved>, AppError> {
-    Ok(axum::Json(
-        s.engine.remove_template(&p.name, q.version).await?,
-    ))
-}
-
-pub(crate) async fn pull_template(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<NamePath>,
-    ApiJson(req): ApiJson<PullTemplate>,
-) -> Result<Response, AppError> {
-    Ok(crate::http::ndjson(
-        s.engine.pull_template(&p.name, req).await?,
-    ))
 }
 
 #[cfg(test)]

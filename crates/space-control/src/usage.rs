@@ -2,15 +2,11 @@
 //! turned into CPU percentages and memory figures. E2B's `GET /sandboxes/{id}/metrics`
 //! serves the same figures in its own shape (`e2b/control.rs`).
 
-use axum::Json;
-use axum::extract::State;
-use space_api::{MetricSample, MetricsQuery, SandboxMetrics, rfc3339_from_unix_ms};
+use space_api::{MetricSample, SandboxMetrics, rfc3339_from_unix_ms};
 use space_node_api::{SandboxUsage, UsageSample};
 
-use crate::AppState;
 use crate::engine::Engine;
 use crate::error::{AppError, AppResult};
-use crate::http::{ApiPath, ApiQuery, IdPath};
 
 impl Engine {
     /// The samples taken in `[since_ms, until_ms]`. 404 for an unknown sandbox.
@@ -82,7 +78,7 @@ pub fn metrics_of(
 }
 
 /// A query bound: RFC 3339, or 400 naming the field.
-fn bound(name: &str, v: Option<&str>) -> AppResult<Option<i64>> {
+pub(crate) fn bound(name: &str, v: Option<&str>) -> AppResult<Option<i64>> {
     v.map(|s| {
         space_api::unix_ms_from_rfc3339(s).ok_or_else(|| {
             AppError::invalid(format!(
@@ -91,16 +87,6 @@ fn bound(name: &str, v: Option<&str>) -> AppResult<Option<i64>> {
         })
     })
     .transpose()
-}
-
-pub(crate) async fn http_metrics(
-    State(s): State<AppState>,
-    ApiPath(p): ApiPath<IdPath>,
-    ApiQuery(q): ApiQuery<MetricsQuery>,
-) -> Result<Json<SandboxMetrics>, AppError> {
-    let since = bound("since", q.since.as_deref())?;
-    let until = bound("until", q.until.as_deref())?;
-    Ok(Json(s.engine.sandbox_metrics(&p.id, since, until).await?))
 }
 
 #[cfg(test)]

@@ -1,0 +1,49 @@
+//! `/v1/secrets...`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+
+use axum::http::StatusCode;
+use space_api::PutSecret;
+use space_api::SecretInfo;
+use space_api::SecretList;
+
+use super::extract::*;
+use crate::AppState;
+use crate::error::AppError;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+pub(crate) struct SecretPath {
+    name: String,
+}
+
+pub(crate) async fn list_secrets(State(s): State<AppState>) -> Result<Json<SecretList>, AppError> {
+    Ok(Json(SecretList {
+        secrets: s.engine.vault.list().await?,
+    }))
+}
+
+pub(crate) async fn get_secret(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<SecretPath>,
+) -> Result<Json<SecretInfo>, AppError> {
+    Ok(Json(s.engine.vault.get(&p.name).await?))
+}
+
+pub(crate) async fn put_secret(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<SecretPath>,
+    ApiJson(req): ApiJson<PutSecret>,
+) -> Result<Json<SecretInfo>, AppError> {
+    Ok(Json(s.engine.vault.put(&p.name, &req).await?))
+}
+
+pub(crate) async fn delete_secret(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<SecretPath>,
+) -> Result<Response, AppError> {
+    s.engine.vault.delete(&p.name).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,132 @@
+//! `/v1/templates...`: list, import, pull, build, show, remove, settings, start command,
+//! from a snapshot.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+
+use axum::body::Body;
+use axum::extract::RawQuery;
+use axum::http::HeaderMap;
+use axum::http::StatusCode;
+use serde::Deserialize;
+use space_api::PullTemplate;
+use space_api::SetTemplateSettings;
+use space_api::Template;
+use space_api::TemplateFromSnapshot;
+use space_api::TemplateList;
+
+use super::HResult;
+use super::extract::*;
+use crate::AppState;
+use crate::build::BuildOptions;
+use crate::error::AppError;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RemoveQuery {
+    version: Option<u32>,
+}
+
+pub(crate) async fn list_templates(State(s): State<AppState>) -> HResult<Json<TemplateList>> {
+    Ok(Json(TemplateList {
+        templates: s.engine.list_templates().await?,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ImportQuery {
+    #[serde(default)]
+    replace: bool,
+}
+
+pub(crate) async fn import_template(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    ApiQuery(q): ApiQuery<ImportQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> HResult<Response> {
+    let t = s
+        .engine
+        .import_template(
+            &p.name,
+            q.replace,
+            content_length(&headers),
+            body.into_data_stream(),
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(t)).into_response())
+}
+
+pub(crate) async fn set_template_settings(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    ApiJson(req): ApiJson<SetTemplateSettings>,
+) -> Result<Json<Template>, AppError> {
+    Ok(Json(s.engine.set_template_settings(&p.name, req).await?))
+}
+
+pub(crate) async fn get_template(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+) -> Result<axum::Json<space_api::TemplateDetail>, AppError> {
+    Ok(axum::Json(s.engine.get_template(&p.name).await?))
+}
+
+pub(crate) async fn remove_template(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    crate::http::ApiQuery(q): crate::http::ApiQuery<RemoveQuery>,
+) -> Result<axum::Json<space_api::TemplateRemoved>, AppError> {
+    Ok(axum::Json(
+        s.engine.remove_template(&p.name, q.version).await?,
+    ))
+}
+
+pub(crate) async fn set_template_start(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    ApiJson(req): ApiJson<space_api::SetTemplateStart>,
+) -> Result<axum::Json<space_api::Template>, AppError> {
+    Ok(axum::Json(s.engine.set_template_start(&p.name, req).await?))
+}
+
+pub(crate) async fn pull_template(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    ApiJson(req): ApiJson<PullTemplate>,
+) -> Result<Response, AppError> {
+    Ok(crate::http::ndjson(
+        s.engine.pull_template(&p.name, req).await?,
+    ))
+}
+
+pub(crate) async fn build_template(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<NamePath>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, AppError> {
+    let opts = BuildOptions::from_query(q.as_deref())?;
+    let len = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let lines = s
+        .engine
+        .build_template(&p.name, opts, len, body.into_data_stream())
+        .await?;
+    Ok(crate::http::ndjson(lines))
+}
+
+pub(crate) async fn template_from_snapshot(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<crate::http::NamePath>,
+    ApiJson(req): ApiJson<TemplateFromSnapshot>,
+) -> Result<Response, AppError> {
+    let t = s.engine.template_from_snapshot(&p.name, req).await?;
+    Ok((StatusCode::CREATED, Json(t)).into_response())
+}
