@@ -550,13 +550,9 @@ impl Node {
         if let Some(n) = &self.network
             && n.netns(&spec.id).is_some()
         {
-            // The node's DNS inside the slot (a VM reaches it through its gateway, decision
-            // 0014), and the CA of intercepted TLS (decision 0012).
-            let dns = if runtime == MICROVM {
-                space_proto::vm_link::GATEWAY
-            } else {
-                std::net::Ipv4Addr::LOCALHOST
-            };
+            // The node's DNS as the sandbox reaches it, and the CA of intercepted TLS
+            // (decision 0012).
+            let dns = self.rt_of(runtime).dns_address();
             env.push(("SPACE_DNS".into(), dns.to_string()));
             env.push(("SPACE_CA_PEM".into(), n.ca_pem()));
             for (k, v) in [
@@ -1391,12 +1387,7 @@ impl NodeApi for Node {
         let Some(net) = &self.network else {
             return Err(NodeError::Conflict("networking is off on this node".into()));
         };
-        // A namespace sandbox listens on the slot's own loopback; a VM behind its tap.
-        let host = if entry.record.runtime == MICROVM {
-            space_proto::vm_link::GUEST
-        } else {
-            std::net::Ipv4Addr::LOCALHOST
-        };
+        let host = self.rt(&entry.record).service_address();
         let stream = net.connect(id, host, port).await.map_err(|e| match e {
             NetError::Setup { source, .. } => NodeError::Unavailable {
                 id: id.to_string(),

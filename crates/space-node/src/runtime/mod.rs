@@ -86,6 +86,15 @@ pub enum RuntimeError {
 pub trait Runtime: Send + Sync {
     /// Which kind of runtime this is.
     fn kind(&self) -> crate::api::RuntimeKind;
+    /// Where the sandbox's own servers are reached from the node's side of its network slot:
+    /// the slot's loopback for a sandbox that shares the slot's namespace.
+    fn service_address(&self) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::LOCALHOST
+    }
+    /// The node's resolver (and egress proxy) as processes inside the sandbox reach it.
+    fn dns_address(&self) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::LOCALHOST
+    }
     /// Start the sandbox; returns once space-daemon runs and the channel socket is bound
     /// (the node then connects to it). On error, everything this call set up is undone.
     async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError>;

@@ -872,6 +872,16 @@ impl Runtime for MicrovmRuntime {
         crate::api::RuntimeKind::Microvm
     }
 
+    /// The guest behind its tap (decision 0014, Networking).
+    fn service_address(&self) -> std::net::Ipv4Addr {
+        space_proto::vm_link::GUEST
+    }
+
+    /// The guest reaches the node through its gateway, the tap's node end.
+    fn dns_address(&self) -> std::net::Ipv4Addr {
+        space_proto::vm_link::GATEWAY
+    }
+
     /// `<accel>-<MiB>m-<vCPUs>c-n1-<image id>`: what a restore must match. None without
     /// file-backed RAM (no checkpoints).
     fn checkpoint_key(&self, limits: &Limits) -> Option<String> {
