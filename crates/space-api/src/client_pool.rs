@@ -1,4 +1,5 @@
-//! Client calls for warm pools (a child of `client`, sharing its helpers).
+//! Client calls for warm pools, nodes and the cluster (a child of `client`, sharing its
+//! helpers).
 
 use reqwest::Method;
 
@@ -6,6 +7,17 @@ use super::{Client, Result};
 use crate::pool::{Pool, PoolList, SetPool};
 
 impl Client {
+    /// `GET /v1/nodes`: every node, with its capacity and what its sandboxes claim.
+    pub async fn list_nodes(&self) -> Result<Vec<crate::node::Node>> {
+        let list: crate::node::NodeList = self.json(self.request(Method::GET, "/v1/nodes")).await?;
+        Ok(list.nodes)
+    }
+
+    /// `GET /v1/cluster`: the nodes summed, and the sandboxes by state.
+    pub async fn cluster_status(&self) -> Result<crate::node::ClusterStatus> {
+        self.json(self.request(Method::GET, "/v1/cluster")).await
+    }
+
     /// `GET /v1/pools`: every template's pool (templates without one are not listed).
     pub async fn list_pools(&self) -> Result<Vec<Pool>> {
         let list: PoolList = self.json(self.request(Method::GET, "/v1/pools")).await?;

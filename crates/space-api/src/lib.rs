@@ -8,6 +8,7 @@ pub mod copy;
 pub mod diff;
 pub mod event;
 pub mod net;
+pub mod node;
 pub mod pool;
 pub mod snapshot;
 pub mod snapshot_policy;
@@ -17,6 +18,7 @@ pub use client::{ByteStream, Client, ClientError, EventStream, ExecOutput};
 pub use diff::*;
 pub use event::*;
 pub use net::*;
+pub use node::{ClusterStatus, Node, NodeList};
 pub use pool::*;
 /// Request bodies for uploads (`Body::wrap_stream` streams any byte stream).
 pub use reqwest::Body;

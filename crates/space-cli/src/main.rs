@@ -12,6 +12,7 @@ mod diff;
 mod events;
 mod exec;
 mod net;
+mod node;
 mod pool;
 mod snapshot;
 mod template;
@@ -138,6 +139,12 @@ enum Command {
     /// Warm pools: ready sandboxes kept per template, so that creates are fast.
     #[command(subcommand)]
     Pool(pool::PoolCmd),
+    /// Nodes: state, capacity and what their sandboxes claim (`space node ls`).
+    #[command(subcommand)]
+    Node(node::NodeCmd),
+    /// The whole platform at a glance (`space cluster status`).
+    #[command(subcommand)]
+    Cluster(node::ClusterCmd),
     /// Benchmarks (`space bench all` runs every one and writes a JSON report).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -528,6 +535,8 @@ async fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Pool(c) => pool::run(client()?, c).await,
+        Command::Node(c) => node::run_node(client()?, c).await,
+        Command::Cluster(c) => node::run_cluster(client()?, c).await,
     }
 }
 

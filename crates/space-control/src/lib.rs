@@ -20,6 +20,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod migrations;
 pub mod net;
+pub mod nodes;
 pub mod pools;
 pub mod port_proxy;
 pub mod reconcile;

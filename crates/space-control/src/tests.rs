@@ -705,6 +705,18 @@ impl NodeApi for FakeNode {
         self.pools.lock().unwrap().values().cloned().collect()
     }
 
+    async fn node_info(&self) -> Result<space_node_api::NodeInfo, NodeError> {
+        Ok(space_node_api::NodeInfo {
+            name: "fake".into(),
+            runtimes: vec![space_node_api::RuntimeKind::Namespace],
+            cpus: 2,
+            memory_bytes: 8 << 30,
+            memory_available_bytes: 6 << 30,
+            sandboxes: self.sandboxes.lock().unwrap().len() as u32,
+            pool_ready: 0,
+        })
+    }
+
     async fn import_template(
         &self,
         name: &str,

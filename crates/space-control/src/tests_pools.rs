@@ -334,3 +334,54 @@ async fn serve_restores_pools_at_start() {
     tx.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn nodes_and_the_cluster_show_capacity_and_what_sandboxes_claim() {
+    let h = harness().await;
+    let a = h.create().await;
+    let b = h.create().await;
+    let nodes: space_api::NodeList = h.call(Method::GET, "/v1/nodes", Body::empty()).await.json();
+    assert_eq!(nodes.nodes.len(), 1);
+    let n = &nodes.nodes[0];
+    assert_eq!(
+        (n.name.as_str(), n.state.as_str(), n.cpus, n.sandboxes),
+        ("fake", "ready", 2, 2)
+    );
+    assert_eq!(n.runtimes, ["namespace"]);
+    // Creating, running and paused sandboxes hold their limits.
+    assert_eq!(n.allocated_cpu, a.cpu + b.cpu);
+    assert_eq!(n.allocated_memory_mib, a.memory_mib + b.memory_mib);
+
+    let r = h
+        .call(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{}", a.id),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::NO_CONTENT,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let c: space_api::ClusterStatus = h
+        .call(Method::GET, "/v1/cluster", Body::empty())
+        .await
+        .json();
+    assert_eq!((c.nodes, c.nodes_ready, c.cpus), (1, 1, 2));
+    assert_eq!(
+        (c.memory_bytes, c.memory_available_bytes),
+        (8 << 30, 6 << 30)
+    );
+    assert_eq!(
+        (c.allocated_cpu, c.allocated_memory_mib),
+        (b.cpu, b.memory_mib)
+    );
+    assert_eq!(c.sandboxes.get("running"), Some(&1));
+    assert!(
+        c.sandboxes.keys().all(|k| k == "running" || k == "deleted"),
+        "{:?}",
+        c.sandboxes
+    );
+}

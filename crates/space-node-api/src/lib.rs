@@ -539,6 +539,11 @@ pub trait NodeApi: Send + Sync {
         Vec::new()
     }
 
+    /// What the node has and holds now (cheap: a few /proc reads). Default: nothing known.
+    async fn node_info(&self) -> Result<NodeInfo, NodeError> {
+        Ok(NodeInfo::default())
+    }
+
     // ---- usage (additive; default: none kept) ----
 
     /// The sandbox's recent cgroup samples, oldest first, ending with one taken now while it
@@ -548,6 +553,25 @@ pub trait NodeApi: Send + Sync {
         let _ = id;
         Ok(SandboxUsage::default())
     }
+}
+
+/// What a node has and holds, as it reports it: `space node ls`, and the figures a
+/// scheduler places by.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The node's host name.
+    pub name: String,
+    /// The runtimes it offers (microvm when configured; whether QEMU and KVM work shows at
+    /// the first microvm create).
+    pub runtimes: Vec<RuntimeKind>,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    /// The kernel's MemAvailable.
+    pub memory_available_bytes: u64,
+    /// Sandboxes it holds for users (its warm pools' ready ones not counted).
+    pub sandboxes: u32,
+    /// Ready sandboxes in its warm pools.
+    pub pool_ready: u32,
 }
 
 /// One reading of a sandbox's cgroup counters.

@@ -1445,6 +1445,10 @@ impl NodeApi for Node {
         self.pools_impl()
     }
 
+    async fn node_info(&self) -> Result<crate::api::NodeInfo, NodeError> {
+        Ok(self.node_info_impl())
+    }
+
     async fn sandbox_usage(&self, id: &str) -> Result<crate::api::SandboxUsage, NodeError> {
         self.sandbox_usage_impl(id).await
     }

@@ -57,11 +57,47 @@ fn member_name() -> String {
         .collect()
 }
 
-fn mem_total_bytes() -> Option<u64> {
+/// A `/proc/meminfo` figure (`MemTotal`, `MemAvailable`), in bytes.
+pub(super) fn meminfo_bytes(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let line = s
+        .lines()
+        .find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+fn mem_total_bytes() -> Option<u64> {
+    meminfo_bytes("MemTotal")
+}
+
+impl Node {
+    /// [`NodeApi::node_info`](crate::api::NodeApi::node_info).
+    pub(super) fn node_info_impl(&self) -> crate::api::NodeInfo {
+        let mut runtimes = vec![self.runtime.kind()];
+        if self.cfg.microvm.is_some() && !runtimes.contains(&super::MICROVM) {
+            runtimes.push(super::MICROVM);
+        }
+        let sandboxes = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|e| !e.record.pool_member)
+            .count();
+        crate::api::NodeInfo {
+            name: rustix::system::uname()
+                .nodename()
+                .to_string_lossy()
+                .into_owned(),
+            runtimes,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            memory_bytes: mem_total_bytes().unwrap_or(0),
+            memory_available_bytes: meminfo_bytes("MemAvailable").unwrap_or(0),
+            sandboxes: sandboxes as u32,
+            pool_ready: self.pools_impl().iter().map(|p| p.ready).sum(),
+        }
+    }
 }
 
 impl Node {

@@ -305,3 +305,36 @@ fn template_import_and_use() {
         "from my template\n"
     );
 }
+
+/// `space node ls` and `space cluster status` (issue 14) against a real spaced: its one node
+/// is this host, with this host's CPUs, and counts what it holds.
+#[test]
+fn node_ls_and_cluster_status_show_this_host() {
+    let s = Spaced::start().unwrap();
+    let id = s.create(&[]);
+    let nodes: serde_json::Value =
+        serde_json::from_str(&s.space_ok(&["node", "ls", "--json"])).unwrap();
+    let node = &nodes["nodes"][0];
+    let host = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    assert_eq!(node["name"], host.as_str());
+    assert_eq!(node["state"], "ready");
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    assert_eq!(node["cpus"].as_u64(), Some(cpus));
+    assert!(node["memory_available_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(node["sandboxes"].as_u64(), Some(1));
+    let sb: serde_json::Value = serde_json::from_str(&s.space_ok(&["inspect", &id])).unwrap();
+    assert_eq!(node["allocated_memory_mib"], sb["memory_mib"]);
+    let table = s.space_ok(&["node", "ls"]);
+    assert!(
+        table.starts_with("NAME") && table.contains(&host),
+        "{table}"
+    );
+    let status = s.space_ok(&["cluster", "status"]);
+    assert!(
+        status.contains("nodes:      1 (1 ready)") && status.contains("1 running"),
+        "{status}"
+    );
+}

@@ -6,6 +6,7 @@
 mod extract;
 mod files;
 mod network;
+mod nodes;
 mod pools;
 mod processes;
 mod sandboxes;
@@ -82,6 +83,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/templates/{name}/pool"),
     ("PUT", "/v1/templates/{name}/pool"),
     ("GET", "/v1/pools"),
+    ("GET", "/v1/nodes"),
+    ("GET", "/v1/cluster"),
 ];
 
 /// The handler of one entry of [`ROUTES`].
@@ -139,6 +142,8 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("GET", "/v1/templates/{name}/pool") => get(pools::get_pool),
         ("PUT", "/v1/templates/{name}/pool") => put(pools::set_pool),
         ("GET", "/v1/pools") => get(pools::list_pools),
+        ("GET", "/v1/nodes") => get(nodes::list_nodes),
+        ("GET", "/v1/cluster") => get(nodes::cluster_status),
         _ => unreachable!("route {method} {path} has no handler"),
     }
 }

@@ -1,0 +1,52 @@
+//! Nodes and the cluster as the API shows them (issue 14): `GET /v1/nodes` and
+//! `GET /v1/cluster`. An all-in-one spaced has one node, itself.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One node: what it has, what it holds, and what its sandboxes' limits claim of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    /// The node's host name.
+    pub name: String,
+    /// `ready` (it answers) or `unreachable` (it did not answer just now).
+    pub state: String,
+    /// The runtimes it offers (`namespace`, `microvm`).
+    pub runtimes: Vec<String>,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    pub memory_available_bytes: u64,
+    /// Sandboxes it holds for users (warm pools' ready ones not counted).
+    pub sandboxes: u32,
+    /// Ready sandboxes in its warm pools.
+    pub pool_ready: u32,
+    /// The CPU limits of its creating, running and paused sandboxes, summed (cores).
+    pub allocated_cpu: f64,
+    /// Their memory limits, summed.
+    pub allocated_memory_mib: u64,
+}
+
+/// `GET /v1/nodes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeList {
+    pub nodes: Vec<Node>,
+}
+
+/// `GET /v1/cluster`: the nodes summed, and the sandboxes by state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterStatus {
+    pub nodes: u32,
+    pub nodes_ready: u32,
+    pub cpus: u32,
+    pub memory_bytes: u64,
+    pub memory_available_bytes: u64,
+    pub allocated_cpu: f64,
+    pub allocated_memory_mib: u64,
+    pub pool_ready: u32,
+    /// Every sandbox the store holds, counted by state (`running`, `paused`, ...).
+    pub sandboxes: BTreeMap<String, u32>,
+}
