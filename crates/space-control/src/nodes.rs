@@ -56,14 +56,9 @@ impl Engine {
                 Node {
                     name: "local".into(),
                     state: "unreachable".into(),
-                    runtimes: Vec::new(),
-                    cpus: 0,
-                    memory_bytes: 0,
-                    memory_available_bytes: 0,
-                    sandboxes: 0,
-                    pool_ready: 0,
                     allocated_cpu,
                     allocated_memory_mib,
+                    ..Node::default()
                 }
             }
         }
@@ -76,15 +71,14 @@ impl Engine {
         for r in &rows {
             *sandboxes.entry(r.state.as_str().to_owned()).or_insert(0) += 1;
         }
-        let (allocated_cpu, allocated_memory_mib) = allocated(&rows);
         Ok(ClusterStatus {
             nodes: nodes.len() as u32,
             nodes_ready: nodes.iter().filter(|n| n.state == "ready").count() as u32,
             cpus: nodes.iter().map(|n| n.cpus).sum(),
             memory_bytes: nodes.iter().map(|n| n.memory_bytes).sum(),
             memory_available_bytes: nodes.iter().map(|n| n.memory_available_bytes).sum(),
-            allocated_cpu,
-            allocated_memory_mib,
+            allocated_cpu: nodes.iter().map(|n| n.allocated_cpu).sum(),
+            allocated_memory_mib: nodes.iter().map(|n| n.allocated_memory_mib).sum(),
             pool_ready: nodes.iter().map(|n| n.pool_ready).sum(),
             sandboxes,
         })

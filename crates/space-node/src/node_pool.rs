@@ -58,17 +58,13 @@ fn member_name() -> String {
 }
 
 /// A `/proc/meminfo` figure (`MemTotal`, `MemAvailable`), in bytes.
-pub(super) fn meminfo_bytes(key: &str) -> Option<u64> {
+fn meminfo_bytes(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s
         .lines()
         .find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
-}
-
-fn mem_total_bytes() -> Option<u64> {
-    meminfo_bytes("MemTotal")
 }
 
 impl Node {
@@ -92,7 +88,7 @@ impl Node {
                 .into_owned(),
             runtimes,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
-            memory_bytes: mem_total_bytes().unwrap_or(0),
+            memory_bytes: meminfo_bytes("MemTotal").unwrap_or(0),
             memory_available_bytes: meminfo_bytes("MemAvailable").unwrap_or(0),
             sandboxes: sandboxes as u32,
             pool_ready: self.pools_impl().iter().map(|p| p.ready).sum(),
@@ -111,7 +107,7 @@ impl Node {
         } else {
             warm::BYTES_PER_MEMBER
         };
-        if let Some(total) = mem_total_bytes() {
+        if let Some(total) = meminfo_bytes("MemTotal") {
             limits.push((
                 total / 2 / per_member,
                 format!(

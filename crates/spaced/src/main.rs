@@ -184,11 +184,16 @@ impl space_control::tls::IssueCert for ApiCa {
     }
 }
 
-/// The HTTPS listener's address and certificates, from the flags; and the CA certificate
-/// (PEM) when spaced issues them.
-fn tls_setup(
-    args: &Args,
-) -> Result<Option<(SocketAddr, space_control::tls::ServerCerts, Option<String>)>> {
+/// The HTTPS listener, as the flags ask for it.
+struct TlsSetup {
+    listen: SocketAddr,
+    certs: space_control::tls::ServerCerts,
+    /// The CA certificate (PEM) when spaced issues the certificates.
+    ca_pem: Option<String>,
+}
+
+/// The HTTPS listener from the flags; None when they ask for none.
+fn tls_setup(args: &Args) -> Result<Option<TlsSetup>> {
     use space_control::tls::{ServerCerts, load_given};
     let listen = match (args.tls_listen, &args.e2b_domain) {
         (Some(a), _) => a,
@@ -203,7 +208,11 @@ fn tls_setup(
     };
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let given = load_given(cert, key).map_err(anyhow::Error::msg)?;
-        return Ok(Some((listen, ServerCerts::Given(Arc::new(given)), None)));
+        return Ok(Some(TlsSetup {
+            listen,
+            certs: ServerCerts::Given(Arc::new(given)),
+            ca_pem: None,
+        }));
     }
     let domain = args.e2b_domain.clone().context(
         "--tls-listen needs --tls-cert and --tls-key, or --e2b-domain for certificates spaced issues",
@@ -218,7 +227,11 @@ fn tls_setup(
         ca: Arc::new(ApiCa(ca)),
         domain,
     };
-    Ok(Some((listen, certs, Some(pem))))
+    Ok(Some(TlsSetup {
+        listen,
+        certs,
+        ca_pem: Some(pem),
+    }))
 }
 
 /// Parses "MIN:MAX" (MIN <= MAX).
@@ -403,7 +416,7 @@ async fn main() -> Result<()> {
     cfg.default_runtime = args.default_runtime.clone();
     let tls = tls_setup(&args)?;
     cfg.e2b_domain = args.e2b_domain.clone();
-    cfg.e2b_ca_pem = tls.as_ref().and_then(|(_, _, ca)| ca.clone());
+    cfg.e2b_ca_pem = tls.as_ref().and_then(|t| t.ca_pem.clone());
     anyhow::ensure!(
         space_api::is_valid_template_name(&args.default_template),
         "--default-template {:?} is not a valid template name",
@@ -424,7 +437,7 @@ async fn main() -> Result<()> {
     let addr = listener.local_addr().unwrap_or(args.listen);
     println!("spaced listening on http://{addr}");
     let tls = match tls {
-        Some((listen, certs, _)) => {
+        Some(TlsSetup { listen, certs, .. }) => {
             let tcp = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("failed to listen on {listen} (--tls-listen)"))?;
@@ -545,7 +558,7 @@ mod tests {
         let setup = |extra: &[&str]| {
             let mut argv = vec!["spaced", "--data-dir", dir];
             argv.extend_from_slice(extra);
-            tls_setup(&Args::try_parse_from(argv).unwrap()).map(|t| t.map(|(a, _, ca)| (a, ca)))
+            tls_setup(&Args::try_parse_from(argv).unwrap()).map(|t| t.map(|t| (t.listen, t.ca_pem)))
         };
         assert!(setup(&[]).unwrap().is_none());
         let e = setup(&["--tls-listen", "127.0.0.1:8443"]).unwrap_err();

@@ -9,9 +9,10 @@ use std::time::Duration;
 use space_tests::netlab::NetLab;
 use space_tests::*;
 
-/// The three `export` lines of `space e2b env`, as (name, value).
-fn e2b_env(s: &Spaced) -> Vec<(String, String)> {
-    let out = s.space_ok(&["e2b", "env"]);
+/// The `export` lines `space e2b env ARGS` prints, as (name, value); their names must be
+/// `names`.
+fn e2b_env_of(s: &Spaced, args: &[&str], names: &[&str]) -> Vec<(String, String)> {
+    let out = s.space_ok(&[&["e2b", "env"], args].concat());
     let vars: Vec<(String, String)> = out
         .lines()
         .map(|l| {
@@ -22,23 +23,34 @@ fn e2b_env(s: &Spaced) -> Vec<(String, String)> {
             (k.to_string(), v.to_string())
         })
         .collect();
-    let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(names, ["E2B_API_KEY", "E2B_API_URL", "E2B_SANDBOX_URL"]);
+    let got: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(got, names, "{out}");
+    vars
+}
+
+/// The three `export` lines of `space e2b env`.
+fn e2b_env(s: &Spaced) -> Vec<(String, String)> {
+    let vars = e2b_env_of(s, &[], &["E2B_API_KEY", "E2B_API_URL", "E2B_SANDBOX_URL"]);
     assert_eq!(vars[1].1, s.url);
     vars
 }
 
-/// `program` in `tests/e2b/<dir>` with `space e2b env`'s environment and the node's key,
-/// and with no proxy: the SDK talks to the test's namespace only.
-fn sdk_command(s: &Spaced, program: &Path, dir: &str) -> Command {
-    let mut cmd = Command::new(program);
+/// `cmd` run in `tests/e2b/<dir>` with `vars` and no proxy: the SDK talks to the test's
+/// namespaces only.
+fn in_sdk_dir(cmd: &mut Command, dir: &str, vars: Vec<(String, String)>) {
     cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b").join(dir))
-        .envs(e2b_env(s))
-        .env("SPACE_API_KEY", &s.key)
+        .envs(vars)
         .env_remove("HTTP_PROXY")
         .env_remove("HTTPS_PROXY")
         .env_remove("ALL_PROXY")
         .env("NO_PROXY", "*");
+}
+
+/// `program` in `tests/e2b/<dir>` with `space e2b env`'s environment and the node's key.
+fn sdk_command(s: &Spaced, program: &Path, dir: &str) -> Command {
+    let mut cmd = Command::new(program);
+    in_sdk_dir(&mut cmd, dir, e2b_env(s));
+    cmd.env("SPACE_API_KEY", &s.key);
     cmd
 }
 
@@ -344,14 +356,7 @@ fn the_sdks_reach_space_by_domain_over_tls() {
     let Some(cache) = base_cache() else { return };
     let lab = NetLab::new().unwrap();
     let s = start_on_lab_with_base(&lab, &cache, &["--e2b-domain", NODE_DOMAIN]);
-    let env = s.space_ok(&["e2b", "env", "--domain"]);
-    let vars: Vec<(String, String)> = env
-        .lines()
-        .filter_map(|l| l.strip_prefix("export ")?.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-    let names: Vec<&str> = vars.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(names, ["E2B_API_KEY", "E2B_DOMAIN"], "{env}");
+    let vars = e2b_env_of(&s, &["--domain"], &["E2B_API_KEY", "E2B_DOMAIN"]);
     assert_eq!(vars[1].1, NODE_DOMAIN);
     let ca = s.data_dir().join("e2b-ca.pem");
     std::fs::write(&ca, s.space_ok(&["e2b", "ca"])).unwrap();
@@ -366,17 +371,12 @@ fn the_sdks_reach_space_by_domain_over_tls() {
             .arg(r#"mount --bind "$0" /etc/resolv.conf && exec "$@""#)
             .arg(&resolv)
             .arg(program)
-            .args(args)
-            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("e2b").join(dir))
-            .envs(vars.clone())
-            .env("SSL_CERT_FILE", &ca)
+            .args(args);
+        in_sdk_dir(&mut cmd, dir, vars.clone());
+        cmd.env("SSL_CERT_FILE", &ca)
             .env("NODE_EXTRA_CA_CERTS", &ca)
             .env_remove("E2B_API_URL")
-            .env_remove("E2B_SANDBOX_URL")
-            .env_remove("HTTP_PROXY")
-            .env_remove("HTTPS_PROXY")
-            .env_remove("ALL_PROXY")
-            .env("NO_PROXY", "*");
+            .env_remove("E2B_SANDBOX_URL");
         cmd
     };
     let unittest = ["-m", "unittest", "-v", "test_domain"];
