@@ -326,8 +326,44 @@ pub struct Spaced {
     /// Extra spaced flags, kept for restarts.
     extra_args: Vec<String>,
     child: Option<Child>,
+    /// Split roles ([`Spaced::start_split`]): the node agent's flags; `child` is then
+    /// `spaced control` and `node_child` `spaced node`.
+    split: Option<Vec<String>>,
+    node_child: Option<Child>,
     http: reqwest::Client,
 }
+
+/// Starts `cmd` (a spaced) with its output appended to `log`.
+fn launch(mut cmd: Command, log: &Path) -> Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    cmd.env("RUST_LOG", "info")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("spawn {cmd:?}"))
+}
+
+/// Polls `f` every 50 ms until it holds (true) or `timeout` passes (false).
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Where a split node agent serves the node contract, inside the node's namespace.
+pub const SPLIT_NODE_ADDR: &str = "127.0.0.1:7071";
 
 /// The longest one CLI call of a test may take (`space bench microvm` takes minutes).
 pub const CLI_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
@@ -451,11 +487,22 @@ impl Spaced {
             net,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             child: None,
+            split: None,
+            node_child: None,
             http: {
                 space_api::client::install_crypto_provider();
                 reqwest::Client::new()
             },
         })
+    }
+
+    /// The roles apart (issue 14): `spaced node` and `spaced control --node` in one network
+    /// namespace, on one data dir (the layout all-in-one has), each with its flags.
+    pub fn start_split(node_args: &[&str], control_args: &[&str]) -> Result<Spaced> {
+        let mut s = Self::prepare(control_args, true)?;
+        s.split = Some(node_args.iter().map(|a| a.to_string()).collect());
+        s.spawn()?;
+        Ok(s)
     }
 
     /// Add spaced flags for the next `spawn` (and every restart).
@@ -500,22 +547,62 @@ impl Spaced {
         self.dir.path().join("spaced.log")
     }
 
-    /// (Re)start the spaced process on the same data dir.
-    pub fn spawn(&mut self) -> Result<()> {
-        self.url = format!("http://{}", self.listen);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())?;
-        // nsenter execs spaced, so the child's pid is spaced's: kill9 and stop keep working.
-        let mut cmd = match &self.net {
+    /// `spaced` in the node's namespace: nsenter execs it, so the child's pid is spaced's
+    /// (kill9 and stop keep working).
+    fn spaced_command(&self) -> Command {
+        match &self.net {
             Some(net) => net.command(bin_dir().join("spaced")),
             None => Command::new(bin_dir().join("spaced")),
-        };
-        let child = cmd
-            .arg("--listen")
-            .arg(&self.listen)
-            .arg("--data-dir")
+        }
+    }
+
+    /// The split node agent's log.
+    pub fn node_log_path(&self) -> PathBuf {
+        self.dir.path().join("spaced-node.log")
+    }
+
+    /// (Re)starts the split node agent and waits until it serves.
+    pub fn spawn_node(&mut self) -> Result<()> {
+        let node_args = self.split.clone().context("not split")?;
+        let log_path = self.node_log_path();
+        let start = std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
+        let mut cmd = self.spaced_command();
+        cmd.args(["node", "--listen", SPLIT_NODE_ADDR]);
+        self.node_flags(&mut cmd);
+        if !node_args.iter().any(|a| a == "--base-cache") {
+            cmd.args(["--base-cache", "none"]);
+        }
+        cmd.args(&node_args);
+        self.node_child = Some(launch(cmd, &log_path)?);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let log = std::fs::read(&log_path).unwrap_or_default();
+            if String::from_utf8_lossy(&log[start.min(log.len())..])
+                .contains("spaced node listening on")
+            {
+                return Ok(());
+            }
+            if let Some(status) = self.node_child.as_mut().and_then(|c| c.try_wait().ok()?) {
+                bail!("spaced node exited with {status}:\n{}", self.log_tail());
+            }
+            if Instant::now() > deadline {
+                bail!("spaced node did not start:\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL the split node agent (a crashed node); its sandboxes are left as they are.
+    pub fn kill9_node(&mut self) {
+        if let Some(mut c) = self.node_child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The node agent's flags, all-in-one or split.
+    fn node_flags(&self, cmd: &mut Command) {
+        cmd.arg("--data-dir")
             .arg(self.data_dir())
             .arg("--run-dir")
             .arg(self.run_dir())
@@ -529,17 +616,35 @@ impl Spaced {
             .arg(&self.cgroup_parent)
             // A small pool: dozens of test spaceds run one after another on two cores.
             .arg("--slot-pool")
-            .arg("4")
-            .args(self.template_args())
-            .args(&self.extra_args)
-            .env("RUST_LOG", "info")
-            .env("RUST_BACKTRACE", "0")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("spawn spaced")?;
-        self.child = Some(child);
+            .arg("4");
+    }
+
+    /// (Re)start the spaced process on the same data dir (split: the node agent first,
+    /// unless it runs).
+    pub fn spawn(&mut self) -> Result<()> {
+        self.url = format!("http://{}", self.listen);
+        let mut cmd = self.spaced_command();
+        if self.split.is_some() {
+            if self.node_child.is_none() {
+                self.spawn_node()?;
+            }
+            cmd.arg("control")
+                .arg("--node")
+                .arg(format!("http://{SPLIT_NODE_ADDR}"))
+                .arg("--listen")
+                .arg(&self.listen)
+                .arg("--data-dir")
+                .arg(self.data_dir());
+            if !self.extra_args.iter().any(|a| a == "--default-template") {
+                cmd.args(["--default-template", "minimal"]);
+            }
+        } else {
+            cmd.arg("--listen").arg(&self.listen);
+            self.node_flags(&mut cmd);
+            cmd.args(self.template_args());
+        }
+        cmd.args(&self.extra_args);
+        self.child = Some(launch(cmd, &self.log_path())?);
         self.wait_ready()
     }
 
@@ -596,11 +701,22 @@ impl Spaced {
         }
     }
 
-    /// The last lines of spaced's log, for failure messages.
+    /// The last lines of spaced's log (split: the control plane's, then the node agent's),
+    /// for failure messages.
     pub fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        let tail = |path: PathBuf| {
+            let log = std::fs::read_to_string(path).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        };
+        match self.split {
+            None => tail(self.log_path()),
+            Some(_) => format!(
+                "spaced control:\n{}\nspaced node:\n{}",
+                tail(self.log_path()),
+                tail(self.node_log_path())
+            ),
+        }
     }
 
     /// Host pid of spaced.
@@ -842,6 +958,7 @@ impl Spaced {
             }
         }
         self.kill9();
+        self.kill9_node();
         // Anything left (a test that killed spaced mid-way): kill by cgroup, then unmount.
         for ctrl in ["memory", "pids", "cpu", "cpuacct", "freezer", ""] {
             let base = if ctrl.is_empty() {

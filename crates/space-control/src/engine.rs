@@ -18,13 +18,13 @@ use space_api::{
     is_valid_template_name, rfc3339_from_unix_ms,
 };
 use space_node_api::{
-    Limits, NodeApi, RuntimeKind, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource,
+    GuestChannel, Limits, NodeApi, RuntimeKind, SandboxSpec, SandboxStatus, TemplateInfo,
+    TemplateSource,
 };
 use space_proto as pb;
 use space_proto::guest_client::GuestClient;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Notify, OwnedMutexGuard};
-use tonic::transport::Channel;
 
 use crate::convert;
 use crate::error::{AppError, AppResult};
@@ -196,6 +196,9 @@ pub struct Engine {
     pub(crate) ports: crate::net::PortSigner,
     /// Serializes warm-pool changes: API calls and the start-up restore (see `pools`).
     pub(crate) pools_lock: tokio::sync::Mutex<()>,
+    /// The node agent's start time as last seen (`NodeInfo::started_unix_ms`; 0: not yet):
+    /// when it changes, the node restarted and gets its warm pools again.
+    pub(crate) node_started: std::sync::atomic::AtomicU64,
 }
 
 fn new_sandbox_id() -> String {
@@ -560,6 +563,7 @@ impl Engine {
             vault,
             ports: crate::net::PortSigner::new(&ports_key),
             pools_lock: tokio::sync::Mutex::new(()),
+            node_started: Default::default(),
         })
     }
 
@@ -598,7 +602,7 @@ impl Engine {
     }
 
     /// The guest client of a running sandbox (after the lifecycle check).
-    pub(crate) async fn guest(&self, id: &str) -> AppResult<GuestClient<Channel>> {
+    pub(crate) async fn guest(&self, id: &str) -> AppResult<GuestClient<GuestChannel>> {
         let row = self.load(id).await?;
         self.activity.touch(id);
         check_lifecycle(&row, Action::Guest)?;
@@ -668,7 +672,8 @@ impl Engine {
             .await?;
         spec.secrets.extend(injected);
         self.node
-            .validate_network(&crate::net::node_network(&spec.network))?;
+            .validate_network(&crate::net::node_network(&spec.network))
+            .await?;
         let row = SandboxRow {
             id: id.clone(),
             spec,
@@ -1202,7 +1207,7 @@ impl Engine {
     /// the node's series (see `metrics`).
     pub async fn metrics_text(&self) -> AppResult<String> {
         let sandboxes = self.store.count_by_state().await?;
-        Ok(self.metrics.render(&sandboxes, &self.node.metrics()))
+        Ok(self.metrics.render(&sandboxes, &self.node.metrics().await))
     }
 }
 

@@ -106,7 +106,9 @@ impl From<NodeError> for AppError {
                 tracing::warn!(error = %e, "guest unavailable");
                 Self::unavailable(format!("the guest of sandbox {id} is not answering"))
             }
-            NodeError::NotReady { .. } => Self::unavailable(e.to_string()),
+            NodeError::NotReady { .. } | NodeError::Unreachable { .. } => {
+                Self::unavailable(e.to_string())
+            }
             NodeError::Internal(_) => Self::internal(&e),
         }
     }
@@ -115,6 +117,11 @@ impl From<NodeError> for AppError {
 impl From<tonic::Status> for AppError {
     fn from(s: tonic::Status) -> Self {
         use tonic::Code;
+        // A node agent's own answer to a guest call it forwards (the sandbox is not there,
+        // or paused) reads as the same error in-process would be.
+        if let Some(e) = space_rpc::wire::node_error_in(&s) {
+            return e.into();
+        }
         let msg = s.message().to_string();
         match s.code() {
             Code::NotFound => Self::not_found(msg),

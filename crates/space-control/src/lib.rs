@@ -140,12 +140,8 @@ pub async fn serve_with_tls(
     let engine = state.engine.clone();
     let timeout = engine.config().shutdown_timeout;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    // Warm pools come back in the background: the API answers meanwhile (a PUT of a pool
-    // waits until the restore is done).
-    tokio::spawn({
-        let engine = engine.clone();
-        async move { engine.restore_pools().await }
-    });
+    // Warm pools come back in the reconciler's first pass (and after each restart of the
+    // node): the API answers meanwhile (a PUT of a pool waits until the restore is done).
     let reconciler = {
         let mut rx = stop_rx.clone();
         reconcile::spawn_reconciler(engine, async move {

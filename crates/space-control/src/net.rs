@@ -254,7 +254,7 @@ impl Engine {
                 return Err(AppError::not_found(format!("sandbox {id} not found")));
             }
             let spec = node_network(&rec);
-            self.node.validate_network(&spec)?;
+            self.node.validate_network(&spec).await?;
             let mut new_spec = row.spec.clone();
             new_spec.network = rec.clone();
             if !self.store.set_spec(id, &new_spec).await? {

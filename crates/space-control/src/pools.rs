@@ -206,6 +206,7 @@ impl Engine {
         if let Some(s) = self
             .node
             .pools()
+            .await
             .into_iter()
             .find(|p| p.template == template)
         {
@@ -227,8 +228,8 @@ impl Engine {
     }
 
     /// Every pool the node keeps, by template name.
-    pub fn list_pools(&self) -> Vec<Pool> {
-        let mut list: Vec<Pool> = self.node.pools().into_iter().map(pool_dto).collect();
+    pub async fn list_pools(&self) -> Vec<Pool> {
+        let mut list: Vec<Pool> = self.node.pools().await.into_iter().map(pool_dto).collect();
         list.sort_by(|a, b| a.template.cmp(&b.template));
         list
     }
@@ -267,6 +268,25 @@ impl Engine {
             && let Some(cfg) = self.cfg.default_pool
         {
             self.push_pool(default, cfg, "default").await;
+        }
+    }
+
+    /// The start of every reconcile pass: a node seen for the first time, or started again
+    /// since the last pass (its `started_unix_ms` changed), holds no pool settings yet; it
+    /// gets them ([`Self::restore_pools`]). A node that does not answer is left for the next
+    /// pass.
+    pub(crate) async fn pools_pass(&self) {
+        let Ok(info) = self.node.node_info().await else {
+            return;
+        };
+        let before = self
+            .node_started
+            .swap(info.started_unix_ms, std::sync::atomic::Ordering::Relaxed);
+        if before != info.started_unix_ms {
+            if before != 0 {
+                tracing::info!("the node agent restarted: handing it its warm pools again");
+            }
+            self.restore_pools().await;
         }
     }
 

@@ -151,6 +151,7 @@ impl Engine {
         self.metrics
             .reconcile_runs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.pools_pass().await;
         let observed = self.node.list_sandboxes().await?;
         let mut desired = self.store.list_sandboxes().await?;
         // Rows left `creating` by an earlier spaced instance have no fast path to finish

@@ -12,10 +12,10 @@ use futures::StreamExt;
 use http_body_util::BodyExt;
 use space_api::{ErrorBody, ExecEvent, Sandbox, SandboxState};
 use space_node_api::{
-    NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, TemplateInfo, TemplateSource,
+    GuestChannel, NodeApi, NodeError, Phase, SandboxSpec, SandboxStatus, TemplateInfo,
+    TemplateSource,
 };
 use space_proto as pb;
-use space_proto::guest_client::GuestClient;
 use space_proto::guest_server::{Guest, GuestServer};
 use tokio::sync::OnceCell;
 use tonic::transport::{Channel, Endpoint};
@@ -359,6 +359,8 @@ struct FakeNode {
     /// Acts as a node whose checkpoints keep memory (a microvm's) and whose rollbacks and
     /// forks restore it.
     vm_memory: std::sync::atomic::AtomicBool,
+    /// What `node_info` reports as the node's start (0: unknown, as an old node would).
+    started_unix_ms: std::sync::atomic::AtomicU64,
 }
 
 /// How many sandboxes the fake node can keep in a warm pool.
@@ -453,7 +455,7 @@ impl NodeApi for FakeNode {
         Ok(self.started(spec))
     }
 
-    fn validate_network(
+    async fn validate_network(
         &self,
         network: &space_node_api::net::NetworkSpec,
     ) -> Result<(), NodeError> {
@@ -467,7 +469,7 @@ impl NodeApi for FakeNode {
         id: &str,
         network: &space_node_api::net::NetworkSpec,
     ) -> Result<SandboxStatus, NodeError> {
-        self.validate_network(network)?;
+        self.validate_network(network).await?;
         self.calls
             .lock()
             .unwrap()
@@ -539,7 +541,7 @@ impl NodeApi for FakeNode {
         Ok(self.sandboxes.lock().unwrap().values().cloned().collect())
     }
 
-    async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError> {
+    async fn guest_channel(&self, id: &str) -> Result<GuestChannel, NodeError> {
         if !self.sandboxes.lock().unwrap().contains_key(id) {
             return Err(NodeError::NotFound {
                 kind: "sandbox",
@@ -566,7 +568,7 @@ impl NodeApi for FakeNode {
                 id: id.into(),
                 reason: e.to_string(),
             })?;
-        Ok(GuestClient::new(ch.clone()))
+        Ok(GuestChannel::direct(ch.clone()))
     }
 
     async fn snapshot_sandbox(
@@ -701,7 +703,7 @@ impl NodeApi for FakeNode {
         Ok(st)
     }
 
-    fn pools(&self) -> Vec<space_node_api::PoolStatus> {
+    async fn pools(&self) -> Vec<space_node_api::PoolStatus> {
         self.pools.lock().unwrap().values().cloned().collect()
     }
 
@@ -714,6 +716,9 @@ impl NodeApi for FakeNode {
             memory_available_bytes: 6 << 30,
             sandboxes: self.sandboxes.lock().unwrap().len() as u32,
             pool_ready: 0,
+            started_unix_ms: self
+                .started_unix_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -772,6 +777,7 @@ async fn harness_with(cfg: impl FnOnce(&mut ControlConfig)) -> Harness {
         ports: Mutex::default(),
         pools: Mutex::default(),
         vm_memory: Default::default(),
+        started_unix_ms: Default::default(),
     });
     let mut c = ControlConfig::new(dir.path().join("data"));
     cfg(&mut c);

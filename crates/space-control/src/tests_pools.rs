@@ -257,6 +257,29 @@ async fn restore_pushes_stored_pools_and_the_default_only_to_a_base_without_one(
 }
 
 #[tokio::test]
+async fn a_node_that_restarted_gets_its_pools_again_in_the_next_pass() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let h = harness().await;
+    h.put_pool("base", r#"{"min": 2, "max": 3}"#).await;
+    h.take_pool_calls();
+    let pass = || async {
+        let mut backoff = crate::reconcile::Backoff::default();
+        h.state.engine.reconcile_once(&mut backoff).await.unwrap();
+    };
+    // The first pass that sees the node hands it its pools; the next ones do not.
+    h.node.started_unix_ms.store(1_000, Relaxed);
+    pass().await;
+    assert_eq!(h.take_pool_calls(), ["pool base 2 3"]);
+    pass().await;
+    assert!(h.take_pool_calls().is_empty());
+    // The node started again: it gets them again, once.
+    h.node.started_unix_ms.store(2_000, Relaxed);
+    pass().await;
+    pass().await;
+    assert_eq!(h.take_pool_calls(), ["pool base 2 3"]);
+}
+
+#[tokio::test]
 async fn restore_failures_are_logged_and_the_rest_still_applied() {
     let h = harness().await;
     let store = h.state.engine.store();
@@ -286,6 +309,10 @@ async fn restore_failures_are_logged_and_the_rest_still_applied() {
 #[tokio::test]
 async fn serve_restores_pools_at_start() {
     let h = harness_with(|c| c.shutdown_timeout = std::time::Duration::from_millis(200)).await;
+    // A node agent that reports when it started, as every real one does.
+    h.node
+        .started_unix_ms
+        .store(1, std::sync::atomic::Ordering::Relaxed);
     h.state
         .engine
         .store()

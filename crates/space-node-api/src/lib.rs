@@ -9,6 +9,7 @@
 //! [`diff`] (what a diff of two trees reports).
 
 pub mod diff;
+pub mod guest;
 pub mod net;
 pub mod policy;
 
@@ -18,7 +19,8 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use space_proto::guest_client::GuestClient;
-use tonic::transport::Channel;
+
+pub use guest::GuestChannel;
 
 /// Resource limits of one sandbox. Applied through cgroups (v2, or the v1 hybrid layout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -307,6 +309,9 @@ pub enum NodeError {
     Exhausted(String),
     #[error("guest channel of sandbox {id} unavailable: {reason}")]
     Unavailable { id: String, reason: String },
+    /// The node agent did not answer (a remote node: refused, reset or timed out).
+    #[error("node {node} is unreachable: {reason}")]
+    Unreachable { node: String, reason: String },
     /// The template's start or ready command failed (decision 0019).
     #[error("sandbox {id} did not become ready: {reason}")]
     NotReady { id: String, reason: String },
@@ -322,7 +327,7 @@ impl NodeError {
             NodeError::Conflict(_) | NodeError::WrongPhase { .. } => "conflict",
             NodeError::Exhausted(_) => "resource_exhausted",
             NodeError::Unavailable { .. } => "unavailable",
-            NodeError::NotReady { .. } => "unavailable",
+            NodeError::NotReady { .. } | NodeError::Unreachable { .. } => "unavailable",
             NodeError::Internal(_) => "internal",
         }
     }
@@ -341,8 +346,13 @@ pub trait NodeApi: Send + Sync {
     async fn sandbox_status(&self, id: &str) -> Result<Option<SandboxStatus>, NodeError>;
     /// Everything the node holds, for the reconciler.
     async fn list_sandboxes(&self) -> Result<Vec<SandboxStatus>, NodeError>;
-    /// A gRPC client on the sandbox's guest channel (cached; cheap to call per request).
-    async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError>;
+    /// The sandbox's guest channel (cached; cheap to call per request). Conflict while it is
+    /// paused (its daemon is frozen too); NotFound for an unknown id.
+    async fn guest_channel(&self, id: &str) -> Result<GuestChannel, NodeError>;
+    /// A gRPC client on [`Self::guest_channel`].
+    async fn guest(&self, id: &str) -> Result<GuestClient<GuestChannel>, NodeError> {
+        Ok(self.guest_channel(id).await?.client())
+    }
     async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError>;
     /// Freeze every process of a running sandbox (returns once frozen). WrongPhase if it is
     /// already paused (phase Paused) or stopped; NotFound for an unknown id.
@@ -402,7 +412,7 @@ pub trait NodeApi: Send + Sync {
     // ---- networking (additive; default: unsupported) ----
 
     /// Checks an egress policy without applying it (InvalidArgument naming the bad rule).
-    fn validate_network(&self, network: &crate::net::NetworkSpec) -> Result<(), NodeError> {
+    async fn validate_network(&self, network: &crate::net::NetworkSpec) -> Result<(), NodeError> {
         let _ = network;
         Ok(())
     }
@@ -517,8 +527,9 @@ pub trait NodeApi: Send + Sync {
         ))
     }
     /// Node-level series for `/metrics`: each a name with its labels already rendered
-    /// (`space_net_slots_ready`, `name{label="v"}`) and a value. Cheap; no I/O.
-    fn metrics(&self) -> Vec<(String, f64)> {
+    /// (`space_net_slots_ready`, `name{label="v"}`) and a value. Cheap on the node; a remote
+    /// node's are one call away.
+    async fn metrics(&self) -> Vec<(String, f64)> {
         Vec::new()
     }
 
@@ -535,7 +546,7 @@ pub trait NodeApi: Send + Sync {
         )))
     }
     /// Every configured pool, by template name.
-    fn pools(&self) -> Vec<PoolStatus> {
+    async fn pools(&self) -> Vec<PoolStatus> {
         Vec::new()
     }
 
@@ -572,6 +583,9 @@ pub struct NodeInfo {
     pub sandboxes: u32,
     /// Ready sandboxes in its warm pools.
     pub pool_ready: u32,
+    /// When the node agent started (unix ms): it changes when the node restarts.
+    #[serde(default)]
+    pub started_unix_ms: u64,
 }
 
 /// One reading of a sandbox's cgroup counters.

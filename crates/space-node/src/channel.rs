@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hyper_util::rt::TokioIo;
-use space_proto::guest_client::GuestClient;
+use space_node_api::GuestChannel;
 use space_proto::{InfoRequest, PersonalizeRequest};
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};
@@ -13,7 +13,7 @@ use tonic::transport::{Channel, Endpoint};
 /// Connects to a sandbox's guest channel and checks readiness (the first RPC, `Info`).
 #[async_trait]
 pub trait GuestConnector: Send + Sync + 'static {
-    async fn connect(&self, socket: &Path) -> Result<GuestClient<Channel>, ChannelError>;
+    async fn connect(&self, socket: &Path) -> Result<GuestChannel, ChannelError>;
 
     /// Connects with `Personalize(req)` as the first RPC and readiness check (a microvm's:
     /// a guest restored from a checkpoint reseeds its RNG there, before anything, `Info`'s
@@ -22,17 +22,18 @@ pub trait GuestConnector: Send + Sync + 'static {
         &self,
         socket: &Path,
         req: PersonalizeRequest,
-    ) -> Result<GuestClient<Channel>, ChannelError> {
-        let client = self.connect(socket).await?;
-        client
+    ) -> Result<GuestChannel, ChannelError> {
+        let channel = self.connect(socket).await?;
+        channel
             .clone()
+            .client()
             .personalize(req)
             .await
             .map_err(|status| ChannelError::Personalize {
                 path: socket.to_path_buf(),
                 status,
             })?;
-        Ok(client)
+        Ok(channel)
     }
 }
 
@@ -59,7 +60,7 @@ pub enum ChannelError {
 }
 
 /// A client on `socket` without connecting yet (the first RPC connects).
-pub fn lazy_client(socket: &Path) -> GuestClient<Channel> {
+pub fn lazy_client(socket: &Path) -> GuestChannel {
     let path = socket.to_path_buf();
     let channel = endpoint().connect_with_connector_lazy(tower::service_fn(move |_| {
         let path = path.clone();
@@ -74,10 +75,8 @@ fn endpoint() -> Endpoint {
         .tcp_nodelay(true)
 }
 
-fn wrap(channel: Channel) -> GuestClient<Channel> {
-    GuestClient::new(channel)
-        .max_decoding_message_size(space_proto::MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(space_proto::MAX_MESSAGE_BYTES)
+fn wrap(channel: Channel) -> GuestChannel {
+    GuestChannel::direct(channel)
 }
 
 /// The real connector: HTTP/2 over the unix socket, then one `Info` within `ready_timeout`,
@@ -107,7 +106,7 @@ impl UnixConnector {
         &self,
         socket: &Path,
         first: Option<PersonalizeRequest>,
-    ) -> Result<GuestClient<Channel>, ChannelError> {
+    ) -> Result<GuestChannel, ChannelError> {
         let path = socket.to_path_buf();
         let personalize = first.is_some();
         let work = async {
@@ -125,7 +124,8 @@ impl UnixConnector {
                         path: path.clone(),
                         source,
                     })?;
-            let mut client = wrap(channel);
+            let channel = wrap(channel);
+            let mut client = channel.clone().client();
             match first {
                 None => client
                     .info(InfoRequest {})
@@ -144,7 +144,7 @@ impl UnixConnector {
                         status,
                     })?,
             }
-            Ok(client)
+            Ok(channel)
         };
         let timeout = if personalize {
             self.first_contact_timeout
@@ -160,7 +160,7 @@ impl UnixConnector {
 
 #[async_trait]
 impl GuestConnector for UnixConnector {
-    async fn connect(&self, socket: &Path) -> Result<GuestClient<Channel>, ChannelError> {
+    async fn connect(&self, socket: &Path) -> Result<GuestChannel, ChannelError> {
         self.connect_with(socket, None).await
     }
 
@@ -168,7 +168,7 @@ impl GuestConnector for UnixConnector {
         &self,
         socket: &Path,
         req: PersonalizeRequest,
-    ) -> Result<GuestClient<Channel>, ChannelError> {
+    ) -> Result<GuestChannel, ChannelError> {
         self.connect_with(socket, Some(req)).await
     }
 }

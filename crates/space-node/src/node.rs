@@ -9,10 +9,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::api::GuestChannel;
 use async_trait::async_trait;
 use futures::StreamExt;
-use space_proto::guest_client::GuestClient;
-use tonic::transport::Channel;
 
 use crate::api::{
     NodeApi, NodeError, Phase, PoolConfig, PoolStatus, RuntimeKind, SandboxSpec, SandboxStatus,
@@ -182,7 +181,7 @@ pub struct NodeParts {
 #[derive(Clone)]
 struct Entry {
     record: SandboxRecord,
-    client: Option<GuestClient<Channel>>,
+    client: Option<GuestChannel>,
 }
 
 pub struct Node {
@@ -209,6 +208,9 @@ pub struct Node {
     vm_warm: vm_warm::VmWarm,
     /// Recent cgroup samples per sandbox (`usage.rs`).
     usage: usage::UsageHistory,
+    /// When this node agent opened: a control plane that sees it change knows the node
+    /// restarted (and lost its warm pools' settings).
+    opened_unix_ms: u64,
 }
 
 impl std::fmt::Debug for Node {
@@ -342,6 +344,7 @@ impl Node {
             pool_microvm: Default::default(),
             vm_warm: Default::default(),
             usage: Default::default(),
+            opened_unix_ms: now_unix_ms(),
         });
         node.recover().await?;
         node.start_pool_refill();
@@ -604,7 +607,7 @@ impl Node {
         &self,
         rec: &mut SandboxRecord,
         from: Option<&Path>,
-    ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
+    ) -> Result<(Launched, GuestChannel), NodeError> {
         let attached = self.ensure_slot(rec).await?;
         if !attached && let Some(net) = &self.network {
             // A restart, rollback or checkpoint restore: the spec may carry a newer policy.
@@ -630,7 +633,7 @@ impl Node {
         &self,
         rec: &SandboxRecord,
         from: Option<&Path>,
-    ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
+    ) -> Result<(Launched, GuestChannel), NodeError> {
         let id = rec.spec.id.clone();
         // The runtime's init (host uid `uid_base`) attaches the idmapped rootfs at its host
         // path, so it must be able to traverse `sandboxes/<id>`. Owning it (0700) lets it,
@@ -764,7 +767,7 @@ impl Node {
         tmpl: &TemplateInfo,
         pool_member: bool,
         from: Option<&Path>,
-    ) -> Result<(SandboxRecord, Launched, GuestClient<Channel>), NodeError> {
+    ) -> Result<(SandboxRecord, Launched, GuestChannel), NodeError> {
         let id = spec.id.clone();
         let uid_base = self
             .uids
@@ -815,7 +818,7 @@ impl Node {
         rec: &mut SandboxRecord,
         tmpl_path: &Path,
         from: Option<&Path>,
-    ) -> Result<(Launched, GuestClient<Channel>), NodeError> {
+    ) -> Result<(Launched, GuestChannel), NodeError> {
         let tmpl_path = tmpl_path.to_path_buf();
         let from_disk = from.map(|d| d.join(SANDBOX_DISK));
         let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
@@ -886,7 +889,7 @@ impl Node {
         &self,
         mut rec: SandboxRecord,
         launched: Launched,
-        client: GuestClient<Channel>,
+        client: GuestChannel,
     ) -> SandboxStatus {
         let id = rec.spec.id.clone();
         rec.launched = Some(launched);
@@ -1211,7 +1214,7 @@ impl NodeApi for Node {
         Ok(out)
     }
 
-    async fn guest(&self, id: &str) -> Result<GuestClient<Channel>, NodeError> {
+    async fn guest_channel(&self, id: &str) -> Result<GuestChannel, NodeError> {
         let entry = self.running_entry(id)?;
         if self
             .rt(&entry.record)
@@ -1330,7 +1333,7 @@ impl NodeApi for Node {
         self.set_paused(id, false).await
     }
 
-    fn validate_network(&self, network: &NetworkSpec) -> Result<(), NodeError> {
+    async fn validate_network(&self, network: &NetworkSpec) -> Result<(), NodeError> {
         match &self.network {
             Some(net) => net.validate(network).map_err(|e| net_error("(new)", e)),
             None => Ok(()),
@@ -1344,7 +1347,7 @@ impl NodeApi for Node {
         network: &NetworkSpec,
     ) -> Result<SandboxStatus, NodeError> {
         ids::validate_sandbox_id(id)?;
-        self.validate_network(network)?;
+        self.validate_network(network).await?;
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let entry = self.entry(id).ok_or_else(|| NodeError::NotFound {
@@ -1422,7 +1425,7 @@ impl NodeApi for Node {
         Ok(info)
     }
 
-    fn metrics(&self) -> Vec<(String, f64)> {
+    async fn metrics(&self) -> Vec<(String, f64)> {
         let mut out = Vec::new();
         if let Some(p) = self.network.as_ref().and_then(|n| n.pool_stats()) {
             out.extend([
@@ -1441,7 +1444,7 @@ impl NodeApi for Node {
         self.set_pool_impl(template, cfg).await
     }
 
-    fn pools(&self) -> Vec<PoolStatus> {
+    async fn pools(&self) -> Vec<PoolStatus> {
         self.pools_impl()
     }
 

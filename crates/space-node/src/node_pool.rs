@@ -26,10 +26,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use crate::api::GuestChannel;
 use futures::StreamExt;
-use space_proto::guest_client::GuestClient;
 use space_proto::{ExecRequest, PersonalizeRequest};
-use tonic::transport::Channel;
 use tracing::Instrument;
 
 use super::{Entry, Node, blocking, net_error, remove_sandbox_storage};
@@ -92,6 +91,7 @@ impl Node {
             memory_available_bytes: meminfo_bytes("MemAvailable").unwrap_or(0),
             sandboxes: sandboxes as u32,
             pool_ready: self.pools_impl().iter().map(|p| p.ready).sum(),
+            started_unix_ms: self.opened_unix_ms,
         }
     }
 }
@@ -221,7 +221,7 @@ impl Node {
         Ok(self.pool_status(view))
     }
 
-    pub(super) fn pools_impl(&self) -> Vec<PoolStatus> {
+    pub(crate) fn pools_impl(&self) -> Vec<PoolStatus> {
         self.pools
             .views()
             .into_iter()
@@ -396,7 +396,10 @@ impl Node {
         let fail = |e: NodeError, record: SandboxRecord, client| {
             Err(Box::new((e, Entry { record, client })))
         };
-        let (Some(launched), Some(mut guest)) = (record.launched.clone(), client.clone()) else {
+        let (Some(launched), Some(mut guest)) = (
+            record.launched.clone(),
+            client.clone().map(GuestChannel::client),
+        ) else {
             return fail(
                 NodeError::Internal(format!("pool sandbox {name} is not running")),
                 record,
@@ -562,8 +565,8 @@ impl Node {
 /// of the template's binaries), and a user's first exec should not pay it. `Personalize`
 /// makes the daemon forget the finished process. Best effort: a template without `true`
 /// simply gets no warm-up.
-async fn warm_up(client: &GuestClient<Channel>, name: &str) {
-    let mut guest = client.clone();
+async fn warm_up(client: &GuestChannel, name: &str) {
+    let mut guest = client.clone().client();
     let req = ExecRequest {
         argv: vec!["true".to_owned()],
         ..Default::default()

@@ -10,10 +10,10 @@
 
 use std::time::{Duration, Instant};
 
+use crate::api::GuestChannel;
 use space_proto::ExecRequest;
 use space_proto::guest_client::GuestClient;
 use space_proto::process_event::Event;
-use tonic::transport::Channel;
 
 use super::Node;
 use crate::api::TemplateDefaults;
@@ -61,11 +61,11 @@ impl StartSettings {
     pub(crate) async fn run(
         &self,
         id: &str,
-        client: &GuestClient<Channel>,
+        client: &GuestChannel,
         run_start: bool,
     ) -> Result<(), String> {
         let name = &self.template;
-        let mut guest = client.clone();
+        let mut guest = client.clone().client();
         let t0 = Instant::now();
         if let Some(start) = self.start.as_ref().filter(|_| run_start) {
             guest
@@ -114,7 +114,7 @@ impl Node {
     pub(super) async fn start_and_wait_ready(
         &self,
         rec: &SandboxRecord,
-        client: &GuestClient<Channel>,
+        client: &GuestChannel,
         restored: bool,
     ) -> Result<(), String> {
         // Most templates have neither: that costs one lookup, no copy.
@@ -132,7 +132,7 @@ impl Node {
 
 /// Runs `cmd` once; its exit status (128 + signal for a signal) and the start of its output.
 async fn run_once(
-    guest: &mut GuestClient<Channel>,
+    guest: &mut GuestClient<GuestChannel>,
     cmd: &str,
 ) -> Result<(Option<i32>, String), tonic::Status> {
     let mut events = guest

@@ -7,9 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::api::GuestChannel;
 use async_trait::async_trait;
-use space_proto::guest_client::GuestClient;
-use tonic::transport::Channel;
 
 use super::*;
 use crate::api::{Limits, RuntimeKind};
@@ -113,7 +112,7 @@ struct FakeConnector {
 
 #[async_trait]
 impl GuestConnector for FakeConnector {
-    async fn connect(&self, socket: &Path) -> Result<GuestClient<Channel>, ChannelError> {
+    async fn connect(&self, socket: &Path) -> Result<GuestChannel, ChannelError> {
         self.connects.lock().unwrap().push(socket.to_path_buf());
         if std::mem::take(&mut *self.fail.lock().unwrap()) {
             return Err(ChannelError::Timeout {
@@ -738,7 +737,7 @@ async fn wait_pool_ready(node: &Node, template: &str, n: u32) -> PoolStatus {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let p = node
-            .pools()
+            .pools_impl()
             .into_iter()
             .find(|p| p.template == template)
             .expect("pool configured");
@@ -798,7 +797,7 @@ async fn pool_sizes_are_checked_and_clamped_to_capacity() {
         )
         .await
         .unwrap();
-    assert!(f.node.pools().is_empty());
+    assert!(f.node.pools_impl().is_empty());
 }
 
 #[tokio::test]
@@ -829,7 +828,7 @@ async fn pool_members_are_hidden_and_a_failed_hand_out_falls_back_cold() {
         .unwrap();
     assert!(!st.pooled);
     assert_eq!(st.phase, Phase::Running);
-    let p = f.node.pools().pop().unwrap();
+    let p = f.node.pools_impl().pop().unwrap();
     assert_eq!((p.hits, p.misses), (1, 0));
     assert_eq!(f.rt.count("destroy"), 1, "{:?}", f.rt.calls());
     // A sandbox dir for the create, and the other ready member's (and its replacement's).
@@ -856,5 +855,5 @@ async fn pool_members_are_hidden_and_a_failed_hand_out_falls_back_cold() {
     assert_eq!(node.list_sandboxes().await.unwrap().len(), 1);
     // Closing the pools destroys what the first node still holds.
     f.node.shutdown().await;
-    assert!(f.node.pools().iter().all(|p| p.ready == 0));
+    assert!(f.node.pools_impl().iter().all(|p| p.ready == 0));
 }

@@ -19,8 +19,7 @@ use rand::Rng;
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 use serde::{Deserialize, Serialize};
 
-use space_proto::guest_client::GuestClient;
-use tonic::transport::Channel;
+use crate::api::GuestChannel;
 
 use super::{Entry, Node, blocking, check_spec};
 use crate::api::{NodeError, SandboxSpec, SandboxStatus, SnapshotInfo, TemplateInfo};
@@ -49,8 +48,8 @@ pub(crate) struct SnapshotRecord {
 /// Asks a guest to flush its filesystem to its disk: a VM's writes may still sit in its own
 /// page cache, where neither a snapshot of its disk nor a stop would keep them. False when
 /// there is no client or the guest did not answer within 10 s.
-pub(crate) async fn flush_guest(client: Option<GuestClient<Channel>>) -> bool {
-    let Some(mut guest) = client else {
+pub(crate) async fn flush_guest(client: Option<GuestChannel>) -> bool {
+    let Some(mut guest) = client.map(GuestChannel::client) else {
         return false;
     };
     let sync = tokio::time::timeout(
@@ -564,7 +563,7 @@ impl Node {
         rec: &mut super::SandboxRecord,
         memory: Option<&Path>,
         snapshot_disk: &Path,
-    ) -> Result<(crate::runtime::Launched, GuestClient<Channel>), NodeError> {
+    ) -> Result<(crate::runtime::Launched, GuestChannel), NodeError> {
         let Some(dir) = memory else {
             return self.launch(rec, None).await;
         };

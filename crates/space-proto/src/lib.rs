@@ -1,5 +1,7 @@
 //! The guest-channel protocol: one gRPC service (`space.guest.v1.Guest`) that space-daemon
-//! serves on the single channel of each sandbox. Generated from `proto/guest.proto`.
+//! serves on the single channel of each sandbox, generated from `proto/guest.proto`; and in
+//! [`node`], the node contract's transport between control plane and node agents
+//! (`space.node.v1.Node`, `proto/node.proto`).
 
 #![allow(clippy::all, missing_docs)]
 
@@ -8,6 +10,10 @@ pub mod guest {
 }
 
 pub use guest::*;
+
+pub mod node {
+    tonic::include_proto!("space.node.v1");
+}
 
 /// The protocol version the daemon reports in `InfoReply.version`.
 pub const PROTOCOL_VERSION: &str = env!("CARGO_PKG_VERSION");

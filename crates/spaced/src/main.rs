@@ -1,5 +1,7 @@
-//! spaced: the space server. All-in-one mode (the only mode so far): the in-process node agent
+//! spaced: the space server. All-in-one by default: the in-process node agent
 //! (`space_node::Node`) plus the control plane (REST API, store, reconciler) on `--listen`.
+//! `spaced node` runs the node agent alone, serving the node contract over gRPC
+//! (`space_rpc`); `spaced control --node URL` runs the control plane alone, driving it.
 //! SIGTERM/SIGINT shut the server down gracefully; sandboxes keep running and are adopted
 //! again on the next start.
 
@@ -9,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use space_control::{ControlConfig, ControlPlane};
 use space_node::{Node, NodeConfig};
 
@@ -26,15 +28,89 @@ enum LogFormat {
 #[command(
     name = "spaced",
     version,
-    about = "The space server (control plane + node agent)"
+    about = "The space server: all-in-one (control plane and node agent) unless a role is named",
+    args_conflicts_with_subcommands = true
 )]
+struct Cli {
+    #[command(subcommand)]
+    role: Option<Role>,
+    #[command(flatten)]
+    all: Args,
+}
+
+#[derive(Debug, Subcommand)]
+enum Role {
+    /// The control plane alone (REST API, store, reconciler), driving a node agent that runs
+    /// as `spaced node`.
+    Control(ControlRole),
+    /// A node agent alone (sandboxes, storage, networking), serving the node contract over
+    /// gRPC to a control plane (`spaced control --node URL`).
+    Node(NodeRole),
+}
+
+/// All-in-one: the node agent in-process under the control plane.
+#[derive(Debug, clap::Args)]
 struct Args {
-    /// Address of the REST API.
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    listen: SocketAddr,
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    node: NodeArgs,
+    #[command(flatten)]
+    control: ControlArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct ControlRole {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    control: ControlArgs,
+    /// The node agent to drive: its address as `spaced node` printed it (http://HOST:PORT).
+    #[arg(long = "node", value_name = "URL")]
+    node_url: String,
+}
+
+#[derive(Debug, clap::Args)]
+struct NodeRole {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    node: NodeArgs,
+    /// Address of the node contract's gRPC service. Without TLS (until nodes join with a
+    /// token) it must be a loopback address.
+    #[arg(long = "listen", default_value = "127.0.0.1:7071")]
+    node_listen: SocketAddr,
+    /// Largest template archive the control plane may upload (bytes or K/M/G/T).
+    #[arg(long = "max-upload", default_value = "10G", value_parser = parse_size)]
+    node_max_upload: u64,
+}
+
+/// What every role reads.
+#[derive(Debug, clap::Args)]
+struct Common {
     /// Persistent state: store, admin key, templates, sandboxes.
     #[arg(long, default_value = "/var/lib/space", env = "SPACE_DATA_DIR")]
     data_dir: PathBuf,
+    /// Log lines as text or as JSON objects (one per line, with the spans they happened in).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Also log a line when a span closes (an API request, a node operation such as
+    /// node.create or node.snapshot, a warm pool build, a reconcile pass) with its busy and
+    /// idle time: where a slow request spent it. Which spans is up to RUST_LOG (reconcile
+    /// passes are debug).
+    #[arg(long)]
+    log_spans: bool,
+    /// Egress policy of sandboxes created without one: none, allowlist or open.
+    #[arg(long, default_value = "open")]
+    default_egress: space_node::net::Egress,
+    /// The runtime of sandboxes created without one: namespace or microvm.
+    #[arg(long, default_value = "namespace", value_parser = ["namespace", "microvm"])]
+    default_runtime: String,
+}
+
+/// The node agent's settings.
+#[derive(Debug, clap::Args)]
+struct NodeArgs {
     /// Runtime state (sockets, network namespace mounts); lost on reboot. Default:
     /// /run/space for the default data dir, else /run/space-<hash of the data dir>, so that
     /// two spaced with different data dirs never share one. A run dir held by a live spaced
@@ -56,30 +132,12 @@ struct Args {
     /// Debian `base` yet; `none` for none.
     #[arg(long, default_value = "/var/cache/space/base-debian12")]
     base_cache: PathBuf,
-    /// The template of creates that name none (and of the default warm pool).
-    #[arg(long, default_value = space_api::DEFAULT_TEMPLATE)]
-    default_template: String,
-    /// Log lines as text or as JSON objects (one per line, with the spans they happened in).
-    #[arg(long, value_enum, default_value = "text")]
-    log_format: LogFormat,
-    /// Also log a line when a span closes (an API request, a node operation such as
-    /// node.create or node.snapshot, a warm pool build, a reconcile pass) with its busy and
-    /// idle time: where a slow request spent it. Which spans is up to RUST_LOG (reconcile
-    /// passes are debug).
-    #[arg(long)]
-    log_spans: bool,
     /// First host uid of the sandbox uid ranges.
     #[arg(long, default_value_t = NodeConfig::default().uid_base_start)]
     uid_base: u32,
     /// Cgroup under which sandboxes get their own.
     #[arg(long, default_value = "space")]
     cgroup_parent: String,
-    /// Store URL (postgres://...); default SQLite at DATA_DIR/space.db.
-    #[arg(long, env = "SPACE_DATABASE_URL")]
-    database_url: Option<String>,
-    /// Limit of streamed uploads (files, templates), bytes or K/M/G/T.
-    #[arg(long, default_value = "10G", value_parser = parse_size)]
-    max_upload: u64,
     /// Output kept per process for reconnects (bytes or K/M/G); older output is reported as a
     /// gap. Applies to sandboxes started from now on.
     #[arg(long, default_value = "1M", value_parser = parse_size)]
@@ -110,13 +168,6 @@ struct Args {
     /// system and webpki roots.
     #[arg(long)]
     upstream_ca: Option<PathBuf>,
-    /// Egress policy of sandboxes created without one: none, allowlist or open.
-    #[arg(long, default_value = "open")]
-    default_egress: space_node::net::Egress,
-    /// Warm pool of the `base` template as MIN:MAX ready sandboxes, while none was set through
-    /// the API (`space pool set base`); 0:0 turns it off.
-    #[arg(long, default_value = "4:32", value_name = "MIN:MAX", value_parser = parse_pool)]
-    warm_pool: space_node::api::PoolConfig,
     /// The microvm runtime (a QEMU microvm per sandbox, decision 0014): on makes it available
     /// (set up on first use; a missing QEMU or guest kernel is then a clear create error).
     #[arg(long, value_enum, default_value = "on")]
@@ -131,9 +182,27 @@ struct Args {
     /// checkpoints and forks reflink the file). Decision 0014, "Memory snapshots".
     #[arg(long, default_value = "private", value_name = "private|shared")]
     microvm_ram: space_node::runtime::microvm::RestoredRam,
-    /// The runtime of sandboxes created without one: namespace or microvm.
-    #[arg(long, default_value = "namespace", value_parser = ["namespace", "microvm"])]
-    default_runtime: String,
+}
+
+/// The control plane's settings.
+#[derive(Debug, clap::Args)]
+struct ControlArgs {
+    /// Address of the REST API.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// The template of creates that name none (and of the default warm pool).
+    #[arg(long, default_value = space_api::DEFAULT_TEMPLATE)]
+    default_template: String,
+    /// Store URL (postgres://...); default SQLite at DATA_DIR/space.db.
+    #[arg(long, env = "SPACE_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Limit of streamed uploads (files, templates), bytes or K/M/G/T.
+    #[arg(long, default_value = "10G", value_parser = parse_size)]
+    max_upload: u64,
+    /// Warm pool of the `base` template as MIN:MAX ready sandboxes, while none was set through
+    /// the API (`space pool set base`); 0:0 turns it off.
+    #[arg(long, default_value = "4:32", value_name = "MIN:MAX", value_parser = parse_pool)]
+    warm_pool: space_node::api::PoolConfig,
     /// E2B's host form (decision 0030): serve `api.DOMAIN` and `PORT-ID.DOMAIN` (port PORT
     /// of sandbox ID; envd's is 49983) as E2B's edge does, for SDKs given `E2B_DOMAIN`.
     /// Point a wildcard DNS record for `*.DOMAIN` (and `DOMAIN`) at this server. Turns on the
@@ -193,7 +262,7 @@ struct TlsSetup {
 }
 
 /// The HTTPS listener from the flags; None when they ask for none.
-fn tls_setup(args: &Args) -> Result<Option<TlsSetup>> {
+fn tls_setup(data_dir: &std::path::Path, args: &ControlArgs) -> Result<Option<TlsSetup>> {
     use space_control::tls::{ServerCerts, load_given};
     let listen = match (args.tls_listen, &args.e2b_domain) {
         (Some(a), _) => a,
@@ -217,7 +286,7 @@ fn tls_setup(args: &Args) -> Result<Option<TlsSetup>> {
     let domain = args.e2b_domain.clone().context(
         "--tls-listen needs --tls-cert and --tls-key, or --e2b-domain for certificates spaced issues",
     )?;
-    let dir = args.data_dir.join("tls").join(&domain);
+    let dir = data_dir.join("tls").join(&domain);
     let profile = space_node::net::ca::CaProfile::api(&domain);
     let ca = space_node::net::ca::Ca::load_or_create_as(&dir, &profile)
         .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))
@@ -347,16 +416,32 @@ async fn shutdown_signal() {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args = Args::parse();
-    init_logging(args.log_format, args.log_spans);
+    let cli = Cli::parse();
+    match cli.role {
+        None => all_in_one(cli.all).await,
+        Some(Role::Control(c)) => control_role(c).await,
+        Some(Role::Node(n)) => node_role(n).await,
+    }
+}
+
+/// Fails with the error's whole chain (the node's and control plane's errors nest).
+fn chain(e: &dyn std::error::Error) -> anyhow::Error {
+    anyhow::anyhow!(space_control::error_chain(e))
+}
+
+/// The node agent, opened; the run dir's lock is held as long as the guard lives.
+async fn open_node(
+    common: &Common,
+    args: &NodeArgs,
+) -> Result<(Arc<Node>, space_node::run_dir::RunDirLock)> {
     let daemon = daemon_binary(args.daemon_binary.clone())?;
     let run_dir = args
         .run_dir
         .clone()
-        .unwrap_or_else(|| space_node::run_dir::default_for(&args.data_dir));
+        .unwrap_or_else(|| space_node::run_dir::default_for(&common.data_dir));
     // Held until the process exits: a second spaced on this run dir is refused.
-    let _run_lock = space_node::run_dir::RunDirLock::acquire(&run_dir, &args.data_dir)
-        .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))?;
+    let run_lock = space_node::run_dir::RunDirLock::acquire(&run_dir, &common.data_dir)
+        .map_err(|e| chain(&e))?;
 
     anyhow::ensure!(
         (4 << 10..=256 << 20).contains(&args.output_buffer),
@@ -364,7 +449,7 @@ async fn main() -> Result<()> {
         args.output_buffer
     );
     let node_cfg = NodeConfig {
-        data_dir: args.data_dir.clone(),
+        data_dir: common.data_dir.clone(),
         run_dir: run_dir.clone(),
         image_size_bytes: args.image_size,
         daemon_binary: daemon,
@@ -380,7 +465,7 @@ async fn main() -> Result<()> {
             pool_size: args.slot_pool,
             dns_upstream: args.dns_upstream.clone(),
             upstream_ca: args.upstream_ca.clone(),
-            default_egress: args.default_egress,
+            default_egress: common.default_egress,
         },
         microvm: (args.microvm == OnOff::On).then(|| space_node::runtime::microvm::MicrovmConfig {
             accel: args.microvm_accel,
@@ -389,7 +474,7 @@ async fn main() -> Result<()> {
             cgroup_parent: format!("{}-vm", args.cgroup_parent),
             ..Default::default()
         }),
-        default_runtime: args
+        default_runtime: common
             .default_runtime
             .parse()
             .map_err(|e: space_node::api::NodeError| anyhow::anyhow!("--default-runtime: {e}"))?,
@@ -405,16 +490,25 @@ async fn main() -> Result<()> {
     }
     let node = Node::open(node_cfg)
         .await
-        .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))
+        .map_err(|e| chain(&e))
         .context("failed to open the node")?;
+    Ok((node, run_lock))
+}
 
-    let mut cfg = ControlConfig::new(&args.data_dir);
+/// The control plane over `node`, serving until SIGTERM or SIGINT.
+async fn run_control(
+    common: &Common,
+    args: &ControlArgs,
+    node: Arc<dyn space_node::NodeApi>,
+    on_open: impl FnOnce(&ControlPlane),
+) -> Result<()> {
+    let mut cfg = ControlConfig::new(&common.data_dir);
     cfg.max_upload_bytes = args.max_upload;
     cfg.shutdown_timeout = Duration::from_secs(5);
-    cfg.default_egress = space_control::net::egress_from_node(args.default_egress);
+    cfg.default_egress = space_control::net::egress_from_node(common.default_egress);
     cfg.default_pool = Some(args.warm_pool).filter(|p| p.max > 0);
-    cfg.default_runtime = args.default_runtime.clone();
-    let tls = tls_setup(&args)?;
+    cfg.default_runtime = common.default_runtime.clone();
+    let tls = tls_setup(&common.data_dir, args)?;
     cfg.e2b_domain = args.e2b_domain.clone();
     cfg.e2b_ca_pem = tls.as_ref().and_then(|t| t.ca_pem.clone());
     anyhow::ensure!(
@@ -423,13 +517,11 @@ async fn main() -> Result<()> {
         args.default_template
     );
     cfg.default_template = args.default_template.clone();
-    let node_agent = node.clone();
-    let node: Arc<dyn space_node::NodeApi> = node;
     let cp = ControlPlane::open(cfg, args.database_url.as_deref(), node)
         .await
-        .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))
+        .map_err(|e| chain(&e))
         .context("failed to open the control plane")?;
-    node_agent.set_secret_source(cp.secret_source());
+    on_open(&cp);
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -458,15 +550,114 @@ async fn main() -> Result<()> {
 
     space_control::serve_with_tls(listener, tls, cp.state, shutdown_signal())
         .await
-        .map_err(|e| anyhow::anyhow!(space_control::error_chain(&e)))?;
-    node_agent.shutdown().await;
+        .map_err(|e| chain(&e))
+}
+
+async fn all_in_one(args: Args) -> Result<()> {
+    init_logging(args.common.log_format, args.common.log_spans);
+    let (node, _run_lock) = open_node(&args.common, &args.node).await?;
+    let in_process: Arc<dyn space_node::NodeApi> = node.clone();
+    run_control(&args.common, &args.control, in_process, |cp| {
+        node.set_secret_source(cp.secret_source())
+    })
+    .await?;
+    node.shutdown().await;
     tracing::info!("spaced stopped (sandboxes keep running)");
+    Ok(())
+}
+
+async fn control_role(args: ControlRole) -> Result<()> {
+    init_logging(args.common.log_format, args.common.log_spans);
+    let channel = space_rpc::channel(&args.node_url).map_err(anyhow::Error::msg)?;
+    let node = Arc::new(space_rpc::RemoteNode::new(args.node_url.clone(), channel));
+    println!("driving the node agent at {}", args.node_url);
+    run_control(&args.common, &args.control, node, |_| {}).await?;
+    tracing::info!("spaced control stopped");
+    Ok(())
+}
+
+async fn node_role(args: NodeRole) -> Result<()> {
+    init_logging(args.common.log_format, args.common.log_spans);
+    anyhow::ensure!(
+        args.node_listen.ip().is_loopback(),
+        "--listen {}: without TLS the node agent serves loopback addresses only",
+        args.node_listen
+    );
+    let (node, _run_lock) = open_node(&args.common, &args.node).await?;
+    let scratch = args.common.data_dir.join("uploads");
+    std::fs::create_dir_all(&scratch)
+        .with_context(|| format!("failed to create {}", scratch.display()))?;
+    let service = space_rpc::NodeService::new(node.clone(), scratch, args.node_max_upload);
+    let listener = tokio::net::TcpListener::bind(args.node_listen)
+        .await
+        .with_context(|| format!("failed to listen on {}", args.node_listen))?;
+    let addr = listener.local_addr().unwrap_or(args.node_listen);
+    println!("spaced node listening on http://{addr}");
+    println!("next: spaced control --node http://{addr}");
+    tracing::info!(%addr, "spaced node started");
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, space_rpc::router(service))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("the node service failed")?;
+    node.shutdown().await;
+    tracing::info!("spaced node stopped (sandboxes keep running)");
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The all-in-one arguments of `argv`.
+    fn all(argv: &[&str]) -> Result<Args, clap::Error> {
+        let cli = Cli::try_parse_from(argv)?;
+        assert!(cli.role.is_none(), "{argv:?} named a role");
+        Ok(cli.all)
+    }
+
+    #[test]
+    fn roles_parse_their_own_flags() {
+        let c = Cli::try_parse_from([
+            "spaced",
+            "control",
+            "--node",
+            "http://127.0.0.1:7071",
+            "--listen",
+            "127.0.0.1:7080",
+        ])
+        .unwrap();
+        let Some(Role::Control(c)) = c.role else {
+            panic!("not the control role");
+        };
+        assert_eq!(c.node_url, "http://127.0.0.1:7071");
+        assert_eq!(c.control.listen.to_string(), "127.0.0.1:7080");
+        let n = Cli::try_parse_from(["spaced", "node", "--data-dir", "/tmp/n1"]).unwrap();
+        let Some(Role::Node(n)) = n.role else {
+            panic!("not the node role");
+        };
+        assert_eq!(n.node_listen.to_string(), "127.0.0.1:7071");
+        assert_eq!(n.common.data_dir, PathBuf::from("/tmp/n1"));
+        // Each role refuses the other's flags, and a control plane needs its node.
+        for bad in [
+            &["spaced", "node", "--database-url", "postgres://x"][..],
+            &[
+                "spaced",
+                "control",
+                "--node",
+                "http://n",
+                "--image-size",
+                "1G",
+            ],
+            &["spaced", "control"],
+            &["spaced", "--listen", "127.0.0.1:1", "node"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn sizes() {
@@ -482,12 +673,11 @@ mod tests {
 
     #[test]
     fn args_parse() {
-        let a =
-            Args::try_parse_from(["spaced", "--image-size", "1G", "--log-format", "json"]).unwrap();
-        assert_eq!(a.image_size, 1 << 30);
-        assert_eq!(a.listen.to_string(), "127.0.0.1:7070");
-        assert!(Args::try_parse_from(["spaced", "--image-size", "lots"]).is_err());
-        let a = Args::try_parse_from([
+        let a = all(&["spaced", "--image-size", "1G", "--log-format", "json"]).unwrap();
+        assert_eq!(a.node.image_size, 1 << 30);
+        assert_eq!(a.control.listen.to_string(), "127.0.0.1:7070");
+        assert!(all(&["spaced", "--image-size", "lots"]).is_err());
+        let a = all(&[
             "spaced",
             "--dns-upstream",
             "203.0.113.53",
@@ -497,19 +687,19 @@ mod tests {
             "allowlist",
         ])
         .unwrap();
-        assert_eq!(a.dns_upstream.len(), 2);
-        assert_eq!(a.dns_upstream[0].port(), 53);
-        assert_eq!(a.default_egress, space_node::net::Egress::Allowlist);
-        assert_eq!(a.network, OnOff::On);
+        assert_eq!(a.node.dns_upstream.len(), 2);
+        assert_eq!(a.node.dns_upstream[0].port(), 53);
+        assert_eq!(a.common.default_egress, space_node::net::Egress::Allowlist);
+        assert_eq!(a.node.network, OnOff::On);
         assert_eq!(
-            (a.warm_pool.min, a.warm_pool.max),
+            (a.control.warm_pool.min, a.control.warm_pool.max),
             (4, 32),
             "--warm-pool default"
         );
-        let a = Args::try_parse_from(["spaced", "--warm-pool", "0:0"]).unwrap();
-        assert_eq!((a.warm_pool.min, a.warm_pool.max), (0, 0));
-        let a = Args::try_parse_from(["spaced", "--warm-pool", "2:2"]).unwrap();
-        assert_eq!((a.warm_pool.min, a.warm_pool.max), (2, 2));
+        let a = all(&["spaced", "--warm-pool", "0:0"]).unwrap();
+        assert_eq!((a.control.warm_pool.min, a.control.warm_pool.max), (0, 0));
+        let a = all(&["spaced", "--warm-pool", "2:2"]).unwrap();
+        assert_eq!((a.control.warm_pool.min, a.control.warm_pool.max), (2, 2));
         for (bad, needle) in [
             ("4", "expected MIN:MAX"),
             ("8:4", "MIN (8) must not exceed MAX (4)"),
@@ -518,7 +708,7 @@ mod tests {
             ("1:4294967296", "MAX \"4294967296\""),
         ] {
             let arg = format!("--warm-pool={bad}");
-            let e = Args::try_parse_from(["spaced", arg.as_str()]).unwrap_err();
+            let e = all(&["spaced", arg.as_str()]).unwrap_err();
             let e = e.to_string();
             assert!(
                 e.contains("--warm-pool") && e.contains(needle),
@@ -531,14 +721,14 @@ mod tests {
             ["spaced", "--dns-upstream", "resolver"],
             ["spaced", "--default-egress", "most"],
         ] {
-            assert!(Args::try_parse_from(bad).is_err(), "{bad:?}");
+            assert!(all(&bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn e2b_domain_and_tls_flags() {
-        let a = Args::try_parse_from(["spaced", "--e2b-domain", "SB.Example.com."]).unwrap();
-        assert_eq!(a.e2b_domain.as_deref(), Some("sb.example.com"));
+        let a = all(&["spaced", "--e2b-domain", "SB.Example.com."]).unwrap();
+        assert_eq!(a.control.e2b_domain.as_deref(), Some("sb.example.com"));
         for bad in [
             "-x.com",
             "a..b",
@@ -550,15 +740,16 @@ mod tests {
             assert!(parse_domain(bad).is_err(), "{bad:?}");
         }
         // A certificate without its key (and the other way round) is refused by clap.
-        assert!(Args::try_parse_from(["spaced", "--tls-cert", "c.pem"]).is_err());
-        assert!(Args::try_parse_from(["spaced", "--tls-key", "k.pem"]).is_err());
+        assert!(all(&["spaced", "--tls-cert", "c.pem"]).is_err());
+        assert!(all(&["spaced", "--tls-key", "k.pem"]).is_err());
         // TLS with nothing to serve: clear errors before anything starts.
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_str().unwrap();
         let setup = |extra: &[&str]| {
             let mut argv = vec!["spaced", "--data-dir", dir];
             argv.extend_from_slice(extra);
-            tls_setup(&Args::try_parse_from(argv).unwrap()).map(|t| t.map(|t| (t.listen, t.ca_pem)))
+            let a = all(&argv).unwrap();
+            tls_setup(&a.common.data_dir, &a.control).map(|t| t.map(|t| (t.listen, t.ca_pem)))
         };
         assert!(setup(&[]).unwrap().is_none());
         let e = setup(&["--tls-listen", "127.0.0.1:8443"]).unwrap_err();

@@ -9,6 +9,7 @@ mod build;
 mod chaos;
 mod checkpoint;
 mod cli;
+mod cluster;
 mod cp_hostile;
 mod diff;
 mod e2b;

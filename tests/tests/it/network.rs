@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use space_tests::netlab::{
     DNS_IP, ECHO_PORT, FAR_IP, META_IP, NODE_IP, NetLab, PRIVATE_IPS, RAW_IP, WEB_IP,
 };
-use space_tests::{NodeNet, Spaced, on_each_runtime, probe_binary, random_hex};
+use space_tests::{NodeNet, Spaced, eventually, on_each_runtime, probe_binary, random_hex};
 
 const PROBE: &str = "/tmp/space-probe";
 
@@ -152,19 +152,6 @@ fn set_secret(s: &Spaced, name: &str, value: &str, hosts: &[&str], header: &str)
             String::from_utf8_lossy(&out.stderr)
         ),
     )
-}
-
-fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The lab itself, from a bare node namespace: names resolve, the web server speaks HTTP and

@@ -1,31 +1,17 @@
 //! Snapshot policy end to end (decision 0010): periodic snapshots only while files change,
 //! one after every exec, retention, visibility in `space inspect`, bad input.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::{Value, json};
-use space_tests::Spaced;
+use space_tests::{Spaced, eventually};
 
 fn autos(s: &Spaced, id: &str) -> Vec<Value> {
     s.snapshots(id)
         .into_iter()
         .filter(|v| v["auto"] == true)
         .collect()
-}
-
-/// Waits up to `within` for `f` to hold.
-fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + within;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 #[test]

@@ -13,7 +13,7 @@ use crate::error::AppError;
 
 pub(crate) async fn list_pools(State(s): State<AppState>) -> Result<Json<PoolList>, AppError> {
     Ok(Json(PoolList {
-        pools: s.engine.list_pools(),
+        pools: s.engine.list_pools().await,
     }))
 }
 

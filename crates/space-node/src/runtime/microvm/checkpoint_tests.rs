@@ -3,9 +3,9 @@
 
 use std::process::Command;
 
+use crate::api::GuestChannel;
 use space_proto::guest_client::GuestClient;
 use space_proto::{ExecRequest, InfoRequest, ListProcessesRequest, process_event};
-use tonic::transport::Channel;
 
 use sha2::Digest;
 
@@ -174,11 +174,11 @@ fn copy_disk(src: &Path, dst: &Path) -> PathBuf {
 
 /// A channel client; three tries of the node's 5 s connect (several TCG guests share two
 /// cores in the parallel test run).
-async fn client(socket: &Path) -> GuestClient<Channel> {
+async fn client(socket: &Path) -> GuestClient<GuestChannel> {
     let mut last = None;
     for i in 0..3 {
         match UnixConnector::default().connect(socket).await {
-            Ok(c) => return c,
+            Ok(c) => return c.client(),
             Err(e) => {
                 eprintln!("connect #{i} to {}: {e}", socket.display());
                 last = Some(e);
@@ -189,7 +189,7 @@ async fn client(socket: &Path) -> GuestClient<Channel> {
 }
 
 /// Runs `argv` to its end; (exit code, output).
-async fn exec(c: &mut GuestClient<Channel>, argv: &[&str]) -> (i32, String) {
+async fn exec(c: &mut GuestClient<GuestChannel>, argv: &[&str]) -> (i32, String) {
     let mut s = c
         .exec(ExecRequest {
             argv: argv.iter().map(|a| a.to_string()).collect(),
@@ -212,13 +212,13 @@ async fn exec(c: &mut GuestClient<Channel>, argv: &[&str]) -> (i32, String) {
 }
 
 /// The counter's value (0 before its first write).
-async fn counter(c: &mut GuestClient<Channel>) -> u64 {
+async fn counter(c: &mut GuestClient<GuestChannel>) -> u64 {
     let (_, out) = exec(c, &["/bin/busybox", "cat", "/counter"]).await;
     out.trim().parse().unwrap_or(0)
 }
 
 /// The pids of running processes whose argv mentions `needle`.
-async fn running(c: &mut GuestClient<Channel>, needle: &str) -> Vec<u32> {
+async fn running(c: &mut GuestClient<GuestChannel>, needle: &str) -> Vec<u32> {
     let l = c
         .list_processes(ListProcessesRequest {})
         .await
@@ -234,7 +234,7 @@ async fn running(c: &mut GuestClient<Channel>, needle: &str) -> Vec<u32> {
 const COUNTER: &str =
     "i=0; while true; do i=$((i+1)); echo $i > /counter; /bin/busybox usleep 50000; done";
 
-async fn wait_counter_moves(c: &mut GuestClient<Channel>) -> (u64, u64) {
+async fn wait_counter_moves(c: &mut GuestClient<GuestChannel>) -> (u64, u64) {
     let a = counter(c).await;
     for _ in 0..200 {
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -1044,7 +1044,8 @@ async fn real_vm_runs_space_daemon_as_init() {
     let mut client = crate::channel::UnixConnector::default()
         .connect(&plan.channel_socket)
         .await
-        .unwrap();
+        .unwrap()
+        .client();
     let info = client
         .info(space_proto::InfoRequest {})
         .await
