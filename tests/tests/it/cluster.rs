@@ -153,3 +153,58 @@ fn split_roles_serve_the_api_as_all_in_one_does() {
         s.user_sandbox_dirs()
     );
 }
+
+/// Create → ready through a control plane driving a node agent over gRPC, against
+/// all-in-one, in one run (issue 14's goal: ≤ 2 ms extra at p50). Rounds alternate between
+/// the two so that the machine's noise falls on both. Run it on a release build:
+/// `cargo test --release -p space-tests --test it -- --ignored --nocapture bench_split`.
+#[test]
+#[ignore = "benchmark; prints figures for BENCHMARKS.md"]
+fn bench_split_create_against_all_in_one() {
+    let rounds: usize = std::env::var("SPACE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let n = std::env::var("SPACE_BENCH_N").unwrap_or_else(|_| "50".into());
+    let all = Spaced::start_with(&["--network", "off"]).unwrap();
+    let split = Spaced::start_split(&["--network", "off"], &[]).unwrap();
+    // Per mode, per round: the p50s of create → ready, the create call and an exec.
+    const KEYS: [&str; 3] = ["create_ready_ms", "create_ms", "exec_rtt_ms"];
+    let mut p50s: [Vec<[f64; 3]>; 2] = Default::default();
+    for round in 0..rounds {
+        for (i, s) in [&all, &split].into_iter().enumerate() {
+            let out = s.space_ok(&[
+                "bench",
+                "create",
+                "-n",
+                &n,
+                "--exec-runs",
+                "20",
+                "--pool",
+                "--json",
+            ]);
+            let r: Value = serde_json::from_str(&out).unwrap();
+            let row = KEYS.map(|k| r[k]["p50"].as_f64().unwrap());
+            eprintln!(
+                "round {round} {}: {KEYS:?} p50 {row:.2?} ms",
+                ["all-in-one", "split"][i]
+            );
+            p50s[i].push(row);
+        }
+    }
+    let median = |i: usize, k: usize| {
+        let mut v: Vec<f64> = p50s[i].iter().map(|r| r[k]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for (k, what) in ["create → ready", "create call", "exec round trip"]
+        .iter()
+        .enumerate()
+    {
+        let (a, b) = (median(0, k), median(1, k));
+        println!(
+            "{what}: all-in-one {a:.2} ms, split {b:.2} ms, extra {:.2} ms (median of {rounds} rounds' p50)",
+            b - a
+        );
+    }
+}
