@@ -264,6 +264,30 @@ impl NodeNet {
         Self::create(std::process::id(), INSTANCE.fetch_add(1, Ordering::SeqCst))
     }
 
+    /// Routes 10.251.0.0/16 (the harness's namespaces) through the host, so that this
+    /// namespace reaches the others' addresses (the host forwards between its veths).
+    pub fn route_harness_via_host(&self) -> Result<()> {
+        let via = self.host_ip.to_string();
+        let out = Command::new("ip")
+            .args([
+                "-n",
+                &self.name,
+                "route",
+                "replace",
+                "10.251.0.0/16",
+                "via",
+                &via,
+            ])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "ip route in {}: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
     /// Path of the pinned namespace.
     pub fn path(&self) -> PathBuf {
         Path::new("/run/netns").join(&self.name)
@@ -329,6 +353,14 @@ pub struct Spaced {
     /// Split roles ([`Spaced::start_split`]): the node agent's flags; `child` is then
     /// `spaced control` and `node_child` `spaced node`.
     split: Option<Vec<String>>,
+    /// Split, with the node joined to the control plane by a token (mTLS) instead of at
+    /// `--node` on loopback.
+    joined: bool,
+    /// The token the joined node joined with.
+    pub join_token: Option<String>,
+    /// A joined node of its own ([`Spaced::join_node`]): the control plane's cluster listener,
+    /// and where the control plane reaches this node. None: the node beside the control plane.
+    node_only: Option<(String, String)>,
     node_child: Option<Child>,
     http: reqwest::Client,
 }
@@ -364,6 +396,10 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// Where a split node agent serves the node contract, inside the node's namespace.
 pub const SPLIT_NODE_ADDR: &str = "127.0.0.1:7071";
+/// Where a joined split's control plane takes joins and heartbeats, inside the namespace.
+pub const CLUSTER_ADDR: &str = "127.0.0.1:7443";
+/// The port of the cluster listener (on every address of the control plane's namespace).
+pub const CLUSTER_PORT: u16 = 7443;
 
 /// The longest one CLI call of a test may take (`space bench microvm` takes minutes).
 pub const CLI_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
@@ -488,6 +524,9 @@ impl Spaced {
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
             child: None,
             split: None,
+            joined: false,
+            join_token: None,
+            node_only: None,
             node_child: None,
             http: {
                 space_api::client::install_crypto_provider();
@@ -503,6 +542,41 @@ impl Spaced {
         s.split = Some(node_args.iter().map(|a| a.to_string()).collect());
         s.spawn()?;
         Ok(s)
+    }
+
+    /// [`Spaced::start_split`], with the node joined to the control plane by a token from
+    /// `space node token` (mTLS between them, decision 0033).
+    pub fn start_joined(node_args: &[&str], control_args: &[&str]) -> Result<Spaced> {
+        let mut s = Self::prepare(control_args, true)?;
+        s.split = Some(node_args.iter().map(|a| a.to_string()).collect());
+        s.joined = true;
+        s.spawn()?;
+        Ok(s)
+    }
+
+    /// Another node for this joined control plane, in a network namespace, data dir, uid range
+    /// and cgroup of its own: a `Spaced` with only a node agent (its CLI reaches the control
+    /// plane). Each namespace routes the harness's 10.251.0.0/16 through the host, so the
+    /// node and the control plane reach each other's addresses and nothing else.
+    pub fn join_node(&self, node_args: &[&str]) -> Result<Spaced> {
+        anyhow::ensure!(self.joined, "join_node needs Spaced::start_joined");
+        let control_net = self.net.as_ref().context("the control plane's namespace")?;
+        let mut n = Self::prepare(&[], true)?;
+        let net = n.net.as_ref().context("the node's namespace")?;
+        for ns in [control_net, net] {
+            ns.route_harness_via_host()?;
+        }
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
+        n.node_only = Some((
+            format!("{}:{CLUSTER_PORT}", control_net.node_ip),
+            format!("{}:7071", net.node_ip),
+        ));
+        n.split = Some(node_args.iter().map(|a| a.to_string()).collect());
+        n.joined = true;
+        n.url = self.url.clone();
+        n.key = self.key.clone();
+        n.spawn_node()?;
+        Ok(n)
     }
 
     /// Add spaced flags for the next `spawn` (and every restart).
@@ -567,7 +641,27 @@ impl Spaced {
         let log_path = self.node_log_path();
         let start = std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
         let mut cmd = self.spaced_command();
-        cmd.args(["node", "--listen", SPLIT_NODE_ADDR]);
+        cmd.arg("node");
+        if self.joined {
+            // The token is used once; a node that joined already starts without one.
+            let token = if self.data_dir().join("cluster/node_id").exists() {
+                None
+            } else {
+                let out = self.space_ok(&["node", "token"]);
+                Some(out.lines().next().unwrap_or_default().trim().to_owned())
+            };
+            let (control, advertise) = self
+                .node_only
+                .clone()
+                .unwrap_or_else(|| (CLUSTER_ADDR.to_owned(), SPLIT_NODE_ADDR.to_owned()));
+            cmd.args(["--listen", "0.0.0.0:7071", "--advertise", &advertise]);
+            if let Some(t) = token {
+                cmd.args(["--control", &control, "--join-token", &t]);
+                self.join_token = Some(t);
+            }
+        } else {
+            cmd.args(["--listen", SPLIT_NODE_ADDR]);
+        }
         self.node_flags(&mut cmd);
         if !node_args.iter().any(|a| a == "--base-cache") {
             cmd.args(["--base-cache", "none"]);
@@ -619,19 +713,23 @@ impl Spaced {
             .arg("4");
     }
 
-    /// (Re)start the spaced process on the same data dir (split: the node agent first,
-    /// unless it runs).
+    /// (Re)start the spaced process on the same data dir. Split: the node agent first,
+    /// unless it runs; joined: the control plane first (the node joins it).
     pub fn spawn(&mut self) -> Result<()> {
         self.url = format!("http://{}", self.listen);
+        let split = self.split.is_some();
+        if split && !self.joined && self.node_child.is_none() {
+            self.spawn_node()?;
+        }
         let mut cmd = self.spaced_command();
-        if self.split.is_some() {
-            if self.node_child.is_none() {
-                self.spawn_node()?;
+        if split {
+            cmd.arg("control");
+            if self.joined {
+                cmd.args(["--cluster-listen", &format!("0.0.0.0:{CLUSTER_PORT}")]);
+            } else {
+                cmd.arg("--node").arg(format!("http://{SPLIT_NODE_ADDR}"));
             }
-            cmd.arg("control")
-                .arg("--node")
-                .arg(format!("http://{SPLIT_NODE_ADDR}"))
-                .arg("--listen")
+            cmd.arg("--listen")
                 .arg(&self.listen)
                 .arg("--data-dir")
                 .arg(self.data_dir());
@@ -645,7 +743,11 @@ impl Spaced {
         }
         cmd.args(&self.extra_args);
         self.child = Some(launch(cmd, &self.log_path())?);
-        self.wait_ready()
+        self.wait_ready()?;
+        if self.joined && self.node_child.is_none() {
+            self.spawn_node()?;
+        }
+        Ok(())
     }
 
     /// Tests create from `minimal` (busybox) unless they start spaced with

@@ -13,6 +13,24 @@ impl Client {
         Ok(list.nodes)
     }
 
+    /// `POST /v1/nodes/tokens`: a one-time token for a node to join with.
+    pub async fn create_join_token(
+        &self,
+        req: &crate::node::CreateJoinToken,
+    ) -> Result<crate::node::JoinToken> {
+        self.json(Self::with_json(
+            self.request(Method::POST, "/v1/nodes/tokens"),
+            req,
+        ))
+        .await
+    }
+
+    /// `DELETE /v1/nodes/{id}`: the node leaves the cluster; its certificate is refused.
+    pub async fn remove_node(&self, id: &str) -> Result<()> {
+        self.empty(self.request(Method::DELETE, &format!("/v1/nodes/{id}")))
+            .await
+    }
+
     /// `GET /v1/cluster`: the nodes summed, and the sandboxes by state.
     pub async fn cluster_status(&self) -> Result<crate::node::ClusterStatus> {
         self.json(self.request(Method::GET, "/v1/cluster")).await

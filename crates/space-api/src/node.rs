@@ -9,6 +9,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Node {
+    /// The node's id in the cluster (a node that joined with a token); none for the
+    /// in-process node of an all-in-one spaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Where the control plane reaches its service (HOST:PORT), for a node that joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     /// The node's host name.
     pub name: String,
     /// `ready` (it answers) or `unreachable` (it did not answer just now).
@@ -49,4 +56,23 @@ pub struct ClusterStatus {
     pub pool_ready: u32,
     /// Every sandbox the store holds, counted by state (`running`, `paused`, ...).
     pub sandboxes: BTreeMap<String, u32>,
+}
+
+/// `POST /v1/nodes/tokens`: how long the token is good for (default 3600 s, at most a day).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateJoinToken {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_secs: Option<u64>,
+}
+
+/// A one-time join token and the command that uses it on the new node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinToken {
+    pub token: String,
+    /// RFC 3339.
+    pub expires_at: String,
+    /// `spaced node --control ... --join-token ...`, with ADDRESS for the node's own address.
+    pub join_command: String,
 }

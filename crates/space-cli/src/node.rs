@@ -1,9 +1,10 @@
-//! `space node ls` and `space cluster status` (issue 14): the nodes, their capacity and what
-//! their sandboxes claim. An all-in-one spaced has one node, itself.
+//! `space node ls`, `space node token`, `space node rm` and `space cluster status` (issue 14):
+//! the nodes, their capacity and what their sandboxes claim, and how nodes join and leave a
+//! `spaced control`. An all-in-one spaced has one node, itself.
 
 use anyhow::Result;
 use clap::Subcommand;
-use space_api::{Client, ClusterStatus, Node, NodeList};
+use space_api::{Client, ClusterStatus, CreateJoinToken, Node, NodeList};
 
 #[derive(Debug, Subcommand)]
 pub enum NodeCmd {
@@ -12,6 +13,17 @@ pub enum NodeCmd {
         #[arg(long)]
         json: bool,
     },
+    /// A one-time token for a node to join this control plane with (printed with the
+    /// `spaced node` command that uses it).
+    Token {
+        /// How long it is good for, in seconds (at most a day).
+        #[arg(long, default_value_t = 3600)]
+        ttl: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a node from the cluster: its certificate is refused from now on.
+    Rm { id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -45,7 +57,10 @@ pub fn table(nodes: &[Node]) -> String {
     for n in nodes {
         out.push(format!(
             "{:<20}  {:<11}  {:<17}  {:>4}  {:>8}  {:>8}  {:>9}  {:>9}  {:>9}  {:>10}",
-            n.name,
+            match &n.id {
+                Some(id) => format!("{} ({id})", n.name),
+                None => n.name.clone(),
+            },
             n.state,
             n.runtimes.join(","),
             n.cpus,
@@ -102,6 +117,21 @@ pub async fn run_node(c: Client, cmd: NodeCmd) -> Result<i32> {
                 println!("{}", table(&nodes));
             }
         }
+        NodeCmd::Token { ttl, json } => {
+            let t = c
+                .create_join_token(&CreateJoinToken {
+                    ttl_secs: Some(ttl),
+                })
+                .await?;
+            if json {
+                crate::print_json(&t)?;
+            } else {
+                println!("{}", t.token);
+                eprintln!("valid until {}, once; on the new node:", t.expires_at);
+                eprintln!("  {}", t.join_command);
+            }
+        }
+        NodeCmd::Rm { id } => c.remove_node(&id).await?,
     }
     Ok(0)
 }
@@ -137,7 +167,13 @@ mod tests {
             pool_ready: 4,
             allocated_cpu: 3.0,
             allocated_memory_mib: 1536,
+            ..Node::default()
         };
+        let joined = Node {
+            id: Some("k3j9x0a1b2c3".into()),
+            ..n.clone()
+        };
+        assert!(table(&[joined]).contains("host-a (k3j9x0a1b2c3)"));
         let t = table(&[n]);
         let line = t.lines().nth(1).unwrap();
         for part in [

@@ -178,6 +178,10 @@ pub enum ExecReply {
 pub struct Engine {
     pub(crate) store: Store,
     pub(crate) node: Arc<dyn NodeApi>,
+    /// The cluster this control plane leads nodes of (`spaced control`); none all-in-one.
+    pub(crate) cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Its nodes, which `node` routes to (the same object); placement asks it.
+    pub(crate) cluster_nodes: Option<Arc<crate::cluster_nodes::ClusterNodes>>,
     pub(crate) cfg: ControlConfig,
     pub(crate) locks: KeyedLocks,
     pub metrics: Metrics,
@@ -552,6 +556,8 @@ impl Engine {
         Ok(Self {
             store,
             node,
+            cluster: None,
+            cluster_nodes: None,
             cfg,
             locks: KeyedLocks::default(),
             metrics: Metrics::default(),
@@ -703,7 +709,28 @@ impl Engine {
             self.store.put_snapshot_policy(p).await?;
         }
         self.activity.touch(&id);
-        match self.node.create_sandbox(&node_spec(&id, &row.spec)).await {
+        let spec = node_spec(&id, &row.spec);
+        let created = async {
+            // Across nodes: where it goes, and why, is an event of its own.
+            if let Some(nodes) = &self.cluster_nodes {
+                let need = crate::scheduler::Need {
+                    cpu_millis: u64::from(spec.limits.cpu_millis),
+                    memory_mib: spec.limits.memory_mib,
+                    runtime: spec.runtime.unwrap_or_default(),
+                };
+                match nodes.place(&id, &spec.template, need).await {
+                    Ok(p) => {
+                        self.event(&id, "place", "ok", &format!("node={} {}", p.node, p.reason))
+                    }
+                    Err(e) => {
+                        self.event(&id, "place", "error", &e.to_string());
+                        return Err(e);
+                    }
+                }
+            }
+            self.node.create_sandbox(&spec).await
+        };
+        match created.await {
             Ok(status) => {
                 self.write_status(&id, SandboxState::Running, None).await?;
                 inc(&self.metrics.sandboxes_created);

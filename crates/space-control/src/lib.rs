@@ -8,6 +8,8 @@
 pub mod auth;
 pub mod build;
 pub mod checkpoints;
+pub mod cluster;
+pub mod cluster_nodes;
 pub mod convert;
 pub mod diff;
 pub mod dockerfile;
@@ -25,6 +27,7 @@ pub mod pools;
 pub mod port_proxy;
 pub mod reconcile;
 pub mod recovery;
+pub mod scheduler;
 pub mod secrets;
 pub mod snapshot_policy;
 pub mod snapshots;
@@ -101,6 +104,25 @@ impl ControlPlane {
         database_url: Option<&str>,
         node: Arc<dyn NodeApi>,
     ) -> Result<Self, ControlError> {
+        Self::open_with(cfg, database_url, Some(node), None).await
+    }
+
+    /// [`Self::open`] for a control plane that leads a cluster: its engine drives the nodes
+    /// that joined it ([`cluster_nodes::ClusterNodes`]).
+    pub async fn open_cluster(
+        cfg: ControlConfig,
+        database_url: Option<&str>,
+        cluster: Arc<cluster::Cluster>,
+    ) -> Result<Self, ControlError> {
+        Self::open_with(cfg, database_url, None, Some(cluster)).await
+    }
+
+    async fn open_with(
+        cfg: ControlConfig,
+        database_url: Option<&str>,
+        node: Option<Arc<dyn NodeApi>>,
+        cluster: Option<Arc<cluster::Cluster>>,
+    ) -> Result<Self, ControlError> {
         std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ControlError::DataDir {
             path: cfg.data_dir.clone(),
             source,
@@ -111,7 +133,21 @@ impl ControlPlane {
         };
         let admin_key_path = auth::ensure_admin_key(&store, &cfg.data_dir).await?;
         let auth = Arc::new(Auth::load(&store).await?);
-        let engine = Arc::new(Engine::new(store, node, cfg)?);
+        let nodes = cluster.as_ref().map(|c| {
+            Arc::new(cluster_nodes::ClusterNodes::new(
+                store.clone(),
+                c.tls.clone(),
+            ))
+        });
+        let node = match (&nodes, node) {
+            (Some(n), _) => n.clone() as Arc<dyn NodeApi>,
+            (None, Some(n)) => n,
+            (None, None) => unreachable!("a control plane drives a node or a cluster"),
+        };
+        let mut engine = Engine::new(store, node, cfg)?;
+        engine.cluster = cluster;
+        engine.cluster_nodes = nodes;
+        let engine = Arc::new(engine);
         Ok(Self {
             state: AppState::new(engine, auth),
             admin_key_path,

@@ -50,6 +50,14 @@ const FILES: &[(&str, &str)] = &[
         "0010_secret_versions.sql",
         include_str!("../migrations/0010_secret_versions.sql"),
     ),
+    (
+        "0011_cluster.sql",
+        include_str!("../migrations/0011_cluster.sql"),
+    ),
+    (
+        "0012_placement.sql",
+        include_str!("../migrations/0012_placement.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

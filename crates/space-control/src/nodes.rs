@@ -1,7 +1,9 @@
 //! Nodes and the cluster as the API shows them (issue 14): `GET /v1/nodes` and
-//! `GET /v1/cluster`. All-in-one, the engine has one node (the in-process one); what a node
-//! reports comes from [`NodeApi::node_info`](space_node_api::NodeApi::node_info), and what its
-//! sandboxes claim from the store's rows.
+//! `GET /v1/cluster`. All-in-one, the engine has one node (the in-process one), and what it
+//! reports comes from [`NodeApi::node_info`](space_node_api::NodeApi::node_info); a control
+//! plane that leads a cluster lists the nodes that joined it, each as its last heartbeat
+//! described it (`unreachable` once heartbeats stop). What sandboxes claim comes from the
+//! store's rows.
 
 use std::collections::BTreeMap;
 
@@ -33,13 +35,52 @@ fn allocated(rows: &[SandboxRow]) -> (f64, u64) {
 impl Engine {
     pub async fn list_nodes(&self) -> AppResult<Vec<Node>> {
         let rows = self.store.list_sandboxes().await?;
-        Ok(vec![self.local_node(&rows).await])
+        self.nodes_now(&rows).await
+    }
+
+    async fn nodes_now(&self, rows: &[SandboxRow]) -> AppResult<Vec<Node>> {
+        if self.cluster.is_none() {
+            return Ok(vec![self.local_node(rows).await]);
+        }
+        let claims = self.store.claims_by_node().await?;
+        let now = crate::store::now_ms();
+        Ok(self
+            .joined_nodes()
+            .await?
+            .into_iter()
+            .map(|n| {
+                let info = n.info.clone().unwrap_or_default();
+                let (cpu_millis, allocated_memory_mib) =
+                    claims.get(&n.id).copied().unwrap_or((0, 0));
+                Node {
+                    state: if n.reachable(now) {
+                        "ready"
+                    } else {
+                        "unreachable"
+                    }
+                    .into(),
+                    runtimes: info.runtimes.iter().map(|k| k.to_string()).collect(),
+                    cpus: info.cpus,
+                    memory_bytes: info.memory_bytes,
+                    memory_available_bytes: info.memory_available_bytes,
+                    sandboxes: info.sandboxes,
+                    pool_ready: info.pool_ready,
+                    allocated_cpu: cpu_millis as f64 / 1000.0,
+                    allocated_memory_mib,
+                    id: Some(n.id),
+                    address: Some(n.address),
+                    name: n.name,
+                }
+            })
+            .collect())
     }
 
     async fn local_node(&self, rows: &[SandboxRow]) -> Node {
         let (allocated_cpu, allocated_memory_mib) = allocated(rows);
         match self.node.node_info().await {
             Ok(info) => Node {
+                id: None,
+                address: None,
                 name: info.name,
                 state: "ready".into(),
                 runtimes: info.runtimes.iter().map(|k| k.to_string()).collect(),
@@ -66,7 +107,7 @@ impl Engine {
 
     pub async fn cluster_status(&self) -> AppResult<ClusterStatus> {
         let rows = self.store.list_sandboxes().await?;
-        let nodes = [self.local_node(&rows).await];
+        let nodes = self.nodes_now(&rows).await?;
         let mut sandboxes = BTreeMap::new();
         for r in &rows {
             *sandboxes.entry(r.state.as_str().to_owned()).or_insert(0) += 1;

@@ -152,8 +152,12 @@ impl Engine {
             .reconcile_runs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.pools_pass().await;
-        let observed = self.node.list_sandboxes().await?;
+        let observation = self.node.observe().await?;
+        let observed = observation.sandboxes;
         let mut desired = self.store.list_sandboxes().await?;
+        // On a node that did not answer: not observed, and not gone either. Left alone until
+        // it answers again (node liveness marks them).
+        desired.retain(|r| !observation.unseen.contains(&r.id));
         // Rows left `creating` by an earlier spaced instance have no fast path to finish
         // them: resolve them now instead of after the grace period (decision 0009).
         for r in desired

@@ -719,6 +719,7 @@ impl NodeApi for FakeNode {
             started_unix_ms: self
                 .started_unix_ms
                 .load(std::sync::atomic::Ordering::Relaxed),
+            ..Default::default()
         })
     }
 

@@ -412,3 +412,62 @@ async fn nodes_and_the_cluster_show_capacity_and_what_sandboxes_claim() {
         c.sandboxes
     );
 }
+
+#[tokio::test]
+async fn join_tokens_and_node_removal_through_the_api() {
+    use crate::cluster::Cluster;
+    let mut h = harness().await;
+    // All-in-one leads no cluster.
+    let r = h.call(Method::POST, "/v1/nodes/tokens", "{}").await;
+    assert!(r.error(409, "conflict").contains("in-process"));
+    h.call(Method::DELETE, "/v1/nodes/abc", Body::empty())
+        .await
+        .error(409, "conflict");
+
+    // A control plane that leads one: tokens pin its CA, bad input is refused, nothing
+    // joined yet.
+    let dir = tempfile::tempdir().unwrap();
+    let cluster =
+        Arc::new(Cluster::open(&dir.path().join("cluster-ca"), "10.0.0.1:7443".into()).unwrap());
+    let cp = crate::ControlPlane::open_cluster(
+        crate::ControlConfig::new(dir.path().join("data")),
+        None,
+        cluster.clone(),
+    )
+    .await
+    .unwrap();
+    h.key = std::fs::read_to_string(&cp.admin_key_path)
+        .unwrap()
+        .trim()
+        .to_owned();
+    h.state = cp.state;
+    let t: space_api::JoinToken = h
+        .call(Method::POST, "/v1/nodes/tokens", r#"{"ttl_secs": 60}"#)
+        .await
+        .json();
+    let parsed = space_rpc::join::Token::parse(&t.token).unwrap();
+    assert_eq!(parsed.ca_sha256, cluster.ca_sha256);
+    assert!(
+        t.join_command.contains("--control 10.0.0.1:7443"),
+        "{}",
+        t.join_command
+    );
+    for bad in [
+        r#"{"ttl_secs": 0}"#,
+        r#"{"ttl_secs": 86401}"#,
+        r#"{"ttl": 5}"#,
+        "[]",
+    ] {
+        h.call(Method::POST, "/v1/nodes/tokens", bad)
+            .await
+            .error(400, "invalid_argument");
+    }
+    h.call(Method::DELETE, "/v1/nodes/abc", Body::empty())
+        .await
+        .error(404, "not_found");
+    let nodes: space_api::NodeList = h.call(Method::GET, "/v1/nodes", Body::empty()).await.json();
+    assert!(nodes.nodes.is_empty());
+    // With no node, a create says why.
+    let r = h.call(Method::POST, "/v1/sandboxes", "{}").await;
+    assert!(r.error(503, "unavailable").contains("no node has joined"));
+}

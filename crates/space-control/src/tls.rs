@@ -3,26 +3,15 @@
 //! its `--e2b-domain` from its own name-constrained CA (an [`IssueCert`]; spaced passes the
 //! node crate's CA).
 //!
-//! Handshakes run in tasks of their own (at most [`MAX_HANDSHAKES`] at once, each bounded by
-//! [`HANDSHAKE_TIMEOUT`]), so a client that never finishes one holds up nobody; finished ones
-//! are handed to axum's server through [`TlsListener`].
+//! The listener itself, [`TlsListener`], is space-rpc's (the cluster's listeners use it too).
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 
-/// Handshakes in progress at most; further connections wait to be accepted.
-pub const MAX_HANDSHAKES: usize = 256;
-/// A client that has not finished its handshake by then is dropped.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use space_rpc::tls::{HANDSHAKE_TIMEOUT, MAX_HANDSHAKES, TlsListener};
 
 /// A CA that makes a leaf certificate for one DNS name (cached by the issuer as it likes).
 pub trait IssueCert: Send + Sync {
@@ -122,79 +111,6 @@ pub fn server_config(certs: ServerCerts) -> Arc<rustls::ServerConfig> {
         .with_cert_resolver(Arc::new(certs));
     cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Arc::new(cfg)
-}
-
-/// A TCP listener whose connections come out TLS-terminated (an [`axum::serve::Listener`]).
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    /// Starts accepting on `tcp`. The accept loop ends when the listener is dropped.
-    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let (tx, ready) = mpsc::channel(64);
-        let acceptor = TlsAcceptor::from(config);
-        let slots = Arc::new(Semaphore::new(MAX_HANDSHAKES));
-        tokio::spawn(async move {
-            loop {
-                let Ok(slot) = slots.clone().acquire_owned().await else {
-                    return;
-                };
-                let (tcp, peer) = tokio::select! {
-                    _ = tx.closed() => return,
-                    r = tcp.accept() => match r {
-                        Ok(c) => c,
-                        Err(e) => {
-                            // EMFILE and the like: wait a little rather than spin.
-                            tracing::warn!(error = %e, "TLS listener: accept failed");
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                            continue;
-                        }
-                    },
-                };
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-                }
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    let shake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
-                    drop(slot);
-                    match shake {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(Self { ready, local })
-    }
-
-    /// The address it listens on.
-    pub fn address(&self) -> SocketAddr {
-        self.local
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(conn) => conn,
-            // The accept loop never ends while the receiver lives; if it did, accept nothing.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.local)
-    }
 }
 
 #[cfg(test)]

@@ -346,6 +346,14 @@ pub trait NodeApi: Send + Sync {
     async fn sandbox_status(&self, id: &str) -> Result<Option<SandboxStatus>, NodeError>;
     /// Everything the node holds, for the reconciler.
     async fn list_sandboxes(&self) -> Result<Vec<SandboxStatus>, NodeError>;
+    /// What the reconciler works from: [`Self::list_sandboxes`], and, for several nodes,
+    /// which sandboxes could not be seen because their node did not answer.
+    async fn observe(&self) -> Result<Observation, NodeError> {
+        Ok(Observation {
+            sandboxes: self.list_sandboxes().await?,
+            unseen: Default::default(),
+        })
+    }
     /// The sandbox's guest channel (cached; cheap to call per request). Conflict while it is
     /// paused (its daemon is frozen too); NotFound for an unknown id.
     async fn guest_channel(&self, id: &str) -> Result<GuestChannel, NodeError>;
@@ -586,6 +594,20 @@ pub struct NodeInfo {
     /// When the node agent started (unix ms): it changes when the node restarts.
     #[serde(default)]
     pub started_unix_ms: u64,
+    /// The templates it has (names; any version).
+    #[serde(default)]
+    pub templates: Vec<String>,
+    /// Ready members of its warm pools, by template.
+    #[serde(default)]
+    pub pool_ready_by_template: BTreeMap<String, u32>,
+}
+
+/// What the reconciler sees of the node (or nodes) it drives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observation {
+    pub sandboxes: Vec<SandboxStatus>,
+    /// Sandboxes on nodes that did not answer: neither there nor gone, so left alone.
+    pub unseen: std::collections::BTreeSet<String>,
 }
 
 /// One reading of a sandbox's cgroup counters.

@@ -92,6 +92,18 @@ impl Node {
             sandboxes: sandboxes as u32,
             pool_ready: self.pools_impl().iter().map(|p| p.ready).sum(),
             started_unix_ms: self.opened_unix_ms,
+            templates: {
+                let mut names: Vec<String> =
+                    self.templates.list().into_iter().map(|t| t.name).collect();
+                names.sort();
+                names.dedup();
+                names
+            },
+            pool_ready_by_template: self
+                .pools_impl()
+                .into_iter()
+                .map(|p| (p.template, p.ready))
+                .collect(),
         }
     }
 }

@@ -57,9 +57,9 @@ impl RemoteNode {
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
-    fn unreachable(&self, reason: impl std::fmt::Display) -> NodeError {
+    fn unreachable(name: &str, reason: impl std::fmt::Display) -> NodeError {
         NodeError::Unreachable {
-            node: self.name.clone(),
+            node: name.to_owned(),
             reason: reason.to_string(),
         }
     }
@@ -73,6 +73,7 @@ impl RemoteNode {
         let name = op.name();
         let request = serde_json::to_vec(&op)
             .map_err(|e| NodeError::Internal(format!("encode {name}: {e}")))?;
+        let (node, client) = (self.name.as_str(), self.client());
         let mut tries = 0;
         let reply = loop {
             tries += 1;
@@ -80,7 +81,7 @@ impl RemoteNode {
                 request: request.clone(),
                 operation_id: operation_id.clone(),
             };
-            match self.client().call(req).await {
+            match client.clone().call(req).await {
                 Ok(r) => break r.into_inner().reply,
                 // No answer from the node itself (no details): the connection failed. The
                 // same operation id makes another try safe.
@@ -89,14 +90,14 @@ impl RemoteNode {
                         && s.code() == tonic::Code::Unavailable
                         && tries < TRIES =>
                 {
-                    tracing::debug!(node = %self.name, op = name, error = %s, "retrying");
+                    tracing::debug!(node = %node, op = name, error = %s, "retrying");
                     tokio::time::sleep(Duration::from_millis(100 << tries)).await;
                 }
-                Err(s) => return Err(wire::node_error(&self.name, &s)),
+                Err(s) => return Err(wire::node_error(node, &s)),
             }
         };
         serde_json::from_slice(&reply)
-            .map_err(|e| self.unreachable(format!("unreadable answer to {name}: {e}")))
+            .map_err(|e| Self::unreachable(node, format!("unreadable answer to {name}: {e}")))
     }
 
     async fn import(
@@ -111,7 +112,7 @@ impl RemoteNode {
                 return Err(NodeError::InvalidArgument(format!(
                     "{} is a directory on this host, which node {} cannot read: send it as a tar archive",
                     path.display(),
-                    self.name
+                    self.name()
                 )));
             }
             TemplateSource::Snapshot {
@@ -167,11 +168,11 @@ impl RemoteNode {
                 }
             })
         });
-        let mut events = self
-            .client()
+        let (node, mut client) = (self.name.as_str(), self.client());
+        let mut events = client
             .import_template(ReceiverStream::new(rx))
             .await
-            .map_err(|s| wire::node_error(&self.name, &s))?
+            .map_err(|s| wire::node_error(node, &s))?
             .into_inner();
         if let Some(sender) = sender {
             sender
@@ -181,7 +182,7 @@ impl RemoteNode {
         while let Some(ev) = events
             .message()
             .await
-            .map_err(|s| wire::node_error(&self.name, &s))?
+            .map_err(|s| wire::node_error(node, &s))?
         {
             match ev.event {
                 Some(import_event::Event::Progress(p)) => {
@@ -190,13 +191,17 @@ impl RemoteNode {
                     }
                 }
                 Some(import_event::Event::Done(info)) => {
-                    return serde_json::from_slice(&info)
-                        .map_err(|e| self.unreachable(format!("unreadable import answer: {e}")));
+                    return serde_json::from_slice(&info).map_err(|e| {
+                        Self::unreachable(node, format!("unreadable import answer: {e}"))
+                    });
                 }
                 None => {}
             }
         }
-        Err(self.unreachable("the import ended without an answer"))
+        Err(Self::unreachable(
+            node,
+            "the import ended without an answer",
+        ))
     }
 }
 
@@ -311,11 +316,11 @@ impl NodeApi for RemoteNode {
             })
             .await;
         // The node answers once it has connected (or failed to): errors come here.
-        let mut inbound = self
-            .client()
+        let (node, mut client) = (self.name.as_str(), self.client());
+        let mut inbound = client
             .port(ReceiverStream::new(rx))
             .await
-            .map_err(|s| wire::node_error(&self.name, &s))?
+            .map_err(|s| wire::node_error(node, &s))?
             .into_inner();
         let (ours, theirs) = tokio::io::duplex(PORT_CHUNK);
         let (mut rd, mut wr) = tokio::io::split(ours);
@@ -441,7 +446,7 @@ impl NodeApi for RemoteNode {
     /// Empty when the node does not answer (the scrape goes on without its series).
     async fn metrics(&self) -> Vec<(String, f64)> {
         self.call(Op::Metrics).await.unwrap_or_else(|e| {
-            tracing::warn!(node = %self.name, error = %e, "no metrics from the node");
+            tracing::warn!(node = %self.name(), error = %e, "no metrics from the node");
             Vec::new()
         })
     }
@@ -457,7 +462,7 @@ impl NodeApi for RemoteNode {
     /// Empty when the node does not answer.
     async fn pools(&self) -> Vec<PoolStatus> {
         self.call(Op::Pools).await.unwrap_or_else(|e| {
-            tracing::warn!(node = %self.name, error = %e, "no pools from the node");
+            tracing::warn!(node = %self.name(), error = %e, "no pools from the node");
             Vec::new()
         })
     }

@@ -6,7 +6,9 @@
 //! - [`client`]: [`RemoteNode`], the control plane's `NodeApi` for a node agent elsewhere.
 
 pub mod client;
+pub mod join;
 pub mod server;
+pub mod tls;
 pub mod wire;
 
 use std::time::Duration;
@@ -21,13 +23,17 @@ pub use server::{NodeService, router};
 pub fn channel(url: &str) -> Result<Channel, String> {
     let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|e| format!("bad node address {url:?}: {e}"))?;
-    Ok(endpoint
+    Ok(keepalive(endpoint).connect_lazy())
+}
+
+/// The connection settings of every channel between members.
+fn keepalive(endpoint: Endpoint) -> Endpoint {
+    endpoint
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(20))
         .keep_alive_while_idle(true)
-        .connect_lazy())
 }
 
 #[cfg(test)]

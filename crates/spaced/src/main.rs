@@ -41,10 +41,12 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Role {
     /// The control plane alone (REST API, store, reconciler), driving a node agent that runs
-    /// as `spaced node`.
+    /// as `spaced node`: one that joined it with a token (`space node token`), over mTLS,
+    /// or the one at --node.
     Control(ControlRole),
     /// A node agent alone (sandboxes, storage, networking), serving the node contract over
-    /// gRPC to a control plane (`spaced control --node URL`).
+    /// gRPC: to the control plane it joined (--control, --join-token; mTLS), or, not joined,
+    /// on loopback to `spaced control --node URL`.
     Node(NodeRole),
 }
 
@@ -65,9 +67,15 @@ struct ControlRole {
     common: Common,
     #[command(flatten)]
     control: ControlArgs,
-    /// The node agent to drive: its address as `spaced node` printed it (http://HOST:PORT).
+    /// A node agent on loopback that joined no control plane, to drive without TLS: its
+    /// address as `spaced node` printed it (http://127.0.0.1:PORT). Without it, the control
+    /// plane drives the node that joined it.
     #[arg(long = "node", value_name = "URL")]
-    node_url: String,
+    node_url: Option<String>,
+    /// Where nodes join and report (TLS; their certificates come from the cluster CA in
+    /// DATA_DIR/cluster-ca). Not served with --node.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7443")]
+    cluster_listen: SocketAddr,
 }
 
 #[derive(Debug, clap::Args)]
@@ -76,10 +84,20 @@ struct NodeRole {
     common: Common,
     #[command(flatten)]
     node: NodeArgs,
-    /// Address of the node contract's gRPC service. Without TLS (until nodes join with a
-    /// token) it must be a loopback address.
+    /// Address of the node contract's gRPC service. A node that joined a control plane serves
+    /// it over mTLS (only the control plane may call); one that did not, on loopback only.
     #[arg(long = "listen", default_value = "127.0.0.1:7071")]
     node_listen: SocketAddr,
+    /// The control plane's cluster listener to join (HOST:PORT), on the first start.
+    #[arg(long, value_name = "HOST:PORT", requires = "join_token")]
+    control: Option<String>,
+    /// The one-time token `space node token` printed on the control plane.
+    #[arg(long, value_name = "TOKEN", requires = "control")]
+    join_token: Option<String>,
+    /// Where the control plane reaches this node's service (HOST:PORT). Default: --listen,
+    /// unless that is 0.0.0.0.
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
     /// Largest template archive the control plane may upload (bytes or K/M/G/T).
     #[arg(long = "max-upload", default_value = "10G", value_parser = parse_size)]
     node_max_upload: u64,
@@ -495,11 +513,19 @@ async fn open_node(
     Ok((node, run_lock))
 }
 
-/// The control plane over `node`, serving until SIGTERM or SIGINT.
+/// What a control plane drives.
+enum Drives {
+    /// One node, in-process or at a fixed address.
+    One(Arc<dyn space_node::NodeApi>),
+    /// The node that joined it, with the cluster listener on this address.
+    Cluster(Arc<space_control::cluster::Cluster>, SocketAddr),
+}
+
+/// The control plane over what it drives, serving until SIGTERM or SIGINT.
 async fn run_control(
     common: &Common,
     args: &ControlArgs,
-    node: Arc<dyn space_node::NodeApi>,
+    drives: Drives,
     on_open: impl FnOnce(&ControlPlane),
 ) -> Result<()> {
     let mut cfg = ControlConfig::new(&common.data_dir);
@@ -517,11 +543,38 @@ async fn run_control(
         args.default_template
     );
     cfg.default_template = args.default_template.clone();
-    let cp = ControlPlane::open(cfg, args.database_url.as_deref(), node)
-        .await
-        .map_err(|e| chain(&e))
-        .context("failed to open the control plane")?;
+    let db = args.database_url.as_deref();
+    let cp = match &drives {
+        Drives::One(node) => ControlPlane::open(cfg, db, node.clone()).await,
+        Drives::Cluster(cluster, _) => ControlPlane::open_cluster(cfg, db, cluster.clone()).await,
+    }
+    .map_err(|e| chain(&e))
+    .context("failed to open the control plane")?;
     on_open(&cp);
+    let cluster_server = match drives {
+        Drives::One(_) => None,
+        Drives::Cluster(cluster, listen) => {
+            let tcp = tokio::net::TcpListener::bind(listen)
+                .await
+                .with_context(|| format!("failed to listen on {listen} (--cluster-listen)"))?;
+            let config =
+                space_rpc::tls::control_server_config(&cluster.tls).map_err(anyhow::Error::msg)?;
+            let l = space_rpc::tls::TlsListener::new(tcp, config)?;
+            println!(
+                "cluster listener on {} (mTLS; nodes join with `space node token`)",
+                l.address()
+            );
+            let service = space_control::cluster::ControlService::new(
+                cp.state.engine.store().clone(),
+                cluster,
+                cp.secret_source(),
+            );
+            let app = service
+                .router()
+                .into_make_service_with_connect_info::<space_rpc::tls::PeerCert>();
+            Some(tokio::spawn(axum::serve(l, app).into_future()))
+        }
+    };
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -548,16 +601,20 @@ async fn run_control(
     println!("admin key: {}", cp.admin_key_path.display());
     tracing::info!(%addr, key_file = %cp.admin_key_path.display(), "spaced started");
 
-    space_control::serve_with_tls(listener, tls, cp.state, shutdown_signal())
+    let served = space_control::serve_with_tls(listener, tls, cp.state, shutdown_signal())
         .await
-        .map_err(|e| chain(&e))
+        .map_err(|e| chain(&e));
+    if let Some(t) = cluster_server {
+        t.abort();
+    }
+    served
 }
 
 async fn all_in_one(args: Args) -> Result<()> {
     init_logging(args.common.log_format, args.common.log_spans);
     let (node, _run_lock) = open_node(&args.common, &args.node).await?;
     let in_process: Arc<dyn space_node::NodeApi> = node.clone();
-    run_control(&args.common, &args.control, in_process, |cp| {
+    run_control(&args.common, &args.control, Drives::One(in_process), |cp| {
         node.set_secret_source(cp.secret_source())
     })
     .await?;
@@ -568,19 +625,78 @@ async fn all_in_one(args: Args) -> Result<()> {
 
 async fn control_role(args: ControlRole) -> Result<()> {
     init_logging(args.common.log_format, args.common.log_spans);
-    let channel = space_rpc::channel(&args.node_url).map_err(anyhow::Error::msg)?;
-    let node = Arc::new(space_rpc::RemoteNode::new(args.node_url.clone(), channel));
-    println!("driving the node agent at {}", args.node_url);
-    run_control(&args.common, &args.control, node, |_| {}).await?;
+    let drives = match &args.node_url {
+        Some(url) => {
+            let channel = space_rpc::channel(url).map_err(anyhow::Error::msg)?;
+            println!("driving the node agent at {url}");
+            Drives::One(Arc::new(space_rpc::RemoteNode::new(url.clone(), channel)))
+        }
+        None => {
+            let listen = args.cluster_listen;
+            let shown = if listen.ip().is_unspecified() {
+                format!("CONTROL-ADDRESS:{}", listen.port())
+            } else {
+                listen.to_string()
+            };
+            let cluster = space_control::cluster::Cluster::open(
+                &args.common.data_dir.join("cluster-ca"),
+                shown,
+            )
+            .map_err(anyhow::Error::msg)
+            .context("failed to open the cluster CA")?;
+            Drives::Cluster(Arc::new(cluster), listen)
+        }
+    };
+    run_control(&args.common, &args.control, drives, |_| {}).await?;
     tracing::info!("spaced control stopped");
     Ok(())
 }
 
+/// This node's membership: the one kept in the data dir, or a new one from a join.
+async fn membership(args: &NodeRole) -> Result<Option<space_rpc::join::Membership>> {
+    use space_rpc::join::{Membership, join};
+    let dir = Membership::dir(&args.common.data_dir);
+    if let Some(m) = Membership::load(&dir).map_err(anyhow::Error::msg)? {
+        if let Some(c) = args.control.as_ref().filter(|c| **c != m.control) {
+            anyhow::bail!(
+                "this node joined the control plane at {} already; to join {c} instead, remove {} first",
+                m.control,
+                dir.display()
+            );
+        }
+        return Ok(Some(m));
+    }
+    let (Some(control), Some(token)) = (&args.control, &args.join_token) else {
+        return Ok(None);
+    };
+    let advertise = match &args.advertise {
+        Some(a) => a.clone(),
+        None if !args.node_listen.ip().is_unspecified() => args.node_listen.to_string(),
+        None => anyhow::bail!(
+            "--listen {} says nothing of where the control plane reaches this node: give --advertise HOST:PORT",
+            args.node_listen
+        ),
+    };
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    let m = join(control, token, &name, &advertise)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    m.save(&dir).map_err(anyhow::Error::msg)?;
+    println!(
+        "joined the control plane at {control} as node {}",
+        m.node_id
+    );
+    Ok(Some(m))
+}
+
 async fn node_role(args: NodeRole) -> Result<()> {
     init_logging(args.common.log_format, args.common.log_spans);
+    let member = membership(&args).await?;
     anyhow::ensure!(
-        args.node_listen.ip().is_loopback(),
-        "--listen {}: without TLS the node agent serves loopback addresses only",
+        member.is_some() || args.node_listen.ip().is_loopback(),
+        "--listen {}: a node that joined no control plane (--control, --join-token) serves loopback addresses only",
         args.node_listen
     );
     let (node, _run_lock) = open_node(&args.common, &args.node).await?;
@@ -592,17 +708,53 @@ async fn node_role(args: NodeRole) -> Result<()> {
         .await
         .with_context(|| format!("failed to listen on {}", args.node_listen))?;
     let addr = listener.local_addr().unwrap_or(args.node_listen);
-    println!("spaced node listening on http://{addr}");
-    println!("next: spaced control --node http://{addr}");
-    tracing::info!(%addr, "spaced node started");
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, space_rpc::router(service))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("the node service failed")?;
+    match member {
+        Some(m) => {
+            let config = space_rpc::tls::node_server_config(&m.tls().map_err(anyhow::Error::msg)?)
+                .map_err(anyhow::Error::msg)?;
+            let tls = space_rpc::tls::TlsListener::new(listener, config)?;
+            let control = m.control_client().map_err(anyhow::Error::msg)?;
+            node.set_secret_source(Arc::new(space_rpc::join::ControlSecrets(control.clone())));
+            let beat = {
+                let node = node.clone();
+                tokio::spawn(space_rpc::join::heartbeats(
+                    control,
+                    space_control::cluster::HEARTBEAT_EVERY,
+                    move || {
+                        let node = node.clone();
+                        Box::pin(async move {
+                            space_node::NodeApi::node_info(&*node)
+                                .await
+                                .unwrap_or_default()
+                        })
+                    },
+                ))
+            };
+            println!(
+                "spaced node listening on https://{addr} (node {}, mTLS; control plane {})",
+                m.node_id, m.control
+            );
+            tracing::info!(%addr, node = %m.node_id, "spaced node started");
+            let served = axum::serve(tls, space_rpc::router(service))
+                .with_graceful_shutdown(shutdown_signal())
+                .await;
+            beat.abort();
+            served.context("the node service failed")?;
+        }
+        None => {
+            println!("spaced node listening on http://{addr}");
+            println!("next: spaced control --node http://{addr}");
+            tracing::info!(%addr, "spaced node started");
+            use axum::serve::ListenerExt;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            axum::serve(listener, space_rpc::router(service))
+                .with_graceful_shutdown(shutdown_signal())
+                .await
+                .context("the node service failed")?;
+        }
+    }
     node.shutdown().await;
     tracing::info!("spaced node stopped (sandboxes keep running)");
     Ok(())
@@ -633,7 +785,7 @@ mod tests {
         let Some(Role::Control(c)) = c.role else {
             panic!("not the control role");
         };
-        assert_eq!(c.node_url, "http://127.0.0.1:7071");
+        assert_eq!(c.node_url.as_deref(), Some("http://127.0.0.1:7071"));
         assert_eq!(c.control.listen.to_string(), "127.0.0.1:7080");
         let n = Cli::try_parse_from(["spaced", "node", "--data-dir", "/tmp/n1"]).unwrap();
         let Some(Role::Node(n)) = n.role else {
@@ -641,7 +793,7 @@ mod tests {
         };
         assert_eq!(n.node_listen.to_string(), "127.0.0.1:7071");
         assert_eq!(n.common.data_dir, PathBuf::from("/tmp/n1"));
-        // Each role refuses the other's flags, and a control plane needs its node.
+        // Each role refuses the other's flags; a join needs both the control plane and a token.
         for bad in [
             &["spaced", "node", "--database-url", "postgres://x"][..],
             &[
@@ -652,7 +804,8 @@ mod tests {
                 "--image-size",
                 "1G",
             ],
-            &["spaced", "control"],
+            &["spaced", "node", "--join-token", "sj1.x"],
+            &["spaced", "node", "--control", "10.0.0.1:7443"],
             &["spaced", "--listen", "127.0.0.1:1", "node"],
         ] {
             assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");

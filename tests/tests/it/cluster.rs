@@ -208,3 +208,331 @@ fn bench_split_create_against_all_in_one() {
         );
     }
 }
+
+/// A node joins a `spaced control` with a one-time token (decision 0033) and from then on
+/// the two speak mTLS only: the API works through it as through all-in-one, a client without
+/// the control plane's certificate cannot call the node, a token joins once and only the
+/// control plane that made it, a restarted node needs no new token, and `space node rm`
+/// cuts the node off.
+#[test]
+fn a_node_joins_with_a_token_and_speaks_mtls_only() {
+    let mut s = Spaced::start_joined(&[], &[]).unwrap();
+    let nodes: Value = serde_json::from_str(&s.space_ok(&["node", "ls", "--json"])).unwrap();
+    let node = &nodes["nodes"][0];
+    let node_id = node["id"]
+        .as_str()
+        .expect("a joined node has an id")
+        .to_owned();
+    assert_eq!(node["address"], space_tests::SPLIT_NODE_ADDR, "{nodes}");
+    // Its first heartbeat fills in what it has.
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            let v: Value = serde_json::from_str(&s.space_ok(&["node", "ls", "--json"])).unwrap();
+            v["nodes"][0]["cpus"].as_u64().unwrap_or(0) > 0 && v["nodes"][0]["state"] == "ready"
+        }),
+        "no heartbeat reached the control plane:\n{}",
+        s.log_tail()
+    );
+    let membership = s.data_dir().join("cluster");
+    assert_eq!(
+        std::fs::read_to_string(membership.join("node_id"))
+            .unwrap()
+            .trim(),
+        node_id
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(membership.join("key.pem"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // The API through the mTLS link: lifecycle, a guest call, a file, a port.
+    let id = s.create(&[]);
+    assert_eq!(
+        s.space_ok(&["exec", &id, "--", "echo", "over mtls"]),
+        "over mtls\n"
+    );
+    let (code, _, err) = s.sh(
+        &id,
+        "mkdir -p /www && echo behind-mtls > /www/index.html && busybox httpd -p 8080 -h /www",
+    );
+    assert_eq!(code, 0, "{err}");
+    let url = s.space_ok(&["port", &id, "8080"]).trim().to_string();
+    let page = format!("{url}index.html");
+    assert!(
+        eventually(Duration::from_secs(10), || get(&page).0 == 200),
+        "httpd never answered through {url}"
+    );
+
+    // Whoever reaches the node's port without the control plane's certificate gets no
+    // further than the handshake; the cluster CA's certificate is no key either.
+    let netns = s.net.as_ref().unwrap().path();
+    let in_netns = |prog: &str| {
+        let mut c = std::process::Command::new("nsenter");
+        c.arg(format!("--net={}", netns.display()))
+            .arg("--")
+            .arg(prog);
+        c
+    };
+    let probe = |extra: &[&str]| {
+        let out = in_netns("curl")
+            .args([
+                "-sS",
+                "-k",
+                "-m",
+                "5",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ])
+            .args(extra)
+            .arg("https://127.0.0.1:7071/space.node.v1.Node/Call")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, http) = probe(&[]);
+    assert!(
+        code != Some(0) && http == "000",
+        "no certificate: {code:?} {http}"
+    );
+    // The node's own certificate names a node, not the control plane: refused too.
+    let cert = membership.join("cert.pem");
+    let key = membership.join("key.pem");
+    let (code, http) = probe(&[
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ]);
+    assert!(
+        code != Some(0) && http == "000",
+        "a node's certificate: {code:?} {http}"
+    );
+
+    let other = tempfile::tempdir().unwrap();
+    // Bounded: a join that wrongly succeeded would go on to run a node.
+    let join = |token: &str| {
+        in_netns("timeout")
+            .arg("30")
+            .arg(space_tests::bin_dir().join("spaced"))
+            .args(["node", "--listen", "127.0.0.1:7072", "--data-dir"])
+            .arg(other.path())
+            .args([
+                "--control",
+                space_tests::CLUSTER_ADDR,
+                "--join-token",
+                token,
+            ])
+            .output()
+            .unwrap()
+    };
+    let token = s
+        .space_ok(&["node", "token"])
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    // A token for another cluster's CA: the node notices before it sends anything.
+    let mut forged = token.clone();
+    forged.replace_range(forged.len() - 4.., "0000");
+    let err = String::from_utf8_lossy(&join(&forged).stderr).to_string();
+    assert!(err.contains("not the one that made this token"), "{err}");
+    let err = String::from_utf8_lossy(&join("sj1.nope").stderr).to_string();
+    assert!(err.contains("not one `space node token` printed"), "{err}");
+    let out = s.space(&["node", "token", "--ttl", "0"]);
+    assert!(!out.status.success());
+
+    // The node restarts on its saved membership, with no token.
+    s.kill9_node();
+    s.spawn_node().unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || s
+            .space(&["exec", &id, "--", "true"])
+            .status
+            .success()),
+        "the restarted node was not driven again:\n{}",
+        s.log_tail()
+    );
+
+    // Removed: its certificate is refused and the control plane drives nothing.
+    s.space_ok(&["node", "rm", &node_id]);
+    let out = s.space(&["node", "rm", &node_id]);
+    assert_eq!(out.status.code(), Some(1));
+    let out = s.space(&["exec", &id, "--", "true"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("left the cluster"), "{err}");
+    // The token the node joined with is spent.
+    let used = s.join_token.clone().unwrap();
+    let err = String::from_utf8_lossy(&join(&used).stderr).to_string();
+    assert!(err.contains("invalid, used or expired join token"), "{err}");
+    assert!(
+        eventually(Duration::from_secs(15), || std::fs::read_to_string(
+            s.node_log_path()
+        )
+        .unwrap_or_default()
+        .contains("heartbeat refused")),
+        "the removed node's heartbeats were not refused:\n{}",
+        s.log_tail()
+    );
+}
+
+/// Node `id`'s row of `space node ls --json`.
+fn node_row(s: &Spaced, id: &str) -> Value {
+    let v: Value = serde_json::from_str(&s.space_ok(&["node", "ls", "--json"])).unwrap();
+    v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["id"] == id)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// The node a sandbox was placed on, from its `place` event.
+fn placed_on(s: &Spaced, id: &str) -> String {
+    let events = s.space_ok(&["events", id]);
+    let line = events
+        .lines()
+        .find(|l| l.contains("place") && l.contains("node="))
+        .unwrap_or_else(|| panic!("no place event for {id}:\n{events}"));
+    line.split("node=")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+/// Three node agents, each in its own namespace with its own data dir, joined to one control
+/// plane: creates spread over them by the scheduler (the reason in each sandbox's events),
+/// each sandbox lives on the node it was placed on and is reached there, and a node that
+/// stops reporting is marked unreachable with its sandboxes kept (not failed, not
+/// recreated), and serves them again when it is back.
+#[test]
+fn sandboxes_spread_over_three_nodes_and_stay_on_theirs() {
+    let s = Spaced::start_joined(&[], &[]).unwrap();
+    let mut others = vec![s.join_node(&[]).unwrap(), s.join_node(&[]).unwrap()];
+    let ready_nodes = || -> Vec<String> {
+        let v: Value = serde_json::from_str(&s.space_ok(&["node", "ls", "--json"])).unwrap();
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["state"] == "ready" && n["cpus"].as_u64().unwrap_or(0) > 0)
+            .map(|n| n["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(30), || ready_nodes().len() == 3),
+        "three nodes did not all report:\n{}",
+        s.space_ok(&["node", "ls"])
+    );
+    let nodes = ready_nodes();
+
+    // Six creates: each placed by the scheduler, with its reason, and spread.
+    let sandboxes: Vec<(String, String)> = (0..6)
+        .map(|i| {
+            let id = s.create(&["--env", &format!("I={i}")]);
+            let node = placed_on(&s, &id);
+            assert!(nodes.contains(&node), "{node} not in {nodes:?}");
+            (id, node)
+        })
+        .collect();
+    let used: std::collections::BTreeSet<&str> =
+        sandboxes.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(used.len(), 3, "creates did not spread: {sandboxes:?}");
+    let events = s.space_ok(&["events", &sandboxes[0].0]);
+    assert!(events.contains("claimable memory"), "{events}");
+
+    // Each is reached on its node, and its files are on that node's disk only.
+    let data_dir_of = |node: &str| -> std::path::PathBuf {
+        std::iter::once(&s)
+            .chain(others.iter())
+            .find(|x| {
+                std::fs::read_to_string(x.data_dir().join("cluster/node_id"))
+                    .is_ok_and(|n| n.trim() == node)
+            })
+            .unwrap()
+            .data_dir()
+    };
+    for (i, (id, node)) in sandboxes.iter().enumerate() {
+        assert_eq!(
+            s.space_ok(&["exec", id, "--", "sh", "-c", "echo $I"]),
+            format!("{i}\n")
+        );
+        assert!(
+            data_dir_of(node).join("volume/sandboxes").join(id).is_dir(),
+            "{id} is not on {node}'s disk"
+        );
+        for other in nodes.iter().filter(|n| *n != node) {
+            assert!(
+                !data_dir_of(other)
+                    .join("volume/sandboxes")
+                    .join(id)
+                    .exists()
+            );
+        }
+    }
+    // What each node's sandboxes claim adds up.
+    for node in &nodes {
+        let row = node_row(&s, node);
+        let mine = sandboxes.iter().filter(|(_, n)| n == node).count() as u64;
+        assert_eq!(
+            row["allocated_memory_mib"].as_u64(),
+            Some(512 * mine),
+            "{row}"
+        );
+    }
+
+    // One node stops: once its heartbeats lapse it is unreachable, its sandboxes are kept as
+    // they were (running in the store, never failed or recreated elsewhere), and new
+    // sandboxes go to the others.
+    let mut gone = others.pop().unwrap();
+    let gone_id = std::fs::read_to_string(gone.data_dir().join("cluster/node_id"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    gone.kill9_node();
+    assert!(
+        eventually(Duration::from_secs(40), || node_row(&s, &gone_id)["state"]
+            == "unreachable"),
+        "the stopped node was not marked unreachable:\n{}",
+        s.space_ok(&["node", "ls"])
+    );
+    let stranded: Vec<&String> = sandboxes
+        .iter()
+        .filter(|(_, n)| *n == gone_id)
+        .map(|(id, _)| id)
+        .collect();
+    assert!(!stranded.is_empty());
+    // Two reconcile passes see the node gone.
+    std::thread::sleep(Duration::from_secs(5));
+    for id in &stranded {
+        assert_eq!(s.inspect(id)["state"], "running", "{id}");
+    }
+    for _ in 0..3 {
+        let id = s.create(&[]);
+        assert_ne!(placed_on(&s, &id), gone_id);
+        s.space_ok(&["rm", &id]);
+    }
+    gone.spawn_node().unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || s
+            .space(&["exec", stranded[0], "--", "true"])
+            .status
+            .success()),
+        "the node's sandboxes did not come back with it:\n{}",
+        gone.log_tail()
+    );
+    others.push(gone);
+    for (id, _) in &sandboxes {
+        s.space_ok(&["rm", id]);
+    }
+}

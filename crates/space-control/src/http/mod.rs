@@ -84,6 +84,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("PUT", "/v1/templates/{name}/pool"),
     ("GET", "/v1/pools"),
     ("GET", "/v1/nodes"),
+    ("POST", "/v1/nodes/tokens"),
+    ("DELETE", "/v1/nodes/{id}"),
     ("GET", "/v1/cluster"),
 ];
 
@@ -143,6 +145,8 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("PUT", "/v1/templates/{name}/pool") => put(pools::set_pool),
         ("GET", "/v1/pools") => get(pools::list_pools),
         ("GET", "/v1/nodes") => get(nodes::list_nodes),
+        ("POST", "/v1/nodes/tokens") => post(nodes::create_token),
+        ("DELETE", "/v1/nodes/{id}") => delete(nodes::remove_node),
         ("GET", "/v1/cluster") => get(nodes::cluster_status),
         _ => unreachable!("route {method} {path} has no handler"),
     }

@@ -10,7 +10,7 @@
 //! - [`proxy`]/[`ca`]: the transparent egress proxy and the node CA for intercepted TLS;
 //! - [`network`]: the facade the node uses.
 
-pub mod ca;
+pub use space_ca as ca;
 pub mod dns;
 pub mod network;
 pub mod nft;

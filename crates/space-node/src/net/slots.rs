@@ -140,9 +140,17 @@ impl Listeners {
     /// `proxy_port` (0: any, for tests).
     pub fn bind(dns_port: u16, proxy_port: u16) -> io::Result<Listeners> {
         let lo = Ipv4Addr::LOCALHOST;
-        let dns_udp = UdpSocket::bind((lo, dns_port))?;
-        let dns_port = dns_udp.local_addr()?.port();
-        let dns_tcp = TcpListener::bind((lo, dns_port))?;
+        // With port 0, the UDP port the kernel picks may be a TCP port in use: pick again.
+        let mut tries = if dns_port == 0 { 16 } else { 1 };
+        let (dns_udp, dns_tcp) = loop {
+            let udp = UdpSocket::bind((lo, dns_port))?;
+            let port = udp.local_addr()?.port();
+            match TcpListener::bind((lo, port)) {
+                Ok(tcp) => break (udp, tcp),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries > 1 => tries -= 1,
+                Err(e) => return Err(e),
+            }
+        };
         let proxy = TcpListener::bind((lo, proxy_port))?;
         dns_udp.set_nonblocking(true)?;
         dns_tcp.set_nonblocking(true)?;

@@ -1,3 +1,5 @@
+//! The certificate authorities space makes and keeps (one type, [`Ca`], three profiles).
+//!
 //! The node CA: a self-signed certificate authority made on first start, which sandboxes trust
 //! (space-daemon installs it in their CA bundle), and which signs the leaf certificates the
 //! egress proxy presents when it intercepts TLS to a host that a secret is bound to.
@@ -12,6 +14,12 @@
 //!
 //! Leaves are ECDSA P-256 (fast to make: well under a millisecond), valid 30 days, and kept in
 //! a bounded per-host cache; a cached leaf older than a week is made again.
+//!
+//! The cluster CA ([`CaProfile::cluster`], decision 0033) signs the identities of the control
+//! plane and of the nodes that joined it, for mTLS between them: names under
+//! [`CLUSTER_DOMAIN`] only (its name constraint), each certificate good for both ends of a
+//! connection, valid a year. A joining node keeps its key and sends only the public half
+//! ([`RawP256`]); the control plane's identity is made afresh at each start.
 
 use std::collections::HashMap;
 use std::fs;
@@ -41,6 +49,66 @@ const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 const BACKDATE: Duration = Duration::from_secs(24 * 3600);
 
 const CA_COMMON_NAME: &str = "space node CA";
+/// Cluster identities' lifetime.
+const IDENTITY_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The names of a cluster's members: a reserved suffix (ICANN's `.internal`), so that the
+/// cluster CA, constrained to it, vouches for nothing anywhere else.
+pub const CLUSTER_DOMAIN: &str = "space.internal";
+/// The control plane's name in the cluster (every replica's).
+pub const CONTROL_NAME: &str = "control.space.internal";
+
+/// Node `id`'s name in the cluster.
+pub fn node_name(id: &str) -> String {
+    format!("{id}.nodes.{CLUSTER_DOMAIN}")
+}
+
+/// The SHA-256 of a certificate (DER), lowercase hex: how the control plane knows a node's
+/// certificate, and how a join token pins the cluster CA.
+pub fn fingerprint(der: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(der)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// An ECDSA P-256 public key, the uncompressed point (65 bytes): the half of its key a
+/// joining node sends.
+#[derive(Debug, Clone)]
+pub struct RawP256(pub Vec<u8>);
+
+impl PublicKeyData for RawP256 {
+    fn der_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        &rcgen::PKCS_ECDSA_P256_SHA256
+    }
+}
+
+/// A member's identity as files hold it: its certificate and key, PEM.
+#[derive(Clone)]
+pub struct Identity {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity").finish_non_exhaustive()
+    }
+}
+
+/// A fresh P-256 key for a member: (its PEM, the raw public key to send).
+pub fn new_member_key() -> Result<(String, RawP256), CaError> {
+    let key = KeyPair::generate().map_err(|source| CaError::Generate {
+        name: "a member key".into(),
+        source,
+    })?;
+    Ok((key.serialize_pem(), RawP256(key.public_key_raw().to_vec())))
+}
 const CA_ORGANIZATION: &str = "space";
 
 /// What a CA is for: its subject and, optionally, the one DNS subtree it may vouch for.
@@ -66,6 +134,14 @@ impl CaProfile {
         Self {
             common_name: format!("space API CA for {domain}"),
             permitted_dns: Some(domain.to_owned()),
+        }
+    }
+
+    /// The cluster CA (decision 0033): names under [`CLUSTER_DOMAIN`] only.
+    pub fn cluster() -> Self {
+        Self {
+            common_name: "space cluster CA".into(),
+            permitted_dns: Some(CLUSTER_DOMAIN.into()),
         }
     }
 }
@@ -322,6 +398,46 @@ impl Ca {
         let signer =
             rustls::crypto::ring::sign::any_supported_type(&key_der).map_err(CaError::Sign)?;
         Ok(CertifiedKey::new(vec![cert.der().clone()], signer))
+    }
+
+    /// A certificate for `name` (a cluster member) over `public_key`, good for both ends of a
+    /// TLS connection, valid a year: PEM.
+    pub fn issue_identity(
+        &self,
+        name: &str,
+        public_key: &impl PublicKeyData,
+    ) -> Result<String, CaError> {
+        let gen_err = |source| CaError::Generate {
+            name: name.to_owned(),
+            source,
+        };
+        let mut params = CertificateParams::new(vec![name.to_owned()]).map_err(gen_err)?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, name);
+        params.distinguished_name = dn;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let now = SystemTime::now();
+        params.not_before = (now - BACKDATE).into();
+        params.not_after = (now + IDENTITY_VALIDITY).into();
+        params.serial_number = Some(random_serial());
+        let cert = params
+            .signed_by(public_key, &self.issuer)
+            .map_err(gen_err)?;
+        Ok(cert.pem())
+    }
+
+    /// A fresh key and its certificate for `name` (the control plane's own identity).
+    pub fn new_identity(&self, name: &str) -> Result<Identity, CaError> {
+        let (key_pem, public) = new_member_key()?;
+        Ok(Identity {
+            cert_pem: self.issue_identity(name, &public)?,
+            key_pem,
+        })
     }
 
     /// Leaves in the cache.

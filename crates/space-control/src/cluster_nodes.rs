@@ -1,0 +1,765 @@
+//! The nodes of a cluster as one [`NodeApi`] (issue 14, decision 0034): each sandbox's
+//! operations go to the node it was placed on (`sandbox_nodes`), new sandboxes are placed by
+//! the [`scheduler`](crate::scheduler) with claims made in store transactions, and what every
+//! node should have (templates, warm pools) goes to each reachable node.
+//!
+//! The members are the store's `cluster_nodes` rows, read again at every reconcile pass and
+//! placement, so that a node that joined or was removed through another replica is seen
+//! here within one pass. A member whose heartbeat lapsed is unreachable: nothing is placed
+//! on it, and its sandboxes are reported unseen rather than gone.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use space_node_api::diff::Change;
+use space_node_api::net::NetworkSpec;
+use space_node_api::{
+    GuestChannel, NodeApi, NodeError, NodeInfo, Observation, PoolConfig, PoolStatus, PortStream,
+    SandboxSpec, SandboxStatus, SandboxUsage, SnapshotInfo, TemplateInfo, TemplateProgress,
+    TemplateSource,
+};
+use space_rpc::RemoteNode;
+
+use crate::cluster::NodeRow;
+use crate::scheduler::{Candidate, Need, Placement};
+use crate::store::{Store, StoreError, now_ms};
+
+/// How long the reconciler waits for one node's list.
+const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Member {
+    row: NodeRow,
+    api: Arc<RemoteNode>,
+}
+
+/// Every node of the cluster, routed by sandbox.
+pub struct ClusterNodes {
+    store: Store,
+    tls: space_rpc::tls::ClusterTls,
+    members: RwLock<BTreeMap<String, Member>>,
+    /// Sandbox id to node id, as placed or observed (the store is the truth).
+    placed: RwLock<HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for ClusterNodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterNodes").finish_non_exhaustive()
+    }
+}
+
+fn store_err(e: StoreError) -> NodeError {
+    NodeError::Internal(crate::error_chain(&e))
+}
+
+impl ClusterNodes {
+    pub fn new(store: Store, tls: space_rpc::tls::ClusterTls) -> Self {
+        Self {
+            store,
+            tls,
+            members: RwLock::default(),
+            placed: RwLock::default(),
+        }
+    }
+
+    /// Reads the members again from the store: new nodes get a channel, removed ones are
+    /// dropped, the others' rows (heartbeats, reports) are refreshed.
+    pub async fn refresh(&self) -> Result<(), NodeError> {
+        let rows = self.store.list_cluster_nodes().await.map_err(store_err)?;
+        let config = space_rpc::tls::client_config(&self.tls).map_err(NodeError::Internal)?;
+        let mut members = self.members.write().unwrap_or_else(|e| e.into_inner());
+        let ids: BTreeSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+        members.retain(|id, _| ids.contains(id.as_str()));
+        for row in rows {
+            match members.get_mut(&row.id) {
+                Some(m) if m.row.address == row.address => m.row = row,
+                _ => {
+                    let channel = space_rpc::tls::tls_channel(
+                        &row.address,
+                        &space_ca::node_name(&row.id),
+                        config.clone(),
+                    )
+                    .map_err(NodeError::Internal)?;
+                    tracing::info!(node = %row.id, name = %row.name, address = %row.address, "driving node");
+                    let api = Arc::new(RemoteNode::new(
+                        format!("{} ({})", row.name, row.id),
+                        channel,
+                    ));
+                    members.insert(row.id.clone(), Member { row, api });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The members whose heartbeat is fresh, with their APIs.
+    fn reachable(&self) -> Vec<(NodeRow, Arc<RemoteNode>)> {
+        let now = now_ms();
+        self.members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|m| m.row.reachable(now))
+            .map(|m| (m.row.clone(), m.api.clone()))
+            .collect()
+    }
+
+    fn member(&self, node: &str) -> Option<Arc<RemoteNode>> {
+        self.members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .map(|m| m.api.clone())
+    }
+
+    /// The node sandbox `id` is on.
+    async fn node_of(&self, id: &str) -> Result<Arc<RemoteNode>, NodeError> {
+        let cached = self
+            .placed
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned();
+        let node = match cached {
+            Some(n) => n,
+            None => {
+                let n = self
+                    .store
+                    .node_of_sandbox(id)
+                    .await
+                    .map_err(store_err)?
+                    .ok_or_else(|| NodeError::NotFound {
+                        kind: "sandbox",
+                        id: id.to_owned(),
+                    })?;
+                self.remember(id, &n);
+                n
+            }
+        };
+        if let Some(api) = self.member(&node) {
+            return Ok(api);
+        }
+        self.refresh().await?;
+        self.member(&node).ok_or_else(|| NodeError::Unreachable {
+            node: node.clone(),
+            reason: format!("sandbox {id} is on node {node}, which left the cluster"),
+        })
+    }
+
+    fn remember(&self, id: &str, node: &str) {
+        self.placed
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_owned(), node.to_owned());
+    }
+
+    /// What the scheduler knows of every member now.
+    async fn candidates(&self, template: &str) -> Result<Vec<Candidate>, NodeError> {
+        self.refresh().await?;
+        let claims = self.store.claims_by_node().await.map_err(store_err)?;
+        let now = now_ms();
+        let members = self.members.read().unwrap_or_else(|e| e.into_inner());
+        Ok(members
+            .values()
+            .map(|m| {
+                let info = m.row.info.clone().unwrap_or_default();
+                let (cpu, mem) = claims.get(&m.row.id).copied().unwrap_or((0, 0));
+                Candidate {
+                    id: m.row.id.clone(),
+                    // Without a report yet, its capacity is unknown: not a candidate.
+                    reachable: m.row.reachable(now) && m.row.info.is_some(),
+                    runtimes: info.runtimes.clone(),
+                    cpus: info.cpus,
+                    memory_bytes: info.memory_bytes,
+                    claimed_cpu_millis: cpu,
+                    claimed_memory_mib: mem,
+                    has_template: info.templates.iter().any(|t| t == template),
+                    pool_ready: info
+                        .pool_ready_by_template
+                        .get(template)
+                        .copied()
+                        .unwrap_or(0),
+                }
+            })
+            .collect())
+    }
+
+    /// Places sandbox `id` (which needs `need`, from `template`) on a node, recording the
+    /// claim; a claim that lost a race with another replica's is tried again with fresh
+    /// figures.
+    pub async fn place(
+        &self,
+        id: &str,
+        template: &str,
+        need: Need,
+    ) -> Result<Placement, NodeError> {
+        for _ in 0..5 {
+            let nodes = self.candidates(template).await?;
+            let placement = crate::scheduler::place(&nodes, &need).map_err(NodeError::Exhausted)?;
+            let node = nodes
+                .iter()
+                .find(|n| n.id == placement.node)
+                .expect("placed on a candidate");
+            if self.store.claim(id, node, &need).await.map_err(store_err)? {
+                self.remember(id, &placement.node);
+                return Ok(placement);
+            }
+        }
+        Err(NodeError::Exhausted(
+            "every node that fit was claimed by other creates meanwhile; try again".into(),
+        ))
+    }
+
+    /// Runs `f` on every reachable member; the first answer, or the first error.
+    async fn on_each<T, F, Fut>(&self, f: F) -> Result<T, NodeError>
+    where
+        F: Fn(Arc<RemoteNode>) -> Fut,
+        Fut: Future<Output = Result<T, NodeError>>,
+    {
+        self.refresh().await?;
+        let members = self.reachable();
+        if members.is_empty() {
+            return Err(no_node());
+        }
+        let mut first = None;
+        for (row, api) in members {
+            match f(api).await {
+                Ok(v) => {
+                    first.get_or_insert(v);
+                }
+                Err(e) => {
+                    return Err(match e {
+                        NodeError::Unreachable { .. } => e,
+                        other => NodeError::Internal(format!("node {}: {other}", row.id)),
+                    });
+                }
+            }
+        }
+        first.ok_or_else(no_node)
+    }
+}
+
+fn no_node() -> NodeError {
+    NodeError::Unreachable {
+        node: "(none)".into(),
+        reason: crate::cluster::NO_NODE.into(),
+    }
+}
+
+impl Store {
+    pub async fn node_of_sandbox(&self, id: &str) -> Result<Option<String>, StoreError> {
+        use sqlx::Row;
+        let row = sqlx::query("SELECT node_id FROM sandbox_nodes WHERE sandbox_id = $1")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|source| StoreError::Query {
+                what: "find node of sandbox",
+                source,
+            })?;
+        row.map(|r| r.try_get::<String, _>(0))
+            .transpose()
+            .map_err(|source| StoreError::Query {
+                what: "find node of sandbox",
+                source,
+            })
+    }
+
+    /// The limits live sandboxes claim on each node: (CPU millis, memory MiB).
+    pub async fn claims_by_node(&self) -> Result<HashMap<String, (u64, u64)>, StoreError> {
+        use sqlx::Row;
+        let q = |source| StoreError::Query {
+            what: "sum claims",
+            source,
+        };
+        let rows = sqlx::query(CLAIMS_BY_NODE)
+            .fetch_all(self.pool())
+            .await
+            .map_err(q)?;
+        rows.iter()
+            .map(|r| {
+                let node: String = r.try_get(0).map_err(q)?;
+                let cpu: i64 = r.try_get(1).map_err(q)?;
+                let mem: i64 = r.try_get(2).map_err(q)?;
+                Ok((node, (cpu.max(0) as u64, mem.max(0) as u64)))
+            })
+            .collect()
+    }
+
+    /// Claims room on `node` for sandbox `id`, in one transaction that first locks the node's
+    /// row: false when it no longer fits (another create took the room) or the node is gone.
+    pub async fn claim(&self, id: &str, node: &Candidate, need: &Need) -> Result<bool, StoreError> {
+        use sqlx::Row;
+        let q = |what| move |source| StoreError::Query { what, source };
+        let mut tx = self.pool().begin().await.map_err(q("claim"))?;
+        // The lock: every claim on this node waits here for the one before to commit (a row
+        // lock on PostgreSQL, the write lock on SQLite).
+        let locked = sqlx::query("UPDATE cluster_nodes SET id = id WHERE id = $1")
+            .bind(&node.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("lock node"))?;
+        if locked.rows_affected() != 1 {
+            return Ok(false);
+        }
+        let row = sqlx::query(&format!("{CLAIMS} AND sn.node_id = $1"))
+            .bind(&node.id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(q("sum claims"))?;
+        let cpu: i64 = row.try_get(0).map_err(q("sum claims"))?;
+        let mem: i64 = row.try_get(1).map_err(q("sum claims"))?;
+        let fits = Candidate {
+            claimed_cpu_millis: cpu.max(0) as u64,
+            claimed_memory_mib: mem.max(0) as u64,
+            ..node.clone()
+        }
+        .fits(need);
+        if !fits {
+            return Ok(false);
+        }
+        sqlx::query(
+            "INSERT INTO sandbox_nodes (sandbox_id, node_id, cpu_millis, memory_mib, placed_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (sandbox_id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(&node.id)
+        .bind(need.cpu_millis as i64)
+        .bind(need.memory_mib as i64)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await
+        .map_err(q("record placement"))?;
+        tx.commit().await.map_err(q("claim"))?;
+        Ok(true)
+    }
+
+    pub async fn forget_placement(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM sandbox_nodes WHERE sandbox_id = $1")
+            .bind(id)
+            .execute(self.pool())
+            .await
+            .map_err(|source| StoreError::Query {
+                what: "forget placement",
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// The sandboxes placed on `node`.
+    pub async fn sandboxes_on(&self, node: &str) -> Result<Vec<String>, StoreError> {
+        use sqlx::Row;
+        let q = |source| StoreError::Query {
+            what: "list sandboxes of node",
+            source,
+        };
+        let rows = sqlx::query("SELECT sandbox_id FROM sandbox_nodes WHERE node_id = $1")
+            .bind(node)
+            .fetch_all(self.pool())
+            .await
+            .map_err(q)?;
+        rows.iter().map(|r| r.try_get(0).map_err(q)).collect()
+    }
+}
+
+/// The claims of live sandboxes (creating, running, paused; not deleted).
+const CLAIMS: &str = "SELECT CAST(COALESCE(SUM(sn.cpu_millis), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(sn.memory_mib), 0) AS BIGINT) \
+     FROM sandbox_nodes sn JOIN sandboxes s ON s.id = sn.sandbox_id \
+     WHERE s.deleted_at IS NULL AND s.state IN ('creating', 'running', 'paused')";
+
+const CLAIMS_BY_NODE: &str = "SELECT sn.node_id, CAST(COALESCE(SUM(sn.cpu_millis), 0) AS BIGINT), \
+     CAST(COALESCE(SUM(sn.memory_mib), 0) AS BIGINT) \
+     FROM sandbox_nodes sn JOIN sandboxes s ON s.id = sn.sandbox_id \
+     WHERE s.deleted_at IS NULL AND s.state IN ('creating', 'running', 'paused') \
+     GROUP BY sn.node_id";
+
+fn need_of(spec: &SandboxSpec) -> Need {
+    Need {
+        cpu_millis: u64::from(spec.limits.cpu_millis),
+        memory_mib: spec.limits.memory_mib,
+        runtime: spec.runtime.unwrap_or_default(),
+    }
+}
+
+/// `series{labels}` with `node="id"` added.
+fn with_node_label(series: &str, node: &str) -> String {
+    match series.strip_suffix('}').and_then(|s| s.split_once('{')) {
+        Some((name, "")) => format!("{name}{{node=\"{node}\"}}"),
+        Some((name, labels)) => format!("{name}{{{labels},node=\"{node}\"}}"),
+        None => format!("{series}{{node=\"{node}\"}}"),
+    }
+}
+
+#[async_trait]
+impl NodeApi for ClusterNodes {
+    /// On the sandbox's node when it was placed (a restart, a recovery); else placed now.
+    async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
+        let node = match self.node_of(&spec.id).await {
+            Ok(n) => n,
+            Err(NodeError::NotFound { .. }) => {
+                let p = self.place(&spec.id, &spec.template, need_of(spec)).await?;
+                self.member(&p.node).ok_or_else(no_node)?
+            }
+            Err(e) => return Err(e),
+        };
+        node.create_sandbox(spec).await
+    }
+
+    async fn remove_sandbox(&self, id: &str) -> Result<(), NodeError> {
+        match self.node_of(id).await {
+            Ok(node) => node.remove_sandbox(id).await?,
+            // Never placed: nothing to remove anywhere.
+            Err(NodeError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        self.store.forget_placement(id).await.map_err(store_err)?;
+        self.placed
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        Ok(())
+    }
+
+    async fn stop_sandbox(&self, id: &str) -> Result<(), NodeError> {
+        self.node_of(id).await?.stop_sandbox(id).await
+    }
+
+    async fn sandbox_status(&self, id: &str) -> Result<Option<SandboxStatus>, NodeError> {
+        match self.node_of(id).await {
+            Ok(node) => node.sandbox_status(id).await,
+            Err(NodeError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list_sandboxes(&self) -> Result<Vec<SandboxStatus>, NodeError> {
+        Ok(self.observe().await?.sandboxes)
+    }
+
+    /// Every reachable node's list; the sandboxes placed on the others are unseen.
+    async fn observe(&self) -> Result<Observation, NodeError> {
+        self.refresh().await?;
+        let now = now_ms();
+        let members: Vec<(NodeRow, Arc<RemoteNode>)> = self
+            .members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|m| (m.row.clone(), m.api.clone()))
+            .collect();
+        let lists = futures::future::join_all(members.iter().map(|(row, api)| async move {
+            if !row.reachable(now) {
+                return Err("its heartbeat lapsed".to_owned());
+            }
+            match tokio::time::timeout(OBSERVE_TIMEOUT, api.list_sandboxes()).await {
+                Ok(Ok(l)) => Ok(l),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer in time".to_owned()),
+            }
+        }))
+        .await;
+        let mut out = Observation::default();
+        for ((row, _), list) in members.iter().zip(lists) {
+            match list {
+                Ok(list) => {
+                    for s in &list {
+                        self.remember(&s.id, &row.id);
+                    }
+                    out.sandboxes.extend(list);
+                }
+                Err(why) => {
+                    tracing::debug!(node = %row.id, why, "node not observed");
+                    out.unseen
+                        .extend(self.store.sandboxes_on(&row.id).await.map_err(store_err)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn guest_channel(&self, id: &str) -> Result<GuestChannel, NodeError> {
+        self.node_of(id).await?.guest_channel(id).await
+    }
+
+    async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
+        self.refresh().await?;
+        let mut all: BTreeMap<(String, u32), TemplateInfo> = BTreeMap::new();
+        for (_, api) in self.reachable() {
+            for t in api.list_templates().await? {
+                all.entry((t.name.clone(), t.version)).or_insert(t);
+            }
+        }
+        Ok(all.into_values().collect())
+    }
+
+    async fn template_versions(&self, name: &str) -> Result<Vec<TemplateInfo>, NodeError> {
+        Ok(self
+            .list_templates()
+            .await?
+            .into_iter()
+            .filter(|t| t.name == name)
+            .collect())
+    }
+
+    async fn pause_sandbox(&self, id: &str) -> Result<SandboxStatus, NodeError> {
+        self.node_of(id).await?.pause_sandbox(id).await
+    }
+
+    async fn resume_sandbox(&self, id: &str) -> Result<SandboxStatus, NodeError> {
+        self.node_of(id).await?.resume_sandbox(id).await
+    }
+
+    async fn import_template(
+        &self,
+        name: &str,
+        source: TemplateSource,
+    ) -> Result<TemplateInfo, NodeError> {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        self.import_template_with_progress(name, source, tx).await
+    }
+
+    /// A snapshot becomes a template on its sandbox's node; anything else is imported on
+    /// every reachable node (the first one's progress is shown).
+    async fn import_template_with_progress(
+        &self,
+        name: &str,
+        source: TemplateSource,
+        progress: TemplateProgress,
+    ) -> Result<TemplateInfo, NodeError> {
+        if let TemplateSource::Snapshot { sandbox, .. } = &source {
+            let node = self.node_of(sandbox).await?;
+            return node
+                .import_template_with_progress(name, source, progress)
+                .await;
+        }
+        let first = std::sync::Mutex::new(Some(progress));
+        self.on_each(|api| {
+            let source = source.clone();
+            let progress = first
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .unwrap_or_else(|| tokio::sync::mpsc::unbounded_channel().0);
+            async move {
+                api.import_template_with_progress(name, source, progress)
+                    .await
+            }
+        })
+        .await
+    }
+
+    async fn remove_template(
+        &self,
+        name: &str,
+        version: Option<u32>,
+    ) -> Result<Vec<u32>, NodeError> {
+        let removed = std::sync::Mutex::new(BTreeSet::new());
+        self.on_each(|api| {
+            let removed = &removed;
+            async move {
+                let v = api.remove_template(name, version).await?;
+                removed.lock().unwrap_or_else(|e| e.into_inner()).extend(v);
+                Ok(())
+            }
+        })
+        .await?;
+        Ok(removed
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter()
+            .collect())
+    }
+
+    async fn validate_network(&self, network: &NetworkSpec) -> Result<(), NodeError> {
+        self.refresh().await?;
+        match self.reachable().into_iter().next() {
+            Some((_, api)) => api.validate_network(network).await,
+            None => Err(no_node()),
+        }
+    }
+
+    async fn set_network(
+        &self,
+        id: &str,
+        network: &NetworkSpec,
+    ) -> Result<SandboxStatus, NodeError> {
+        self.node_of(id).await?.set_network(id, network).await
+    }
+
+    async fn connect_port(&self, id: &str, port: u16) -> Result<PortStream, NodeError> {
+        self.node_of(id).await?.connect_port(id, port).await
+    }
+
+    async fn snapshot_sandbox(&self, id: &str, snap: &str) -> Result<SnapshotInfo, NodeError> {
+        self.node_of(id).await?.snapshot_sandbox(id, snap).await
+    }
+
+    async fn checkpoint_sandbox(&self, id: &str, snap: &str) -> Result<SnapshotInfo, NodeError> {
+        self.node_of(id).await?.checkpoint_sandbox(id, snap).await
+    }
+
+    async fn list_snapshots(
+        &self,
+        id: &str,
+        with_size: bool,
+    ) -> Result<Vec<SnapshotInfo>, NodeError> {
+        self.node_of(id).await?.list_snapshots(id, with_size).await
+    }
+
+    async fn diff_sandbox(
+        &self,
+        id: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+    ) -> Result<Vec<Change>, NodeError> {
+        self.node_of(id).await?.diff_sandbox(id, from, to).await
+    }
+
+    async fn delete_snapshot(&self, id: &str, snap: &str) -> Result<(), NodeError> {
+        self.node_of(id).await?.delete_snapshot(id, snap).await
+    }
+
+    async fn changed_since_snapshot(
+        &self,
+        id: &str,
+        owner: &str,
+        snap: &str,
+    ) -> Result<bool, NodeError> {
+        self.node_of(id)
+            .await?
+            .changed_since_snapshot(id, owner, snap)
+            .await
+    }
+
+    async fn rollback_sandbox(
+        &self,
+        spec: &SandboxSpec,
+        snap: &str,
+    ) -> Result<SandboxStatus, NodeError> {
+        self.node_of(&spec.id)
+            .await?
+            .rollback_sandbox(spec, snap)
+            .await
+    }
+
+    /// On the source's node (the fork is a snapshot of its disk there), if it fits.
+    async fn fork_sandbox(
+        &self,
+        source: &str,
+        snap: &str,
+        spec: &SandboxSpec,
+    ) -> Result<SandboxStatus, NodeError> {
+        let node = self.node_of(source).await?;
+        let node_id = self
+            .placed
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(source)
+            .cloned()
+            .ok_or_else(no_node)?;
+        let candidate = self
+            .candidates(&spec.template)
+            .await?
+            .into_iter()
+            .find(|c| c.id == node_id)
+            .ok_or_else(no_node)?;
+        if !self
+            .store
+            .claim(&spec.id, &candidate, &need_of(spec))
+            .await
+            .map_err(store_err)?
+        {
+            return Err(NodeError::Exhausted(format!(
+                "node {node_id}, where sandbox {source} is, has no room for its fork"
+            )));
+        }
+        self.remember(&spec.id, &node_id);
+        node.fork_sandbox(source, snap, spec).await
+    }
+
+    async fn metrics(&self) -> Vec<(String, f64)> {
+        let mut out = Vec::new();
+        for (row, api) in self.reachable() {
+            out.extend(
+                api.metrics()
+                    .await
+                    .into_iter()
+                    .map(|(k, v)| (with_node_label(&k, &row.id), v)),
+            );
+        }
+        out
+    }
+
+    async fn set_pool(&self, template: &str, cfg: PoolConfig) -> Result<PoolStatus, NodeError> {
+        self.on_each(|api| async move { api.set_pool(template, cfg).await })
+            .await
+    }
+
+    /// Each template's pool summed over the nodes (sizes as the first node holds them).
+    async fn pools(&self) -> Vec<PoolStatus> {
+        let mut all: BTreeMap<String, PoolStatus> = BTreeMap::new();
+        for (_, api) in self.reachable() {
+            for p in api.pools().await {
+                match all.get_mut(&p.template) {
+                    None => {
+                        all.insert(p.template.clone(), p);
+                    }
+                    Some(sum) => {
+                        sum.ready += p.ready;
+                        sum.starting += p.starting;
+                        sum.hits += p.hits;
+                        sum.misses += p.misses;
+                    }
+                }
+            }
+        }
+        all.into_values().collect()
+    }
+
+    /// The members summed; `started_unix_ms` changes whenever a node starts again or joins,
+    /// so the reconciler hands the pools to every node then.
+    async fn node_info(&self) -> Result<NodeInfo, NodeError> {
+        self.refresh().await?;
+        let members = self.reachable();
+        if members.is_empty() {
+            return Err(no_node());
+        }
+        let mut sum = NodeInfo::default();
+        for (row, _) in members {
+            let i = row.info.unwrap_or_default();
+            sum.cpus += i.cpus;
+            sum.memory_bytes += i.memory_bytes;
+            sum.memory_available_bytes += i.memory_available_bytes;
+            sum.sandboxes += i.sandboxes;
+            sum.pool_ready += i.pool_ready;
+            sum.started_unix_ms = sum.started_unix_ms.wrapping_add(i.started_unix_ms);
+            for r in i.runtimes {
+                if !sum.runtimes.contains(&r) {
+                    sum.runtimes.push(r);
+                }
+            }
+        }
+        Ok(sum)
+    }
+
+    async fn sandbox_usage(&self, id: &str) -> Result<SandboxUsage, NodeError> {
+        self.node_of(id).await?.sandbox_usage(id).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_gain_a_node_label() {
+        assert_eq!(with_node_label("a", "n1"), "a{node=\"n1\"}");
+        assert_eq!(with_node_label("a{}", "n1"), "a{node=\"n1\"}");
+        assert_eq!(
+            with_node_label("a{t=\"x\"}", "n1"),
+            "a{t=\"x\",node=\"n1\"}"
+        );
+    }
+}
