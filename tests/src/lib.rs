@@ -1136,6 +1136,7 @@ pub struct Postgres {
     /// The same server through its unix socket: reachable from spaced in its own network
     /// namespace (a path socket does not belong to a network namespace).
     pub socket_url: String,
+    port: u16,
 }
 
 impl Postgres {
@@ -1171,6 +1172,7 @@ impl Postgres {
             ),
             dir,
             bin,
+            port,
         };
         let data = pg.dir.path().join("data");
         let out = pg
@@ -1203,6 +1205,23 @@ impl Postgres {
             String::from_utf8_lossy(&out.stderr)
         );
         Ok(pg)
+    }
+}
+
+impl Postgres {
+    /// A new, empty database on this server; its TCP URL.
+    pub fn create_database(&self, name: &str) -> Result<String> {
+        let port = self.port.to_string();
+        let out = self
+            .as_postgres("createdb")
+            .args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres", name])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "createdb {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(format!("postgres://postgres@127.0.0.1:{port}/{name}"))
     }
 }
 

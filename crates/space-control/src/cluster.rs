@@ -141,6 +141,29 @@ impl Store {
         Ok(true)
     }
 
+    /// Records a node as if it had joined (simulated nodes of the scheduler's tests and
+    /// benchmarks; a real node joins with a token).
+    pub async fn put_cluster_node(&self, node: &NodeRow) -> Result<(), StoreError> {
+        let info = node
+            .info
+            .as_ref()
+            .map(|i| serde_json::to_string(i).unwrap_or_default());
+        sqlx::query(&format!(
+            "INSERT INTO cluster_nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+        ))
+        .bind(&node.id)
+        .bind(&node.name)
+        .bind(&node.address)
+        .bind(&node.cert_sha256)
+        .bind(node.joined_at)
+        .bind(node.heartbeat_at)
+        .bind(info)
+        .execute(self.pool())
+        .await
+        .map_err(q("record node"))?;
+        Ok(())
+    }
+
     pub async fn list_cluster_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {NODE_COLUMNS} FROM cluster_nodes ORDER BY joined_at, id"

@@ -26,6 +26,9 @@ use crate::cluster::NodeRow;
 use crate::scheduler::{Candidate, Need, Placement};
 use crate::store::{Store, StoreError, now_ms};
 
+/// Tries of a placement whose claim lost a race (each with fresh figures).
+pub const PLACE_TRIES: usize = 20;
+
 /// How long the reconciler waits for one node's list.
 const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -186,17 +189,18 @@ impl ClusterNodes {
     }
 
     /// Places sandbox `id` (which needs `need`, from `template`) on a node, recording the
-    /// claim; a claim that lost a race with another replica's is tried again with fresh
-    /// figures.
+    /// claim; a claim that lost a race with another create's is tried again with fresh
+    /// figures (up to [`PLACE_TRIES`] times).
     pub async fn place(
         &self,
         id: &str,
         template: &str,
         need: Need,
     ) -> Result<Placement, NodeError> {
-        for _ in 0..5 {
+        for _ in 0..PLACE_TRIES {
             let nodes = self.candidates(template).await?;
-            let placement = crate::scheduler::place(&nodes, &need).map_err(NodeError::Exhausted)?;
+            let placement =
+                crate::scheduler::place(&nodes, &need, id).map_err(NodeError::Exhausted)?;
             let node = nodes
                 .iter()
                 .find(|n| n.id == placement.node)

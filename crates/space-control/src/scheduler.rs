@@ -7,8 +7,11 @@
 //! its memory (limits are ceilings, not use: an idle sandbox uses a few MiB of its 512).
 //! Among candidates, the best is the first by:
 //! 1. a ready member in the template's warm pool (a create then costs milliseconds);
-//! 2. the larger free share of claimable memory, then of CPU (spreads the load);
-//! 3. the node id (a stable order, so that equal nodes are not picked at random).
+//! 2. the larger free share of claimable memory, then of CPU, in steps of 5% (spreads the
+//!    load; nodes within a step are equal here);
+//! 3. a hash of the sandbox's id and the node's (rendezvous hashing): equal nodes are each
+//!    some sandboxes' first choice, so that creates placed at once by several replicas do not
+//!    all reach for the same node and retry, while one sandbox always gets the same answer.
 
 use std::cmp::Ordering;
 
@@ -103,20 +106,36 @@ impl Candidate {
     }
 }
 
+/// Free shares in steps of this many millionths (5%).
+const FREE_STEP: u64 = 50_000;
+
+fn rendezvous(key: &str, node: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same order on every replica and every run.
+    let mut h = std::hash::DefaultHasher::new();
+    (key, node).hash(&mut h);
+    h.finish()
+}
+
 /// Better first.
-fn rank(a: &Candidate, b: &Candidate, need: &Need) -> Ordering {
+fn rank(a: &Candidate, b: &Candidate, need: &Need, key: &str) -> Ordering {
+    let free = |n: &Candidate| {
+        let (mem, cpu) = n.free_after(need);
+        (mem / FREE_STEP, cpu / FREE_STEP)
+    };
     (b.pool_ready > 0)
         .cmp(&(a.pool_ready > 0))
-        .then_with(|| b.free_after(need).cmp(&a.free_after(need)))
+        .then_with(|| free(b).cmp(&free(a)))
+        .then_with(|| rendezvous(key, &a.id).cmp(&rendezvous(key, &b.id)))
         .then_with(|| a.id.cmp(&b.id))
 }
 
-/// The node for a sandbox that needs `need`, or why there is none (each node's reason).
-pub fn place(nodes: &[Candidate], need: &Need) -> Result<Placement, String> {
+/// The node for sandbox `key` that needs `need`, or why there is none (each node's reason).
+pub fn place(nodes: &[Candidate], need: &Need, key: &str) -> Result<Placement, String> {
     let best = nodes
         .iter()
         .filter(|n| n.refuses(need).is_none())
-        .min_by(|a, b| rank(a, b, need));
+        .min_by(|a, b| rank(a, b, need, key));
     let Some(n) = best else {
         if nodes.is_empty() {
             return Err("no node has joined".into());
@@ -177,7 +196,7 @@ mod tests {
         let mut b = node("b");
         b.pool_ready = 1;
         b.claimed_memory_mib = 20_000;
-        let p = place(&[a.clone(), b.clone()], &NEED).unwrap();
+        let p = place(&[a.clone(), b.clone()], &NEED, "s1").unwrap();
         assert_eq!(p.node, "b");
         assert!(
             p.reason.starts_with("1 ready in the template's warm pool"),
@@ -186,17 +205,35 @@ mod tests {
         );
         b.pool_ready = 0;
         a.has_template = false;
-        let p = place(&[a.clone(), b.clone()], &NEED).unwrap();
+        let p = place(&[a.clone(), b.clone()], &NEED, "s1").unwrap();
         assert_eq!(p.node, "b");
         assert!(p.reason.starts_with("no ready pool member"), "{}", p.reason);
-        let e = place(&[a.clone()], &NEED).unwrap_err();
+        let e = place(&[a.clone()], &NEED, "s1").unwrap_err();
         assert!(e.contains("a: lacks the template"), "{e}");
-        // Equal otherwise: the freer node, then the smaller id.
+        // The freer node by a step or more; within a step, each sandbox's own choice.
         let (c, mut d) = (node("c"), node("d"));
+        d.claimed_memory_mib = 8 << 10;
+        for key in ["s1", "s2", "s3", "s4"] {
+            assert_eq!(
+                place(&[d.clone(), c.clone()], &NEED, key).unwrap().node,
+                "c"
+            );
+        }
         d.claimed_memory_mib = 512;
-        assert_eq!(place(&[d.clone(), c.clone()], &NEED).unwrap().node, "c");
-        d.claimed_memory_mib = 0;
-        assert_eq!(place(&[d, c], &NEED).unwrap().node, "c");
+        let picks: std::collections::BTreeSet<String> = (0..32)
+            .map(|i| {
+                place(&[d.clone(), c.clone()], &NEED, &format!("s{i}"))
+                    .unwrap()
+                    .node
+            })
+            .collect();
+        assert_eq!(
+            picks.len(),
+            2,
+            "equal nodes were not both chosen: {picks:?}"
+        );
+        let again = place(&[c.clone(), d.clone()], &NEED, "s7").unwrap().node;
+        assert_eq!(place(&[d, c], &NEED, "s7").unwrap().node, again);
     }
 
     #[test]
@@ -213,6 +250,7 @@ mod tests {
         let e = place(
             &[full.clone(), busy.clone(), gone.clone(), vm.clone()],
             &NEED,
+            "s1",
         )
         .unwrap_err();
         for part in [
@@ -225,8 +263,11 @@ mod tests {
         }
         // Exactly at capacity still fits.
         full.claimed_memory_mib -= 1;
-        assert_eq!(place(&[full, busy, gone, vm], &NEED).unwrap().node, "full");
-        assert_eq!(place(&[], &NEED).unwrap_err(), "no node has joined");
+        assert_eq!(
+            place(&[full, busy, gone, vm], &NEED, "s1").unwrap().node,
+            "full"
+        );
+        assert_eq!(place(&[], &NEED, "s1").unwrap_err(), "no node has joined");
     }
 
     #[test]
@@ -240,7 +281,7 @@ mod tests {
             })
             .collect();
         let mut placed = 0;
-        while let Ok(p) = place(&nodes, &NEED) {
+        while let Ok(p) = place(&nodes, &NEED, &format!("s{placed}")) {
             let n = nodes.iter_mut().find(|n| n.id == p.node).unwrap();
             n.claimed_cpu_millis += NEED.cpu_millis;
             n.claimed_memory_mib += NEED.memory_mib;

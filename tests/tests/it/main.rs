@@ -19,6 +19,7 @@ mod microvm;
 mod network;
 mod oci;
 mod pause;
+mod placement;
 mod pool;
 mod pool_api;
 mod postgres;

@@ -1,0 +1,215 @@
+//! Placement across nodes under concurrency (issue 14, decision 0034), against a real
+//! PostgreSQL: two control-plane replicas (two stores, two schedulers) place creates at once
+//! over 1,000 simulated nodes (rows as joined nodes' heartbeats leave them) and never place
+//! beyond a node. Plus the scheduler's decision time with 1,000 and 10,000 nodes (ignored,
+//! a benchmark).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use space_control::Store;
+use space_control::cluster::NodeRow;
+use space_control::cluster_nodes::ClusterNodes;
+use space_control::scheduler::{CPU_OVERCOMMIT, Need};
+use space_control::store::{SandboxRow, SandboxSpecRecord, now_ms};
+use space_node_api::{NodeApi, NodeError, NodeInfo, RuntimeKind};
+use space_tests::Postgres;
+
+const NEED: Need = Need {
+    cpu_millis: 1000 * CPU_OVERCOMMIT,
+    memory_mib: 512,
+    runtime: RuntimeKind::Namespace,
+};
+
+/// A node with one core and plenty of memory: room for exactly one sandbox of [`NEED`].
+fn simulated(i: usize) -> NodeRow {
+    NodeRow {
+        id: format!("sim{i:05}"),
+        name: format!("sim-{i}"),
+        address: format!("10.250.{}.{}:7071", i / 250, i % 250 + 1),
+        cert_sha256: format!("{i:064x}"),
+        joined_at: now_ms(),
+        heartbeat_at: now_ms() + 3_600_000,
+        info: Some(NodeInfo {
+            name: format!("sim-{i}"),
+            runtimes: vec![RuntimeKind::Namespace],
+            cpus: 1,
+            memory_bytes: 64 << 30,
+            templates: vec!["minimal".into()],
+            ..NodeInfo::default()
+        }),
+    }
+}
+
+fn sandbox(i: usize) -> SandboxRow {
+    SandboxRow {
+        id: format!("{i:020}"),
+        spec: SandboxSpecRecord {
+            template: "minimal".into(),
+            cpu: 8.0,
+            memory_mib: 512,
+            pids: 512,
+            env: Default::default(),
+            metadata: Default::default(),
+            hostname: "s".into(),
+            network: Default::default(),
+            secrets: Vec::new(),
+            runtime: None,
+        },
+        state: space_api::SandboxState::Creating,
+        error: None,
+        generation: 1,
+        deleted_at: None,
+        created_at: now_ms(),
+        updated_at: now_ms(),
+    }
+}
+
+/// A replica's view of the cluster: its own store pool and its own scheduler.
+async fn replica(url: &str, ca: &space_ca::Ca) -> (Store, Arc<ClusterNodes>) {
+    let store = Store::open(url).await.unwrap();
+    let id = ca.new_identity(space_ca::CONTROL_NAME).unwrap();
+    let tls =
+        space_rpc::tls::ClusterTls::from_pem(ca.cert_pem(), &id.cert_pem, &id.key_pem).unwrap();
+    (store.clone(), Arc::new(ClusterNodes::new(store, tls)))
+}
+
+fn cluster_ca() -> (tempfile::TempDir, space_ca::Ca) {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = space_ca::Ca::load_or_create_as(dir.path(), &space_ca::CaProfile::cluster()).unwrap();
+    (dir, ca)
+}
+
+#[test]
+fn two_replicas_never_place_beyond_a_node() {
+    let pg = Postgres::start().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_dir, ca) = cluster_ca();
+        let (store, a) = replica(&pg.url, &ca).await;
+        let (_, b) = replica(&pg.url, &ca).await;
+        const NODES: usize = 1000;
+        const CREATES: usize = 1200;
+        for i in 0..NODES {
+            store.put_cluster_node(&simulated(i)).await.unwrap();
+        }
+        for i in 0..CREATES {
+            store.insert_sandbox(&sandbox(i)).await.unwrap();
+        }
+        // Both replicas place at once, 32 creates in flight.
+        let slots = Arc::new(tokio::sync::Semaphore::new(32));
+        let t0 = Instant::now();
+        let tasks: Vec<_> = (0..CREATES)
+            .map(|i| {
+                let sched = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let slots = slots.clone();
+                tokio::spawn(async move {
+                    let _slot = slots.acquire().await.unwrap();
+                    sched.place(&sandbox(i).id, "minimal", NEED).await
+                })
+            })
+            .collect();
+        let mut placed = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => placed += 1,
+                Err(NodeError::Exhausted(why)) => {
+                    assert!(why.contains("no node can take it"), "{why}")
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        eprintln!(
+            "{CREATES} placements over {NODES} nodes from two replicas in {:?}",
+            t0.elapsed()
+        );
+        // Every node took exactly the one sandbox it has room for, no more.
+        let claims = store.claims_by_node().await.unwrap();
+        assert_eq!(placed, NODES, "placed {placed}");
+        assert_eq!(claims.len(), NODES);
+        for (node, (cpu, _)) in &claims {
+            assert_eq!(*cpu, NEED.cpu_millis, "node {node} holds {cpu} millis");
+        }
+        // A placement is routed: the sandbox's node is the one its claim names.
+        let id = sandbox(0).id;
+        let node = store.node_of_sandbox(&id).await.unwrap().unwrap();
+        assert!(node.starts_with("sim"), "{node}");
+        // A simulated node does not answer: its sandboxes' operations say which node.
+        let e = a.stop_sandbox(&id).await.unwrap_err();
+        assert!(e.to_string().contains(&node), "{e}");
+    });
+}
+
+/// `cargo test -p space-tests --test it -- --ignored --nocapture bench_scheduler`
+#[test]
+#[ignore = "benchmark; prints figures for BENCHMARKS.md"]
+fn bench_scheduler_decision_time() {
+    let pg = Postgres::start().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_dir, ca) = cluster_ca();
+        for nodes in [1_000usize, 10_000] {
+            let db = format!("bench{nodes}");
+            let url = pg.create_database(&db).unwrap();
+            let (store, sched) = replica(&url, &ca).await;
+            for i in 0..nodes {
+                let mut n = simulated(i);
+                // Room for many: the decision, not the claims running out, is measured.
+                n.info.as_mut().unwrap().cpus = 64;
+                store.put_cluster_node(&n).await.unwrap();
+            }
+            let runs = 200;
+            for i in 0..runs {
+                store.insert_sandbox(&sandbox(i)).await.unwrap();
+            }
+            // The pure decision over the candidates as the store describes them.
+            let cands: Vec<_> = (0..nodes)
+                .map(|i| space_control::scheduler::Candidate {
+                    id: format!("sim{i:05}"),
+                    reachable: true,
+                    runtimes: vec![RuntimeKind::Namespace],
+                    cpus: 64,
+                    memory_bytes: 64 << 30,
+                    claimed_cpu_millis: (i as u64 * 7919) % 100_000,
+                    claimed_memory_mib: (i as u64 * 104_729) % 50_000,
+                    has_template: true,
+                    pool_ready: (i % 3) as u32,
+                })
+                .collect();
+            let mut pure = Vec::new();
+            for i in 0..runs {
+                let t = Instant::now();
+                space_control::scheduler::place(&cands, &NEED, &format!("k{i}")).unwrap();
+                pure.push(t.elapsed());
+            }
+            // The whole placement: members and claims read from PostgreSQL, the decision, and
+            // the claim's transaction.
+            let mut full = Vec::new();
+            sched.place("warmup", "minimal", NEED).await.ok();
+            for i in 0..runs {
+                let t = Instant::now();
+                sched.place(&sandbox(i).id, "minimal", NEED).await.unwrap();
+                full.push(t.elapsed());
+            }
+            let ms = |v: &mut Vec<Duration>, p: f64| {
+                v.sort();
+                space_tests::percentile(v, p).as_secs_f64() * 1000.0
+            };
+            println!(
+                "{nodes} nodes: decision p50 {:.3} ms p99 {:.3} ms; placement with PostgreSQL p50 {:.2} ms p99 {:.2} ms ({runs} runs each)",
+                ms(&mut pure, 50.0),
+                ms(&mut pure, 99.0),
+                ms(&mut full, 50.0),
+                ms(&mut full, 99.0),
+            );
+        }
+    });
+}
