@@ -81,6 +81,30 @@ fn decode(r: &sqlx::any::AnyRow) -> Result<NodeRow, StoreError> {
 
 const NODE_COLUMNS: &str = "id, name, address, cert_sha256, joined_at, heartbeat_at, info";
 
+async fn insert_node<'e>(
+    db: impl sqlx::Executor<'e, Database = sqlx::Any>,
+    node: &NodeRow,
+) -> Result<(), StoreError> {
+    let info = node
+        .info
+        .as_ref()
+        .map(|i| serde_json::to_string(i).unwrap_or_default());
+    sqlx::query(&format!(
+        "INSERT INTO cluster_nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+    ))
+    .bind(&node.id)
+    .bind(&node.name)
+    .bind(&node.address)
+    .bind(&node.cert_sha256)
+    .bind(node.joined_at)
+    .bind(node.heartbeat_at)
+    .bind(info)
+    .execute(db)
+    .await
+    .map_err(q("record node"))?;
+    Ok(())
+}
+
 impl Store {
     pub async fn put_join_token(
         &self,
@@ -125,18 +149,7 @@ impl Store {
         if used.rows_affected() != 1 {
             return Ok(false);
         }
-        sqlx::query(&format!(
-            "INSERT INTO cluster_nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, NULL)"
-        ))
-        .bind(&node.id)
-        .bind(&node.name)
-        .bind(&node.address)
-        .bind(&node.cert_sha256)
-        .bind(node.joined_at)
-        .bind(node.heartbeat_at)
-        .execute(&mut *tx)
-        .await
-        .map_err(q("record node"))?;
+        insert_node(&mut *tx, node).await?;
         tx.commit().await.map_err(q("join"))?;
         Ok(true)
     }
@@ -144,24 +157,7 @@ impl Store {
     /// Records a node as if it had joined (simulated nodes of the scheduler's tests and
     /// benchmarks; a real node joins with a token).
     pub async fn put_cluster_node(&self, node: &NodeRow) -> Result<(), StoreError> {
-        let info = node
-            .info
-            .as_ref()
-            .map(|i| serde_json::to_string(i).unwrap_or_default());
-        sqlx::query(&format!(
-            "INSERT INTO cluster_nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
-        ))
-        .bind(&node.id)
-        .bind(&node.name)
-        .bind(&node.address)
-        .bind(&node.cert_sha256)
-        .bind(node.joined_at)
-        .bind(node.heartbeat_at)
-        .bind(info)
-        .execute(self.pool())
-        .await
-        .map_err(q("record node"))?;
-        Ok(())
+        insert_node(self.pool(), node).await
     }
 
     pub async fn list_cluster_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
@@ -526,5 +522,146 @@ mod tests {
         assert!(store.remove_cluster_node("a").await.unwrap());
         assert!(!store.remove_cluster_node("a").await.unwrap());
         assert!(store.cluster_node_by_cert("fa").await.unwrap().is_none());
+    }
+}
+
+#[cfg(test)]
+mod service_tests {
+    use super::*;
+    use axum::extract::ConnectInfo;
+
+    struct Values;
+
+    #[async_trait::async_trait]
+    impl SecretSource for Values {
+        async fn secret_value(&self, name: &str) -> Option<String> {
+            (name == "GH").then(|| "ghp_value".to_owned())
+        }
+    }
+
+    fn from(fp: Option<&str>) -> ConnectInfo<PeerCert> {
+        ConnectInfo(PeerCert(fp.map(str::to_owned)))
+    }
+
+    fn with_peer<T>(msg: T, peer: Option<&str>) -> Request<T> {
+        let mut req = Request::new(msg);
+        req.extensions_mut().insert(from(peer));
+        req
+    }
+
+    #[tokio::test]
+    async fn only_a_member_gets_secrets_and_reports() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("t.db")).await.unwrap();
+        let cluster = Arc::new(Cluster::open(&dir.path().join("ca"), "h:7443".into()).unwrap());
+        let svc = ControlService::new(store.clone(), cluster, Arc::new(Values));
+        store
+            .put_cluster_node(&NodeRow {
+                id: "n1".into(),
+                name: "n".into(),
+                address: "10.0.0.2:7071".into(),
+                cert_sha256: "f1".into(),
+                joined_at: 1,
+                heartbeat_at: 1,
+                info: None,
+            })
+            .await
+            .unwrap();
+        let ask = |peer| with_peer(SecretRequest { name: "GH".into() }, peer);
+        let e = svc.secret_value(ask(None)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        let e = svc.secret_value(ask(Some("f2"))).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        let v = svc.secret_value(ask(Some("f1"))).await.unwrap();
+        assert_eq!(v.into_inner().value.as_deref(), Some("ghp_value"));
+        let missing = with_peer(
+            SecretRequest {
+                name: "NOPE".into(),
+            },
+            Some("f1"),
+        );
+        assert_eq!(
+            svc.secret_value(missing).await.unwrap().into_inner().value,
+            None
+        );
+
+        // Heartbeats: a member's NodeInfo is kept; junk and strangers are refused.
+        let info = serde_json::to_vec(&NodeInfo {
+            cpus: 4,
+            ..NodeInfo::default()
+        })
+        .unwrap();
+        let beat = |info: Vec<u8>, peer| with_peer(HeartbeatRequest { info }, peer);
+        svc.heartbeat(beat(info.clone(), Some("f1"))).await.unwrap();
+        let n = store.cluster_node_by_cert("f1").await.unwrap().unwrap();
+        assert_eq!(n.info.unwrap().cpus, 4);
+        assert!(n.heartbeat_at > 1);
+        let e = svc
+            .heartbeat(beat(b"{".to_vec(), Some("f1")))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let e = svc.heartbeat(beat(info, Some("f9"))).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        // Removed: refused from then on.
+        assert!(store.remove_cluster_node("n1").await.unwrap());
+        let e = svc.secret_value(ask(Some("f1"))).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+    }
+
+    #[tokio::test]
+    async fn joins_check_the_token_the_address_and_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("t.db")).await.unwrap();
+        let cluster = Arc::new(Cluster::open(&dir.path().join("ca"), "h:7443".into()).unwrap());
+        let svc = ControlService::new(store.clone(), cluster.clone(), Arc::new(Values));
+        let token = Token::new(&cluster.ca_sha256);
+        store
+            .put_join_token(&token.id, &sha256_hex(&token.secret), now_ms() + 60_000)
+            .await
+            .unwrap();
+        let (_, public) = space_ca::new_member_key().unwrap();
+        let join = |token: String, address: &str, key: Vec<u8>| {
+            Request::new(JoinRequest {
+                token,
+                name: "n\u{7}ode".into(),
+                address: address.into(),
+                public_key: key,
+            })
+        };
+        let good = token.to_string();
+        let e = svc
+            .join(join(good.clone(), "no-port", public.0.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let e = svc
+            .join(join(good.clone(), "10.0.0.2:7071", vec![4; 10]))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let other_ca = Token::new(&"0".repeat(64)).to_string();
+        let e = svc
+            .join(join(other_ca, "10.0.0.2:7071", public.0.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
+        // None of those spent the token.
+        let r = svc
+            .join(join(good.clone(), "10.0.0.2:7071", public.0.clone()))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.certificate_pem.contains("BEGIN CERTIFICATE"));
+        let n = &store.list_cluster_nodes().await.unwrap()[0];
+        assert_eq!(
+            (n.id.as_str(), n.name.as_str()),
+            (r.node_id.as_str(), "node")
+        );
+        let e = svc
+            .join(join(good, "10.0.0.3:7071", public.0))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated);
     }
 }

@@ -29,6 +29,10 @@ use crate::store::{Store, StoreError, now_ms};
 /// Tries of a placement whose claim lost a race (each with fresh figures).
 pub const PLACE_TRIES: usize = 20;
 
+/// How old the members' reports may be when a create is placed (they are read again at
+/// every reconcile pass as well).
+const MEMBERS_FRESH: Duration = Duration::from_secs(1);
+
 /// How long the reconciler waits for one node's list.
 const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -44,6 +48,8 @@ pub struct ClusterNodes {
     members: RwLock<BTreeMap<String, Member>>,
     /// Sandbox id to node id, as placed or observed (the store is the truth).
     placed: RwLock<HashMap<String, String>>,
+    /// When the members were last read from the store.
+    refreshed: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for ClusterNodes {
@@ -63,12 +69,14 @@ impl ClusterNodes {
             tls,
             members: RwLock::default(),
             placed: RwLock::default(),
+            refreshed: Default::default(),
         }
     }
 
     /// Reads the members again from the store: new nodes get a channel, removed ones are
     /// dropped, the others' rows (heartbeats, reports) are refreshed.
     pub async fn refresh(&self) -> Result<(), NodeError> {
+        let started = std::time::Instant::now();
         let rows = self.store.list_cluster_nodes().await.map_err(store_err)?;
         let config = space_rpc::tls::client_config(&self.tls).map_err(NodeError::Internal)?;
         let mut members = self.members.write().unwrap_or_else(|e| e.into_inner());
@@ -93,6 +101,7 @@ impl ClusterNodes {
                 }
             }
         }
+        *self.refreshed.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
         Ok(())
     }
 
@@ -158,32 +167,48 @@ impl ClusterNodes {
     }
 
     /// What the scheduler knows of every member now.
+    /// The members' reports may be up to [`MEMBERS_FRESH`] old (they change with heartbeats,
+    /// every 5 s); the claims are read now, and the claim's transaction checks them again.
     async fn candidates(&self, template: &str) -> Result<Vec<Candidate>, NodeError> {
-        self.refresh().await?;
+        let stale = self
+            .refreshed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none_or(|at| at.elapsed() > MEMBERS_FRESH);
+        if stale {
+            self.refresh().await?;
+        }
         let claims = self.store.claims_by_node().await.map_err(store_err)?;
         let now = now_ms();
         let members = self.members.read().unwrap_or_else(|e| e.into_inner());
         Ok(members
             .values()
             .map(|m| {
-                let info = m.row.info.clone().unwrap_or_default();
                 let (cpu, mem) = claims.get(&m.row.id).copied().unwrap_or((0, 0));
-                Candidate {
+                let mut c = Candidate {
                     id: m.row.id.clone(),
                     // Without a report yet, its capacity is unknown: not a candidate.
                     reachable: m.row.reachable(now) && m.row.info.is_some(),
-                    runtimes: info.runtimes.clone(),
-                    cpus: info.cpus,
-                    memory_bytes: info.memory_bytes,
+                    runtimes: Vec::new(),
+                    cpus: 0,
+                    memory_bytes: 0,
                     claimed_cpu_millis: cpu,
                     claimed_memory_mib: mem,
-                    has_template: info.templates.iter().any(|t| t == template),
-                    pool_ready: info
+                    has_template: false,
+                    pool_ready: 0,
+                };
+                if let Some(info) = &m.row.info {
+                    c.runtimes.clone_from(&info.runtimes);
+                    c.cpus = info.cpus;
+                    c.memory_bytes = info.memory_bytes;
+                    c.has_template = info.templates.iter().any(|t| t == template);
+                    c.pool_ready = info
                         .pool_ready_by_template
                         .get(template)
                         .copied()
-                        .unwrap_or(0),
+                        .unwrap_or(0);
                 }
+                c
             })
             .collect())
     }
@@ -215,7 +240,8 @@ impl ClusterNodes {
         ))
     }
 
-    /// Runs `f` on every reachable member; the first answer, or the first error.
+    /// Runs `f` on every reachable member; the first answer, or the first error (the same
+    /// error the node gave: a missing template is still NotFound).
     async fn on_each<T, F, Fut>(&self, f: F) -> Result<T, NodeError>
     where
         F: Fn(Arc<RemoteNode>) -> Fut,
@@ -233,10 +259,8 @@ impl ClusterNodes {
                     first.get_or_insert(v);
                 }
                 Err(e) => {
-                    return Err(match e {
-                        NodeError::Unreachable { .. } => e,
-                        other => NodeError::Internal(format!("node {}: {other}", row.id)),
-                    });
+                    tracing::warn!(node = %row.id, error = %e, "a node refused what the others are asked");
+                    return Err(e);
                 }
             }
         }

@@ -17,10 +17,12 @@ use std::cmp::Ordering;
 
 use space_node_api::RuntimeKind;
 
-/// Claimable CPU: this many times the node's cores, in limits.
-pub const CPU_OVERCOMMIT: u64 = 8;
-/// Claimable memory: this many times the node's memory, in limits.
-pub const MEMORY_OVERCOMMIT: u64 = 4;
+/// Claimable CPU: this many times the node's cores, in limits (a CPU limit is a quota, not a
+/// reservation: a 2-core node takes 128 sandboxes of the default one core).
+pub const CPU_OVERCOMMIT: u64 = 64;
+/// Claimable memory: this many times the node's memory, in limits (a 24 GiB node takes 384
+/// sandboxes of the default 512 MiB; an idle one uses about 2.5 MiB).
+pub const MEMORY_OVERCOMMIT: u64 = 8;
 
 /// A node as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq)]
