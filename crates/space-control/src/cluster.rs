@@ -252,7 +252,7 @@ impl crate::engine::Engine {
     fn cluster(&self) -> AppResult<&Arc<Cluster>> {
         self.cluster.as_ref().ok_or_else(|| {
             AppError::conflict(
-                "this spaced runs its node in-process; nodes join a `spaced control` (with --cluster-listen)",
+                "this spaced drives one node of its own (in-process, or --node); nodes join a `spaced control` started without --node",
             )
         })
     }

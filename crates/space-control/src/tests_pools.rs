@@ -419,7 +419,7 @@ async fn join_tokens_and_node_removal_through_the_api() {
     let mut h = harness().await;
     // All-in-one leads no cluster.
     let r = h.call(Method::POST, "/v1/nodes/tokens", "{}").await;
-    assert!(r.error(409, "conflict").contains("in-process"));
+    assert!(r.error(409, "conflict").contains("one node of its own"));
     h.call(Method::DELETE, "/v1/nodes/abc", Body::empty())
         .await
         .error(409, "conflict");

@@ -543,3 +543,50 @@ fn sandboxes_spread_over_three_nodes_and_stay_on_theirs() {
         s.space_ok(&["rm", id]);
     }
 }
+
+/// Cluster creates/s with one, two and three joined nodes (each in its own namespace, all on
+/// this machine's cores): `space bench throughput` through the control plane after each join,
+/// for 2 s (longer runs fill a 2-core node's claimable CPU: 128 one-core sandboxes).
+/// `cargo test --release -p space-tests --test it -- --ignored --nocapture bench_cluster`
+#[test]
+#[ignore = "benchmark; prints figures for BENCHMARKS.md"]
+fn bench_cluster_throughput() {
+    let s = Spaced::start_joined(&["--network", "off"], &[]).unwrap();
+    let mut nodes = Vec::new();
+    for n in 1..=3 {
+        if n > 1 {
+            nodes.push(s.join_node(&["--network", "off"]).unwrap());
+        }
+        assert!(eventually(Duration::from_secs(30), || {
+            let v: Value = serde_json::from_str(&s.space_ok(&["node", "ls", "--json"])).unwrap();
+            v["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|x| x["cpus"].as_u64().unwrap_or(0) > 0 && x["state"] == "ready")
+                .count()
+                == n
+        }));
+        let out = s.space_ok(&[
+            "bench",
+            "throughput",
+            "--duration",
+            "2",
+            "--concurrency",
+            "8",
+            "--prewarm",
+            "60",
+            "--json",
+        ]);
+        let r: Value = serde_json::from_str(&out).unwrap();
+        println!(
+            "{n} node(s): {:.1} creates/s ({} creates, {} errors, create p50 {:.1} ms, p99 {:.1} ms, {} pool hits)",
+            r["creates_per_s"].as_f64().unwrap(),
+            r["creates"],
+            r["errors"],
+            r["create_ms"]["p50"].as_f64().unwrap_or(0.0),
+            r["create_ms"]["p99"].as_f64().unwrap_or(0.0),
+            r["hits"]
+        );
+    }
+}
