@@ -590,3 +590,31 @@ fn bench_cluster_throughput() {
         );
     }
 }
+
+/// A microvm behind a node that joined: guest calls reach its daemon through the node agent's
+/// forwarding, over the VM's virtio-serial channel, as they reach a namespace sandbox's.
+#[test]
+fn a_microvm_runs_behind_a_joined_node() {
+    let s = Spaced::start_joined(&[], &["--warm-pool", "0:0"]).unwrap();
+    assert!(eventually(Duration::from_secs(30), || {
+        let v: Value = serde_json::from_str(&s.space_ok(&["node", "ls", "--json"])).unwrap();
+        v["nodes"][0]["cpus"].as_u64().unwrap_or(0) > 0
+    }));
+    let id = s.create(&["--runtime", "microvm", "--memory", "256"]);
+    let kernel = s.space_ok(&["exec", &id, "--", "uname", "-r"]);
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert_ne!(
+        kernel.trim(),
+        host.trim(),
+        "the sandbox runs the host's kernel"
+    );
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("f");
+    std::fs::write(&src, b"through the node to the vm").unwrap();
+    s.space_ok(&["cp", src.to_str().unwrap(), &format!("{id}:/root/f")]);
+    assert_eq!(
+        s.space_ok(&["exec", &id, "--", "cat", "/root/f"]),
+        "through the node to the vm"
+    );
+    s.space_ok(&["rm", &id]);
+}
