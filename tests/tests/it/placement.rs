@@ -74,6 +74,14 @@ async fn replica(url: &str, ca: &space_ca::Ca) -> (Store, Arc<ClusterNodes>) {
     (store.clone(), Arc::new(ClusterNodes::new(store, tls)))
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn cluster_ca() -> (tempfile::TempDir, space_ca::Ca) {
     let dir = tempfile::tempdir().unwrap();
     let ca = space_ca::Ca::load_or_create_as(dir.path(), &space_ca::CaProfile::cluster()).unwrap();
@@ -83,11 +91,7 @@ fn cluster_ca() -> (tempfile::TempDir, space_ca::Ca) {
 #[test]
 fn two_replicas_never_place_beyond_a_node() {
     let pg = Postgres::start().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let (_dir, ca) = cluster_ca();
         let (store, a) = replica(&pg.url, &ca).await;
@@ -149,11 +153,7 @@ fn two_replicas_never_place_beyond_a_node() {
 #[ignore = "benchmark; prints figures for BENCHMARKS.md"]
 fn bench_scheduler_decision_time() {
     let pg = Postgres::start().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let (_dir, ca) = cluster_ca();
         for nodes in [1_000usize, 10_000] {
