@@ -424,7 +424,8 @@ fn placed_on(s: &Spaced, id: &str) -> String {
 /// recreated), and serves them again when it is back.
 #[test]
 fn sandboxes_spread_over_three_nodes_and_stay_on_theirs() {
-    let s = Spaced::start_joined(&[], &[]).unwrap();
+    // No warm pools: ready members would come first in placement, whenever each node's fill.
+    let s = Spaced::start_joined(&[], &["--warm-pool", "0:0"]).unwrap();
     let mut others = vec![s.join_node(&[]).unwrap(), s.join_node(&[]).unwrap()];
     let ready_nodes = || -> Vec<String> {
         let v: Value = serde_json::from_str(&s.space_ok(&["node", "ls", "--json"])).unwrap();
@@ -443,18 +444,22 @@ fn sandboxes_spread_over_three_nodes_and_stay_on_theirs() {
     );
     let nodes = ready_nodes();
 
-    // Six creates: each placed by the scheduler, with its reason, and spread.
+    // Six creates: each placed by the scheduler, with its reason, and spread. 16 GiB limits
+    // are a step (over 5%) of a node's claimable memory, so the freer nodes come first and
+    // each of the three takes two, whatever the hash of the ids.
+    const MEMORY: &str = "16384";
     let sandboxes: Vec<(String, String)> = (0..6)
         .map(|i| {
-            let id = s.create(&["--env", &format!("I={i}")]);
+            let id = s.create(&["--env", &format!("I={i}"), "--memory", MEMORY]);
             let node = placed_on(&s, &id);
             assert!(nodes.contains(&node), "{node} not in {nodes:?}");
             (id, node)
         })
         .collect();
-    let used: std::collections::BTreeSet<&str> =
-        sandboxes.iter().map(|(_, n)| n.as_str()).collect();
-    assert_eq!(used.len(), 3, "creates did not spread: {sandboxes:?}");
+    for node in &nodes {
+        let mine = sandboxes.iter().filter(|(_, n)| n == node).count();
+        assert_eq!(mine, 2, "creates did not spread: {sandboxes:?}");
+    }
     let events = s.space_ok(&["events", &sandboxes[0].0]);
     assert!(events.contains("claimable memory"), "{events}");
 
@@ -493,7 +498,7 @@ fn sandboxes_spread_over_three_nodes_and_stay_on_theirs() {
         let mine = sandboxes.iter().filter(|(_, n)| n == node).count() as u64;
         assert_eq!(
             row["allocated_memory_mib"].as_u64(),
-            Some(512 * mine),
+            Some(16384 * mine),
             "{row}"
         );
     }
