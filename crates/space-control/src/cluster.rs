@@ -126,6 +126,26 @@ impl Store {
         Ok(())
     }
 
+    /// Whether token `id` with this secret could be used now (a read: the use itself is
+    /// [`Self::join_with_token`]'s, atomic).
+    pub async fn join_token_usable(
+        &self,
+        id: &str,
+        secret_sha256: &str,
+    ) -> Result<bool, StoreError> {
+        let row = sqlx::query(
+            "SELECT id FROM join_tokens \
+             WHERE id = $1 AND secret_sha256 = $2 AND used_at IS NULL AND expires_at > $3",
+        )
+        .bind(id)
+        .bind(secret_sha256)
+        .bind(now_ms())
+        .fetch_optional(self.pool())
+        .await
+        .map_err(q("check join token"))?;
+        Ok(row.is_some())
+    }
+
     /// Uses token `id` for `node` and records the node, in one transaction: false (and
     /// nothing recorded) when the token is unknown, used, expired or its secret differs.
     pub async fn join_with_token(
@@ -386,6 +406,15 @@ impl Control for ControlService {
                 "public_key must be an uncompressed ECDSA P-256 point (65 bytes)",
             ));
         }
+        // Nothing is signed for a token that cannot join.
+        let usable = self
+            .store
+            .join_token_usable(&token.id, &sha256_hex(&token.secret))
+            .await
+            .map_err(|e| Status::unavailable(crate::error_chain(&e)))?;
+        if !usable {
+            return Err(refused());
+        }
         let id = space_rpc::join::random_id(12);
         let cert_pem = self
             .cluster
@@ -483,6 +512,24 @@ mod tests {
             .await
             .unwrap();
         assert!(
+            store
+                .join_token_usable("t1", &sha256_hex("s"))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .join_token_usable("t1", &sha256_hex("x"))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .join_token_usable("t2", &sha256_hex("s"))
+                .await
+                .unwrap()
+        );
+        assert!(
             !store
                 .join_with_token("t1", &sha256_hex("wrong"), &node("a", "fa"))
                 .await
@@ -507,6 +554,12 @@ mod tests {
                 .await
                 .unwrap(),
             "a used token joined again"
+        );
+        assert!(
+            !store
+                .join_token_usable("t1", &sha256_hex("s"))
+                .await
+                .unwrap()
         );
         let nodes = store.list_cluster_nodes().await.unwrap();
         assert_eq!(
