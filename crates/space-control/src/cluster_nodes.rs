@@ -127,6 +127,11 @@ impl ClusterNodes {
 
     /// The node sandbox `id` is on.
     async fn node_of(&self, id: &str) -> Result<Arc<RemoteNode>, NodeError> {
+        Ok(self.placement_of(id).await?.1)
+    }
+
+    /// The node sandbox `id` is on: its id and API.
+    async fn placement_of(&self, id: &str) -> Result<(String, Arc<RemoteNode>), NodeError> {
         let cached = self
             .placed
             .read()
@@ -150,13 +155,16 @@ impl ClusterNodes {
             }
         };
         if let Some(api) = self.member(&node) {
-            return Ok(api);
+            return Ok((node, api));
         }
         self.refresh().await?;
-        self.member(&node).ok_or_else(|| NodeError::Unreachable {
-            node: node.clone(),
-            reason: format!("sandbox {id} is on node {node}, which left the cluster"),
-        })
+        match self.member(&node) {
+            Some(api) => Ok((node, api)),
+            None => Err(NodeError::Unreachable {
+                reason: format!("sandbox {id} is on node {node}, which left the cluster"),
+                node,
+            }),
+        }
     }
 
     fn remember(&self, id: &str, node: &str) {
@@ -403,14 +411,6 @@ const CLAIMS_BY_NODE: &str = "SELECT sn.node_id, CAST(COALESCE(SUM(sn.cpu_millis
      WHERE s.deleted_at IS NULL AND s.state IN ('creating', 'running', 'paused') \
      GROUP BY sn.node_id";
 
-fn need_of(spec: &SandboxSpec) -> Need {
-    Need {
-        cpu_millis: u64::from(spec.limits.cpu_millis),
-        memory_mib: spec.limits.memory_mib,
-        runtime: spec.runtime.unwrap_or_default(),
-    }
-}
-
 /// `series{labels}` with `node="id"` added.
 fn with_node_label(series: &str, node: &str) -> String {
     match series.strip_suffix('}').and_then(|s| s.split_once('{')) {
@@ -427,7 +427,7 @@ impl NodeApi for ClusterNodes {
         let node = match self.node_of(&spec.id).await {
             Ok(n) => n,
             Err(NodeError::NotFound { .. }) => {
-                let p = self.place(&spec.id, &spec.template, need_of(spec)).await?;
+                let p = self.place(&spec.id, &spec.template, Need::of(spec)).await?;
                 self.member(&p.node).ok_or_else(no_node)?
             }
             Err(e) => return Err(e),
@@ -679,14 +679,7 @@ impl NodeApi for ClusterNodes {
         snap: &str,
         spec: &SandboxSpec,
     ) -> Result<SandboxStatus, NodeError> {
-        let node = self.node_of(source).await?;
-        let node_id = self
-            .placed
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(source)
-            .cloned()
-            .ok_or_else(no_node)?;
+        let (node_id, node) = self.placement_of(source).await?;
         let candidate = self
             .candidates(&spec.template)
             .await?
@@ -695,7 +688,7 @@ impl NodeApi for ClusterNodes {
             .ok_or_else(no_node)?;
         if !self
             .store
-            .claim(&spec.id, &candidate, &need_of(spec))
+            .claim(&spec.id, &candidate, &Need::of(spec))
             .await
             .map_err(store_err)?
         {

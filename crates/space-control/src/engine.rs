@@ -713,11 +713,7 @@ impl Engine {
         let created = async {
             // Across nodes: where it goes, and why, is an event of its own.
             if let Some(nodes) = &self.cluster_nodes {
-                let need = crate::scheduler::Need {
-                    cpu_millis: u64::from(spec.limits.cpu_millis),
-                    memory_mib: spec.limits.memory_mib,
-                    runtime: spec.runtime.unwrap_or_default(),
-                };
+                let need = crate::scheduler::Need::of(&spec);
                 match nodes.place(&id, &spec.template, need).await {
                     Ok(p) => {
                         self.event(&id, "place", "ok", &format!("node={} {}", p.node, p.reason))

@@ -49,6 +49,17 @@ pub struct Need {
     pub runtime: RuntimeKind,
 }
 
+impl Need {
+    /// What the sandbox of `spec` needs: its limits and runtime.
+    pub fn of(spec: &space_node_api::SandboxSpec) -> Self {
+        Self {
+            cpu_millis: u64::from(spec.limits.cpu_millis),
+            memory_mib: spec.limits.memory_mib,
+            runtime: spec.runtime.unwrap_or_default(),
+        }
+    }
+}
+
 /// The chosen node and why, for the sandbox's events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
