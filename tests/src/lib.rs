@@ -1185,17 +1185,26 @@ impl Postgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        // pg_ctl -w returns once the server accepts connections (or fails), within -t seconds.
+        pg.start_server()?;
+        Ok(pg)
+    }
+}
+
+impl Postgres {
+    /// Starts the server on its data dir; pg_ctl -w returns once it accepts connections (or
+    /// fails), within -t seconds.
+    pub fn start_server(&self) -> Result<()> {
         let opts = format!(
-            "-p {port} -c listen_addresses=127.0.0.1 -k {}",
-            pg.dir.path().display()
+            "-p {} -c listen_addresses=127.0.0.1 -k {}",
+            self.port,
+            self.dir.path().display()
         );
-        let out = pg
+        let out = self
             .as_postgres("pg_ctl")
             .args(["-w", "-t", "60", "-D"])
-            .arg(&data)
+            .arg(self.dir.path().join("data"))
             .arg("-l")
-            .arg(pg.dir.path().join("server.log"))
+            .arg(self.dir.path().join("server.log"))
             .args(["-o", &opts, "start"])
             .stdin(Stdio::null())
             .output()?;
@@ -1204,11 +1213,25 @@ impl Postgres {
             "postgres did not start: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Ok(pg)
+        Ok(())
     }
-}
 
-impl Postgres {
+    /// Stops the server at once (`-m immediate`: as a crash, no checkpoint).
+    pub fn stop_server(&self) -> Result<()> {
+        let out = self
+            .as_postgres("pg_ctl")
+            .args(["-m", "immediate", "-w", "-D"])
+            .arg(self.dir.path().join("data"))
+            .arg("stop")
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "postgres did not stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
     /// A new, empty database on this server; its TCP URL.
     pub fn create_database(&self, name: &str) -> Result<String> {
         let port = self.port.to_string();

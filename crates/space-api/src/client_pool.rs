@@ -31,6 +31,32 @@ impl Client {
             .await
     }
 
+    /// `POST /v1/sandboxes/{id}/migrate`: moves the sandbox to another node (`req.to`, or
+    /// the one the scheduler picks) and says how it went.
+    pub async fn migrate_sandbox(
+        &self,
+        id: &str,
+        req: &crate::node::MigrateRequest,
+    ) -> Result<crate::node::Migration> {
+        self.json(Self::with_json(
+            self.request(Method::POST, &format!("/v1/sandboxes/{id}/migrate")),
+            req,
+        ))
+        .await
+    }
+
+    /// `POST /v1/nodes/{id}/drain` (`draining`) or `DELETE` (not): whether nothing new is
+    /// placed on the node, and the sandboxes still on it.
+    pub async fn drain_node(&self, id: &str, draining: bool) -> Result<crate::node::Drain> {
+        let method = if draining {
+            Method::POST
+        } else {
+            Method::DELETE
+        };
+        self.json(self.request(method, &format!("/v1/nodes/{id}/drain")))
+            .await
+    }
+
     /// `GET /v1/cluster`: the nodes summed, and the sandboxes by state.
     pub async fn cluster_status(&self) -> Result<crate::node::ClusterStatus> {
         self.json(self.request(Method::GET, "/v1/cluster")).await

@@ -18,7 +18,9 @@ pub use client::{ByteStream, Client, ClientError, EventStream, ExecOutput};
 pub use diff::*;
 pub use event::*;
 pub use net::*;
-pub use node::{ClusterStatus, CreateJoinToken, JoinToken, Node, NodeList};
+pub use node::{
+    ClusterStatus, CreateJoinToken, Drain, JoinToken, MigrateRequest, Migration, Node, NodeList,
+};
 pub use pool::*;
 /// Request bodies for uploads (`Body::wrap_stream` streams any byte stream).
 pub use reqwest::Body;

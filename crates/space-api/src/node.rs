@@ -18,7 +18,8 @@ pub struct Node {
     pub address: Option<String>,
     /// The node's host name.
     pub name: String,
-    /// `ready` (it answers) or `unreachable` (it did not answer just now).
+    /// `ready` (it answers), `draining` (it answers; nothing new is placed on it) or
+    /// `unreachable` (it did not answer just now).
     pub state: String,
     /// The runtimes it offers (`namespace`, `microvm`).
     pub runtimes: Vec<String>,
@@ -75,4 +76,47 @@ pub struct JoinToken {
     pub expires_at: String,
     /// `spaced node --control ... --join-token ...`, with ADDRESS for the node's own address.
     pub join_command: String,
+}
+
+/// `POST /v1/sandboxes/{id}/migrate`: where to (a node id); the scheduler picks when absent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigrateRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+}
+
+/// What a move did (decision 0035).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Migration {
+    pub sandbox_id: String,
+    /// The node it left and the node it is on now.
+    pub from: String,
+    pub to: String,
+    /// From the start of the move to its end.
+    pub total_ms: u64,
+    /// How long the sandbox did not run: from its pause on the old node until it ran on the
+    /// new one (0 for a stopped sandbox).
+    pub downtime_ms: u64,
+    /// Bytes sent while it ran (its snapshots and a copy of its disk), then while it was
+    /// paused (what changed meanwhile).
+    pub base_bytes: u64,
+    pub final_bytes: u64,
+    /// Its processes started again on the new node (a namespace sandbox's cannot move with
+    /// it; the template's start command runs again).
+    pub processes_restarted: bool,
+    /// The sandbox as it is now.
+    pub sandbox: crate::Sandbox,
+}
+
+/// `POST /v1/nodes/{id}/drain` (and `DELETE`, which ends a drain): whether the node is drained
+/// now, and the sandboxes still on it (`space node drain` moves each with
+/// `POST /v1/sandboxes/{id}/migrate`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drain {
+    pub node_id: String,
+    pub draining: bool,
+    pub sandboxes: Vec<String>,
 }

@@ -67,6 +67,17 @@ enum Command {
     },
     /// Thaw a paused sandbox, or start a stopped one again on its filesystem.
     Resume { id: String },
+    /// Move a sandbox to another node of the cluster, keeping its id, files, snapshots,
+    /// network policy and secrets (its processes start again there).
+    Migrate {
+        id: String,
+        /// The node to move it to (an id from `space node ls`); the scheduler picks one
+        /// when absent.
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Set (SECS from now) or clear (--clear) a sandbox's timeout.
     Timeout {
         id: String,
@@ -399,6 +410,18 @@ async fn run(cli: Cli) -> Result<i32> {
             };
             let sb = client()?.pause_sandbox_with(&id, &req).await?;
             println!("{} {}", sb.id, sb.state);
+            Ok(0)
+        }
+        Command::Migrate { id, to, json } => {
+            eprintln!("moving {id}: its snapshots and disk first, then what changes meanwhile...");
+            let m = client()?
+                .migrate_sandbox(&id, &space_api::MigrateRequest { to })
+                .await?;
+            if json {
+                print_json(&m)?;
+            } else {
+                println!("{}", node::migration_line(&m));
+            }
             Ok(0)
         }
         Command::Resume { id } => {

@@ -24,6 +24,14 @@ pub enum NodeCmd {
     },
     /// Remove a node from the cluster: its certificate is refused from now on.
     Rm { id: String },
+    /// Move every sandbox off a node, one at a time; nothing new is placed on it meanwhile
+    /// or after (until `--undo`). Run it again to retry the ones that did not move.
+    Drain {
+        id: String,
+        /// End the drain: the node takes new sandboxes again.
+        #[arg(long)]
+        undo: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,6 +115,28 @@ pub fn summary(c: &ClusterStatus) -> String {
     .join("\n")
 }
 
+/// What `space migrate` prints.
+pub fn migration_line(m: &space_api::Migration) -> String {
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+    format!(
+        "{} moved from node {} to node {} in {} ms (down {} ms); sent {} while it ran, {} while \
+         paused; now {}{}",
+        m.sandbox_id,
+        m.from,
+        m.to,
+        m.total_ms,
+        m.downtime_ms,
+        mib(m.base_bytes),
+        mib(m.final_bytes),
+        m.sandbox.state,
+        if m.processes_restarted {
+            " (its processes started again)"
+        } else {
+            ""
+        }
+    )
+}
+
 pub async fn run_node(c: Client, cmd: NodeCmd) -> Result<i32> {
     match cmd {
         NodeCmd::Ls { json } => {
@@ -132,7 +162,39 @@ pub async fn run_node(c: Client, cmd: NodeCmd) -> Result<i32> {
             }
         }
         NodeCmd::Rm { id } => c.remove_node(&id).await?,
+        NodeCmd::Drain { id, undo: true } => {
+            c.drain_node(&id, false).await?;
+            println!("node {id} takes new sandboxes again");
+        }
+        NodeCmd::Drain { id, undo: false } => return drain(&c, &id).await,
     }
+    Ok(0)
+}
+
+/// `space node drain`: each sandbox moved in turn, a line for each as it goes.
+async fn drain(c: &Client, id: &str) -> Result<i32> {
+    let d = c.drain_node(id, true).await?;
+    let total = d.sandboxes.len();
+    eprintln!("node {id} is drained: nothing new goes there; {total} sandbox(es) to move");
+    let mut failed = 0;
+    for (i, sb) in d.sandboxes.iter().enumerate() {
+        eprint!("[{}/{total}] moving {sb}... ", i + 1);
+        match c
+            .migrate_sandbox(sb, &space_api::MigrateRequest::default())
+            .await
+        {
+            Ok(m) => eprintln!("{}", migration_line(&m)),
+            Err(e) => {
+                failed += 1;
+                eprintln!("failed: {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        eprintln!("{failed} of {total} did not move; `space node drain {id}` tries them again");
+        return Ok(1);
+    }
+    println!("node {id} holds no sandboxes");
     Ok(0)
 }
 

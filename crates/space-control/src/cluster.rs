@@ -49,6 +49,8 @@ pub struct NodeRow {
     pub heartbeat_at: i64,
     /// Its last heartbeat's `NodeInfo`.
     pub info: Option<NodeInfo>,
+    /// Being drained: nothing new is placed on it (`space node drain`).
+    pub draining: bool,
 }
 
 impl NodeRow {
@@ -76,6 +78,7 @@ fn decode(r: &sqlx::any::AnyRow) -> Result<NodeRow, StoreError> {
         joined_at: r.try_get("joined_at").map_err(get)?,
         heartbeat_at: r.try_get("heartbeat_at").map_err(get)?,
         info: info.and_then(|i| serde_json::from_str(&i).ok()),
+        draining: r.try_get::<i64, _>("draining").map_err(get)? != 0,
     })
 }
 
@@ -182,7 +185,7 @@ impl Store {
 
     pub async fn list_cluster_nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {NODE_COLUMNS} FROM cluster_nodes ORDER BY joined_at, id"
+            "SELECT {NODE_COLUMNS}, draining FROM cluster_nodes ORDER BY joined_at, id"
         ))
         .fetch_all(self.pool())
         .await
@@ -192,7 +195,7 @@ impl Store {
 
     pub async fn cluster_node_by_cert(&self, sha256: &str) -> Result<Option<NodeRow>, StoreError> {
         let row = sqlx::query(&format!(
-            "SELECT {NODE_COLUMNS} FROM cluster_nodes WHERE cert_sha256 = $1"
+            "SELECT {NODE_COLUMNS}, draining FROM cluster_nodes WHERE cert_sha256 = $1"
         ))
         .bind(sha256)
         .fetch_optional(self.pool())
@@ -219,6 +222,17 @@ impl Store {
             .execute(self.pool())
             .await
             .map_err(q("remove node"))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// Marks node `id` drained (nothing new is placed on it) or not; false if unknown.
+    pub async fn set_node_draining(&self, id: &str, draining: bool) -> Result<bool, StoreError> {
+        let r = sqlx::query("UPDATE cluster_nodes SET draining = $2 WHERE id = $1")
+            .bind(id)
+            .bind(i64::from(draining))
+            .execute(self.pool())
+            .await
+            .map_err(q("mark node draining"))?;
         Ok(r.rows_affected() == 1)
     }
 }
@@ -315,6 +329,24 @@ impl crate::engine::Engine {
         }
         tracing::info!(node = id, "node removed from the cluster");
         Ok(())
+    }
+
+    /// Starts (or with `draining` false, ends) a drain of node `id`: nothing new is placed
+    /// on it. Answers the sandboxes still on it.
+    pub async fn drain_node(&self, id: &str, draining: bool) -> AppResult<space_api::Drain> {
+        self.cluster()?;
+        if !self.store.set_node_draining(id, draining).await? {
+            return Err(AppError::not_found(format!("node {id} not found")));
+        }
+        if let Some(nodes) = &self.cluster_nodes {
+            nodes.refresh().await?;
+        }
+        tracing::info!(node = id, draining, "node drain");
+        Ok(space_api::Drain {
+            node_id: id.to_owned(),
+            draining,
+            sandboxes: self.store.sandboxes_on(id).await?,
+        })
     }
 
     pub(crate) async fn joined_nodes(&self) -> AppResult<Vec<NodeRow>> {
@@ -434,6 +466,7 @@ impl Control for ControlService {
             joined_at: now,
             heartbeat_at: now,
             info: None,
+            draining: false,
         };
         let joined = self
             .store
@@ -502,6 +535,7 @@ mod tests {
             joined_at: now_ms(),
             heartbeat_at: now_ms(),
             info: None,
+            draining: false,
         };
         store
             .put_join_token("t1", &sha256_hex("s"), now_ms() + 60_000)
@@ -617,6 +651,7 @@ mod service_tests {
                 joined_at: 1,
                 heartbeat_at: 1,
                 info: None,
+                draining: false,
             })
             .await
             .unwrap();

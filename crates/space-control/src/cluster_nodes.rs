@@ -33,6 +33,10 @@ pub const PLACE_TRIES: usize = 20;
 /// every reconcile pass as well).
 const MEMBERS_FRESH: Duration = Duration::from_secs(1);
 
+/// How long this replica trusts what it remembers of a sandbox's node before reading the
+/// store again: another replica may have moved the sandbox (decision 0035).
+const PLACEMENT_FRESH: Duration = Duration::from_secs(1);
+
 /// How long the reconciler waits for one node's list.
 const OBSERVE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -46,8 +50,8 @@ pub struct ClusterNodes {
     store: Store,
     tls: space_rpc::tls::ClusterTls,
     members: RwLock<BTreeMap<String, Member>>,
-    /// Sandbox id to node id, as placed or observed (the store is the truth).
-    placed: RwLock<HashMap<String, String>>,
+    /// Sandbox id to node id, as placed or observed, and when (the store is the truth).
+    placed: RwLock<HashMap<String, (String, std::time::Instant)>>,
     /// When the members were last read from the store.
     refreshed: std::sync::Mutex<Option<std::time::Instant>>,
 }
@@ -131,13 +135,17 @@ impl ClusterNodes {
     }
 
     /// The node sandbox `id` is on: its id and API.
-    async fn placement_of(&self, id: &str) -> Result<(String, Arc<RemoteNode>), NodeError> {
+    pub(crate) async fn placement_of(
+        &self,
+        id: &str,
+    ) -> Result<(String, Arc<RemoteNode>), NodeError> {
         let cached = self
             .placed
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(id)
-            .cloned();
+            .filter(|(_, at)| at.elapsed() < PLACEMENT_FRESH)
+            .map(|(node, _)| node.clone());
         let node = match cached {
             Some(n) => n,
             None => {
@@ -171,7 +179,7 @@ impl ClusterNodes {
         self.placed
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_owned(), node.to_owned());
+            .insert(id.to_owned(), (node.to_owned(), std::time::Instant::now()));
     }
 
     /// What the scheduler knows of every member now.
@@ -204,6 +212,7 @@ impl ClusterNodes {
                     claimed_memory_mib: mem,
                     has_template: false,
                     pool_ready: 0,
+                    draining: m.row.draining,
                 };
                 if let Some(info) = &m.row.info {
                     c.runtimes.clone_from(&info.runtimes);
@@ -246,6 +255,75 @@ impl ClusterNodes {
         Err(NodeError::Exhausted(
             "every node that fit was claimed by other creates meanwhile; try again".into(),
         ))
+    }
+
+    /// Where sandbox `id` (on node `from`, needing `need`) moves: node `to` when given
+    /// (NotFound when no such member; Exhausted when it cannot take it), else the node the
+    /// scheduler picks among the others.
+    pub(crate) async fn choose_target(
+        &self,
+        id: &str,
+        template: &str,
+        need: &Need,
+        from: &str,
+        to: Option<&str>,
+    ) -> Result<(String, Arc<RemoteNode>), NodeError> {
+        self.refresh().await?;
+        let nodes: Vec<Candidate> = self
+            .candidates(template)
+            .await?
+            .into_iter()
+            .filter(|c| c.id != from)
+            .collect();
+        let chosen = match to {
+            Some(to) if to == from => {
+                return Err(NodeError::InvalidArgument(format!(
+                    "sandbox {id} is on node {to} already"
+                )));
+            }
+            Some(to) => {
+                let c = nodes
+                    .iter()
+                    .find(|c| c.id == to)
+                    .ok_or(NodeError::NotFound {
+                        kind: "node",
+                        id: to.to_owned(),
+                    })?;
+                crate::scheduler::place(std::slice::from_ref(c), need, id)
+                    .map_err(|why| {
+                        NodeError::Exhausted(format!("node {to} cannot take sandbox {id}: {why}"))
+                    })?
+                    .node
+            }
+            None => {
+                crate::scheduler::place(&nodes, need, id)
+                    .map_err(|why| {
+                        NodeError::Exhausted(format!("no other node can take sandbox {id}: {why}"))
+                    })?
+                    .node
+            }
+        };
+        let api = self.member(&chosen).ok_or_else(no_node)?;
+        Ok((chosen, api))
+    }
+
+    /// Moves sandbox `id`'s claim to node `to`, in one transaction that locks `to`'s row as a
+    /// placement does: false when it no longer fits there.
+    pub(crate) async fn move_claim(
+        &self,
+        id: &str,
+        to: &str,
+        need: &Need,
+    ) -> Result<bool, NodeError> {
+        let moved = self
+            .store
+            .move_claim(id, to, need)
+            .await
+            .map_err(store_err)?;
+        if moved {
+            self.remember(id, to);
+        }
+        Ok(moved)
     }
 
     /// Runs `f` on every reachable member; the first answer, or the first error (the same
@@ -371,6 +449,68 @@ impl Store {
         Ok(true)
     }
 
+    /// [`Self::claim`] for a sandbox placed already: its claim moves to node `to` when it
+    /// fits there (what it claims on its old node is not counted against `to`).
+    pub async fn move_claim(&self, id: &str, to: &str, need: &Need) -> Result<bool, StoreError> {
+        use sqlx::Row;
+        let q = |what| move |source| StoreError::Query { what, source };
+        let mut tx = self.pool().begin().await.map_err(q("move claim"))?;
+        let locked = sqlx::query("UPDATE cluster_nodes SET id = id WHERE id = $1")
+            .bind(to)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("lock node"))?;
+        if locked.rows_affected() != 1 {
+            return Ok(false);
+        }
+        let row = sqlx::query(&format!("{CLAIMS} AND sn.node_id = $1"))
+            .bind(to)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(q("sum claims"))?;
+        let info = sqlx::query("SELECT info FROM cluster_nodes WHERE id = $1")
+            .bind(to)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(q("read node"))?;
+        let cpu: i64 = row.try_get(0).map_err(q("sum claims"))?;
+        let mem: i64 = row.try_get(1).map_err(q("sum claims"))?;
+        let info: Option<String> = info.try_get(0).map_err(q("read node"))?;
+        let Some(info) = info.and_then(|i| serde_json::from_str::<NodeInfo>(&i).ok()) else {
+            return Ok(false);
+        };
+        let fits = Candidate {
+            id: to.to_owned(),
+            reachable: true,
+            runtimes: info.runtimes,
+            cpus: info.cpus,
+            memory_bytes: info.memory_bytes,
+            claimed_cpu_millis: cpu.max(0) as u64,
+            claimed_memory_mib: mem.max(0) as u64,
+            has_template: true,
+            pool_ready: 0,
+            draining: false,
+        }
+        .fits(need);
+        if !fits {
+            return Ok(false);
+        }
+        let moved = sqlx::query(
+            "UPDATE sandbox_nodes SET node_id = $2, placed_at = $3 WHERE sandbox_id = $1",
+        )
+        .bind(id)
+        .bind(to)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await
+        .map_err(q("move placement"))?;
+        if moved.rows_affected() != 1 {
+            return Ok(false);
+        }
+        tx.commit().await.map_err(q("move claim"))?;
+        Ok(true)
+    }
+
     pub async fn forget_placement(&self, id: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM sandbox_nodes WHERE sandbox_id = $1")
             .bind(id)
@@ -489,13 +629,31 @@ impl NodeApi for ClusterNodes {
         }))
         .await;
         let mut out = Observation::default();
+        // Sandbox id to where its status is in the list.
+        let mut seen: HashMap<String, usize> = HashMap::new();
         for ((row, _), list) in members.iter().zip(lists) {
             match list {
+                // During a move a sandbox is on two nodes for a moment: the status kept is
+                // the one from the node the store places it on (not remembered here either).
                 Ok(list) => {
-                    for s in &list {
-                        self.remember(&s.id, &row.id);
+                    for st in list {
+                        match seen.get(&st.id).copied() {
+                            None => {
+                                seen.insert(st.id.clone(), out.sandboxes.len());
+                                out.sandboxes.push(st);
+                            }
+                            Some(at) => {
+                                let placed = self
+                                    .store
+                                    .node_of_sandbox(&st.id)
+                                    .await
+                                    .map_err(store_err)?;
+                                if placed.as_deref() == Some(row.id.as_str()) {
+                                    out.sandboxes[at] = st;
+                                }
+                            }
+                        }
                     }
-                    out.sandboxes.extend(list);
                 }
                 Err(why) => {
                     tracing::debug!(node = %row.id, why, "node not observed");

@@ -87,6 +87,11 @@ impl IntoResponse for AppError {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        // Every 503 is a wait (a database or guest not answering now): say when to try again.
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         resp
     }
 }
@@ -146,6 +151,10 @@ impl From<tonic::Status> for AppError {
 
 impl From<StoreError> for AppError {
     fn from(e: StoreError) -> Self {
+        if e.is_unavailable() {
+            tracing::warn!(error = %crate::error_chain(&e), "the database is not answering");
+            return Self::unavailable("the database is not answering; try again in a moment");
+        }
         Self::internal(format_args!("store: {}", crate::error_chain(&e)))
     }
 }
@@ -153,6 +162,30 @@ impl From<StoreError> for AppError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_database_that_does_not_answer_is_a_503_to_retry() {
+        let down = StoreError::Query {
+            what: "x",
+            source: sqlx::Error::PoolTimedOut,
+        };
+        let e = AppError::from(down);
+        assert_eq!((e.status.as_u16(), e.code), (503, "unavailable"));
+        let resp = e.into_response();
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        let refused = StoreError::Query {
+            what: "x",
+            source: sqlx::Error::RowNotFound,
+        };
+        let e = AppError::from(refused);
+        assert_eq!((e.status.as_u16(), e.code), (500, "internal"));
+        assert!(
+            e.into_response()
+                .headers()
+                .get(header::RETRY_AFTER)
+                .is_none()
+        );
+    }
 
     #[test]
     fn tonic_codes_map_to_statuses() {

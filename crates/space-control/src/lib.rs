@@ -21,6 +21,7 @@ pub mod http;
 pub mod lifecycle;
 pub mod metrics;
 pub mod migrations;
+pub mod moves;
 pub mod net;
 pub mod nodes;
 pub mod pools;

@@ -513,7 +513,7 @@ impl Engine {
         Ok(())
     }
 
-    async fn load_checked(&self, id: &str) -> AppResult<SandboxRow> {
+    pub(crate) async fn load_checked(&self, id: &str) -> AppResult<SandboxRow> {
         if !space_api::is_valid_sandbox_id(id) {
             return Err(AppError::invalid(format!("invalid sandbox id {id:?}")));
         }

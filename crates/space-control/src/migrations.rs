@@ -58,6 +58,10 @@ const FILES: &[(&str, &str)] = &[
         "0012_placement.sql",
         include_str!("../migrations/0012_placement.sql"),
     ),
+    (
+        "0013_drain.sql",
+        include_str!("../migrations/0013_drain.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

@@ -53,10 +53,12 @@ impl Engine {
                 let (cpu_millis, allocated_memory_mib) =
                     claims.get(&n.id).copied().unwrap_or((0, 0));
                 Node {
-                    state: if n.reachable(now) {
-                        "ready"
-                    } else {
+                    state: if !n.reachable(now) {
                         "unreachable"
+                    } else if n.draining {
+                        "draining"
+                    } else {
+                        "ready"
                     }
                     .into(),
                     runtimes: info.runtimes.iter().map(|k| k.to_string()).collect(),

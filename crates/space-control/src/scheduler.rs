@@ -39,6 +39,8 @@ pub struct Candidate {
     pub has_template: bool,
     /// Ready members in the template's warm pool there.
     pub pool_ready: u32,
+    /// Being drained (`space node drain`): nothing new goes there.
+    pub draining: bool,
 }
 
 /// What a sandbox needs.
@@ -86,6 +88,8 @@ impl Candidate {
     fn refuses(&self, need: &Need) -> Option<&'static str> {
         if !self.reachable {
             Some("unreachable")
+        } else if self.draining {
+            Some("draining")
         } else if !self.runtimes.contains(&need.runtime) {
             Some("lacks the runtime")
         } else if !self.has_template {
@@ -194,6 +198,7 @@ mod tests {
             claimed_memory_mib: 0,
             has_template: true,
             pool_ready: 0,
+            draining: false,
         }
     }
 
@@ -260,8 +265,17 @@ mod tests {
         gone.pool_ready = 9;
         let mut vm = node("vm");
         vm.runtimes = vec![RuntimeKind::Microvm];
+        let mut drained = node("drained");
+        drained.draining = true;
+        drained.pool_ready = 9;
         let e = place(
-            &[full.clone(), busy.clone(), gone.clone(), vm.clone()],
+            &[
+                full.clone(),
+                busy.clone(),
+                gone.clone(),
+                vm.clone(),
+                drained,
+            ],
             &NEED,
             "s1",
         )
@@ -271,6 +285,7 @@ mod tests {
             "busy: CPU fully claimed",
             "gone: unreachable",
             "vm: lacks the runtime",
+            "drained: draining",
         ] {
             assert!(e.contains(part), "{e}");
         }

@@ -32,6 +32,30 @@ pub enum StoreError {
     Corrupt { id: String, reason: String },
 }
 
+impl StoreError {
+    /// Whether the database did not answer (down, restarting, unreachable, out of
+    /// connections) rather than refused the query: the same request may succeed in a moment.
+    pub fn is_unavailable(&self) -> bool {
+        let source = match self {
+            StoreError::Open { source, .. } | StoreError::Query { source, .. } => source,
+            StoreError::Migrate(_) | StoreError::Corrupt { .. } => return false,
+        };
+        match source {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            // Class 08: connection exception; 57P01-03: the server is shutting down or
+            // starting (PostgreSQL's codes).
+            sqlx::Error::Database(db) => db
+                .code()
+                .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+            _ => false,
+        }
+    }
+}
+
 type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// What a user asked for, normalized (defaults applied). Stored as JSON text.
@@ -128,7 +152,9 @@ impl Store {
         let pool = AnyPoolOptions::new()
             .max_connections(if is_sqlite { 4 } else { 16 })
             .min_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
+            // A PostgreSQL that does not answer (restarting, cut off) fails a request within
+            // 3 s (503 with Retry-After); SQLite's only wait is its own write lock.
+            .acquire_timeout(Duration::from_secs(if is_sqlite { 10 } else { 3 }))
             .after_connect(|conn, _meta| {
                 Box::pin(async move {
                     if conn.backend_name().eq_ignore_ascii_case("sqlite") {

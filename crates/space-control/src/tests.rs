@@ -2285,3 +2285,31 @@ async fn a_templates_runtime_is_the_default_of_its_creates_and_its_pool() {
         Some(space_node_api::RuntimeKind::Namespace)
     );
 }
+
+#[tokio::test]
+async fn an_all_in_one_spaced_has_nowhere_to_move_a_sandbox() {
+    let h = harness().await;
+    let sb = h.create().await;
+    let uri = format!("/v1/sandboxes/{}/migrate", sb.id);
+    let msg = h.call(Method::POST, &uri, "").await.error(409, "conflict");
+    assert!(msg.contains("all-in-one"), "{msg}");
+    // Bad bodies are refused before anything else.
+    h.call(Method::POST, &uri, "{\"to\": 5}")
+        .await
+        .error(400, "invalid_argument");
+    h.call(Method::POST, &uri, "{\"node\": \"x\"}")
+        .await
+        .error(400, "invalid_argument");
+    h.call(Method::POST, "/v1/sandboxes/NOT-AN-ID/migrate", "")
+        .await
+        .error(400, "invalid_argument");
+    // Nothing happened to it.
+    let r = h
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{}", sb.id),
+            Body::empty(),
+        )
+        .await;
+    assert_eq!(r.json::<Sandbox>().state, SandboxState::Running);
+}

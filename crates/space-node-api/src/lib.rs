@@ -10,6 +10,7 @@
 
 pub mod diff;
 pub mod guest;
+pub mod moves;
 pub mod net;
 pub mod policy;
 
@@ -561,6 +562,51 @@ pub trait NodeApi: Send + Sync {
     /// What the node has and holds now (cheap: a few /proc reads). Default: nothing known.
     async fn node_info(&self) -> Result<NodeInfo, NodeError> {
         Ok(NodeInfo::default())
+    }
+
+    // ---- migration (additive; default: unsupported; decision 0035) ----
+
+    /// Step `step` of moving sandbox `id` away: its storage as a stream for another node's
+    /// [`Self::receive_sandbox`]. `Final` needs the sandbox paused or stopped and a `Base`
+    /// sent before it. NotFound for an unknown id; InvalidArgument for a runtime whose
+    /// sandboxes cannot move.
+    async fn send_sandbox(
+        &self,
+        id: &str,
+        step: moves::MoveStep,
+    ) -> Result<moves::MoveStream, NodeError> {
+        let _ = step;
+        Err(NodeError::InvalidArgument(format!(
+            "this node cannot move sandbox {id}"
+        )))
+    }
+    /// Receives step `step` of sandbox `id` from another node's [`Self::send_sandbox`]. A
+    /// `Base` is refused (Conflict) while this node holds the sandbox; what a failed move
+    /// left here goes with [`Self::discard_move`].
+    async fn receive_sandbox(
+        &self,
+        id: &str,
+        step: moves::MoveStep,
+        parts: moves::MoveStream,
+    ) -> Result<moves::Received, NodeError> {
+        let _ = (step, parts);
+        Err(NodeError::InvalidArgument(format!(
+            "this node cannot receive sandbox {id}"
+        )))
+    }
+    /// Makes the sandbox received here (both steps) one of this node's, stopped: a
+    /// `create_sandbox` with the same spec starts it. Idempotent.
+    async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
+        Err(NodeError::InvalidArgument(format!(
+            "this node cannot adopt sandbox {}",
+            spec.id
+        )))
+    }
+    /// Drops what a move that will not finish left here: a source's copies taken for it, or
+    /// a target's partly received sandbox (never one it has adopted). Idempotent.
+    async fn discard_move(&self, id: &str) -> Result<(), NodeError> {
+        let _ = id;
+        Ok(())
     }
 
     // ---- usage (additive; default: none kept) ----

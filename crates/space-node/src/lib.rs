@@ -5,6 +5,7 @@ pub mod cgroup;
 pub mod channel;
 pub mod diff;
 pub mod ids;
+pub(crate) mod moves;
 pub mod net;
 pub mod node;
 pub mod oci;

@@ -3,20 +3,23 @@
 //! Mutating operations carry an operation id and are retried with it when the connection
 //! failed before an answer came (the node does each once).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use space_node_api::diff::Change;
+use space_node_api::moves::{MoveStep, MoveStream, Received};
 use space_node_api::net::NetworkSpec;
 use space_node_api::{
     GuestChannel, NodeApi, NodeError, NodeInfo, PoolConfig, PoolStatus, PortStream, SandboxSpec,
     SandboxStatus, SandboxUsage, SnapshotInfo, TemplateInfo, TemplateProgress, TemplateSource,
 };
 use space_proto::node::node_client::NodeClient;
-use space_proto::node::{CallRequest, ImportPart, PortData, import_event};
+use space_proto::node::{CallRequest, ImportPart, MoveRequest, PortData, import_event, move_part};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
@@ -473,6 +476,79 @@ impl NodeApi for RemoteNode {
 
     async fn sandbox_usage(&self, id: &str) -> Result<SandboxUsage, NodeError> {
         self.call(Op::SandboxUsage { id: id.to_owned() }).await
+    }
+
+    async fn send_sandbox(&self, id: &str, step: MoveStep) -> Result<MoveStream, NodeError> {
+        let node = self.name.clone();
+        let parts = self
+            .client()
+            .send_sandbox(MoveRequest {
+                sandbox_id: id.to_owned(),
+                step: step.as_str().to_owned(),
+            })
+            .await
+            .map_err(|s| wire::node_error(&node, &s))?
+            .into_inner();
+        Ok(Box::pin(parts.map(move |m| match m {
+            Ok(m) => wire::move_part(m),
+            Err(s) => Err(wire::node_error(&node, &s)),
+        })))
+    }
+
+    /// The parts go to the node as they come; when `parts` fails (the sending node's error),
+    /// the stream to this node is cut before its end, and that error is the answer.
+    async fn receive_sandbox(
+        &self,
+        id: &str,
+        step: MoveStep,
+        parts: MoveStream,
+    ) -> Result<Received, NodeError> {
+        let failed = Arc::new(std::sync::Mutex::new(None));
+        let header = space_proto::node::MovePart {
+            part: Some(move_part::Part::Header(MoveRequest {
+                sandbox_id: id.to_owned(),
+                step: step.as_str().to_owned(),
+            })),
+        };
+        let (tx, rx) = mpsc::channel(8);
+        let _ = tx.send(header).await;
+        let keep = failed.clone();
+        let mut parts = parts;
+        let pump = tokio::spawn(async move {
+            while let Some(p) = parts.next().await {
+                match p {
+                    Ok(p) => {
+                        if tx.send(wire::move_message(p)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        *keep.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                        return;
+                    }
+                }
+            }
+        });
+        let reply = self.client().receive_sandbox(ReceiverStream::new(rx)).await;
+        pump.abort();
+        if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Err(e);
+        }
+        let reply = reply
+            .map_err(|s| wire::node_error(&self.name, &s))?
+            .into_inner()
+            .reply;
+        serde_json::from_slice(&reply).map_err(|e| {
+            Self::unreachable(&self.name, format!("unreadable answer to receive: {e}"))
+        })
+    }
+
+    async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
+        self.call(Op::AdoptSandbox { spec: spec.clone() }).await
+    }
+
+    async fn discard_move(&self, id: &str) -> Result<(), NodeError> {
+        self.call(Op::DiscardMove { id: id.to_owned() }).await
     }
 }
 

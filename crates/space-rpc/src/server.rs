@@ -13,11 +13,14 @@ use axum::response::Response;
 use space_node_api::guest::SANDBOX_HEADER;
 use space_node_api::{NodeApi, NodeError, TemplateSource};
 use space_proto::node::node_server::{Node, NodeServer};
-use space_proto::node::{CallReply, CallRequest, ImportEvent, ImportPart, PortData, import_event};
+use space_proto::node::{
+    CallReply, CallRequest, ImportEvent, ImportPart, MovePart, MoveRequest, PortData, import_event,
+    move_part,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OnceCell, mpsc};
-use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Status, Streaming};
 use tower::ServiceExt;
 
@@ -129,6 +132,8 @@ impl NodeService {
             Op::Pools => json(n.pools().await),
             Op::NodeInfo => json(n.node_info().await?),
             Op::SandboxUsage { id } => json(n.sandbox_usage(&id).await?),
+            Op::AdoptSandbox { spec } => json(n.adopt_sandbox(&spec).await?),
+            Op::DiscardMove { id } => json(n.discard_move(&id).await?),
         }
     }
 
@@ -325,6 +330,48 @@ impl Node for NodeService {
             drop(upload);
         });
         Ok(tonic::Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type SendSandboxStream = BoxStream<MovePart>;
+
+    async fn send_sandbox(
+        &self,
+        req: tonic::Request<MoveRequest>,
+    ) -> Result<tonic::Response<Self::SendSandboxStream>, Status> {
+        let MoveRequest { sandbox_id, step } = req.into_inner();
+        let step = wire::move_step(&step).map_err(|e| wire::status(&e))?;
+        let parts = self
+            .node
+            .send_sandbox(&sandbox_id, step)
+            .await
+            .map_err(|e| wire::status(&e))?;
+        Ok(tonic::Response::new(Box::pin(parts.map(|p| {
+            p.map(wire::move_message).map_err(|e| wire::status(&e))
+        }))))
+    }
+
+    async fn receive_sandbox(
+        &self,
+        req: tonic::Request<Streaming<MovePart>>,
+    ) -> Result<tonic::Response<CallReply>, Status> {
+        let mut inbound = req.into_inner();
+        let header = match inbound.message().await?.and_then(|m| m.part) {
+            Some(move_part::Part::Header(h)) => h,
+            _ => return Err(Status::invalid_argument("a move starts with its header")),
+        };
+        let step = wire::move_step(&header.step).map_err(|e| wire::status(&e))?;
+        let parts: space_node_api::moves::MoveStream = Box::pin(inbound.map(|m| match m {
+            Ok(m) => wire::move_part(m),
+            Err(s) => Err(wire::node_error("the sending side", &s)),
+        }));
+        let got = self
+            .node
+            .receive_sandbox(&header.sandbox_id, step, parts)
+            .await
+            .map_err(|e| wire::status(&e))?;
+        let reply =
+            serde_json::to_vec(&got).map_err(|e| Status::internal(format!("encode: {e}")))?;
+        Ok(tonic::Response::new(CallReply { reply }))
     }
 }
 

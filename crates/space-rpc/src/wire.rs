@@ -3,8 +3,10 @@
 //! contract's own types, so that this file is the only second description of them.
 
 use serde::{Deserialize, Serialize};
+use space_node_api::moves::{MovePart, MoveStep};
 use space_node_api::net::NetworkSpec;
 use space_node_api::{NodeError, Phase, PoolConfig, PullSpec, SandboxSpec, TemplateDefaults};
+use space_proto::node as proto;
 
 /// One operation of [`space_node_api::NodeApi`], as [`crate::client::RemoteNode`] sends it in
 /// `CallRequest.request`. Streams (ports, imports, guest calls) have RPCs of their own.
@@ -90,6 +92,12 @@ pub enum Op {
     SandboxUsage {
         id: String,
     },
+    AdoptSandbox {
+        spec: SandboxSpec,
+    },
+    DiscardMove {
+        id: String,
+    },
 }
 
 impl Op {
@@ -141,6 +149,8 @@ impl Op {
             Op::Pools => "pools",
             Op::NodeInfo => "node_info",
             Op::SandboxUsage { .. } => "sandbox_usage",
+            Op::AdoptSandbox { .. } => "adopt_sandbox",
+            Op::DiscardMove { .. } => "discard_move",
         }
     }
 }
@@ -299,6 +309,43 @@ pub fn node_error(node: &str, s: &tonic::Status) -> NodeError {
         node: node.to_owned(),
         reason: s.message().to_owned(),
     })
+}
+
+/// A move's step by its name on the wire.
+pub fn move_step(name: &str) -> Result<MoveStep, NodeError> {
+    match name {
+        "base" => Ok(MoveStep::Base),
+        "final" => Ok(MoveStep::Final),
+        other => Err(NodeError::InvalidArgument(format!(
+            "no move step {other:?} (base or final)"
+        ))),
+    }
+}
+
+/// A move's part as a message.
+pub fn move_message(part: MovePart) -> proto::MovePart {
+    use proto::move_part::Part;
+    let part = match part {
+        MovePart::File { path } => Part::File(path),
+        MovePart::Subvolume { path } => Part::Subvolume(path),
+        MovePart::Data(d) => Part::Data(d.to_vec()),
+        MovePart::End => Part::End(true),
+    };
+    proto::MovePart { part: Some(part) }
+}
+
+/// A message of a move's stream as its part (a header there is out of place).
+pub fn move_part(m: proto::MovePart) -> Result<MovePart, NodeError> {
+    use proto::move_part::Part;
+    match m.part {
+        Some(Part::File(path)) => Ok(MovePart::File { path }),
+        Some(Part::Subvolume(path)) => Ok(MovePart::Subvolume { path }),
+        Some(Part::Data(d)) => Ok(MovePart::Data(d.into())),
+        Some(Part::End(_)) => Ok(MovePart::End),
+        Some(Part::Header(_)) | None => Err(NodeError::InvalidArgument(
+            "a move's stream holds a message that is not one of its parts".into(),
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -38,6 +38,7 @@ fn simulated(i: usize) -> NodeRow {
             templates: vec!["minimal".into()],
             ..NodeInfo::default()
         }),
+        draining: false,
     }
 }
 
@@ -182,6 +183,7 @@ fn bench_scheduler_decision_time() {
                     claimed_memory_mib: (i as u64 * 104_729) % 50_000,
                     has_template: true,
                     pool_ready: (i % 3) as u32,
+                    draining: false,
                 })
                 .collect();
             let mut pure = Vec::new();

@@ -39,6 +39,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sandboxes/{id}"),
     ("DELETE", "/v1/sandboxes/{id}"),
     ("POST", "/v1/sandboxes/{id}/pause"),
+    ("POST", "/v1/sandboxes/{id}/migrate"),
     ("POST", "/v1/sandboxes/{id}/resume"),
     ("POST", "/v1/sandboxes/{id}/timeout"),
     ("PUT", "/v1/sandboxes/{id}/snapshot-policy"),
@@ -86,6 +87,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/nodes"),
     ("POST", "/v1/nodes/tokens"),
     ("DELETE", "/v1/nodes/{id}"),
+    ("POST", "/v1/nodes/{id}/drain"),
+    ("DELETE", "/v1/nodes/{id}/drain"),
     ("GET", "/v1/cluster"),
 ];
 
@@ -100,6 +103,7 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("GET", "/v1/sandboxes/{id}") => get(sandboxes::get_sandbox),
         ("DELETE", "/v1/sandboxes/{id}") => delete(sandboxes::delete_sandbox),
         ("POST", "/v1/sandboxes/{id}/pause") => post(sandboxes::pause),
+        ("POST", "/v1/sandboxes/{id}/migrate") => post(nodes::migrate),
         ("POST", "/v1/sandboxes/{id}/resume") => post(sandboxes::resume),
         ("POST", "/v1/sandboxes/{id}/timeout") => post(sandboxes::set_timeout),
         ("PUT", "/v1/sandboxes/{id}/snapshot-policy") => put(sandboxes::set_snapshot_policy),
@@ -147,6 +151,8 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("GET", "/v1/nodes") => get(nodes::list_nodes),
         ("POST", "/v1/nodes/tokens") => post(nodes::create_token),
         ("DELETE", "/v1/nodes/{id}") => delete(nodes::remove_node),
+        ("POST", "/v1/nodes/{id}/drain") => post(nodes::drain),
+        ("DELETE", "/v1/nodes/{id}/drain") => delete(nodes::undrain),
         ("GET", "/v1/cluster") => get(nodes::cluster_status),
         _ => unreachable!("route {method} {path} has no handler"),
     }
