@@ -361,6 +361,8 @@ pub struct Spaced {
     /// A joined node of its own ([`Spaced::join_node`]): the control plane's cluster listener,
     /// and where the control plane reaches this node. None: the node beside the control plane.
     node_only: Option<(String, String)>,
+    /// A control-plane replica without a node of its own ([`Spaced::add_replica`]).
+    control_only: bool,
     node_child: Option<Child>,
     http: reqwest::Client,
 }
@@ -527,6 +529,7 @@ impl Spaced {
             joined: false,
             join_token: None,
             node_only: None,
+            control_only: false,
             node_child: None,
             http: {
                 space_api::client::install_crypto_provider();
@@ -559,24 +562,75 @@ impl Spaced {
     /// plane). Each namespace routes the harness's 10.251.0.0/16 through the host, so the
     /// node and the control plane reach each other's addresses and nothing else.
     pub fn join_node(&self, node_args: &[&str]) -> Result<Spaced> {
+        self.join_node_via(&[], node_args)
+    }
+
+    /// [`Spaced::join_node`], the node given the cluster listeners of this control plane and
+    /// of `replicas` (`--control A,B`): its heartbeats go to whichever answers.
+    pub fn join_node_via(&self, replicas: &[&Spaced], node_args: &[&str]) -> Result<Spaced> {
         anyhow::ensure!(self.joined, "join_node needs Spaced::start_joined");
         let control_net = self.net.as_ref().context("the control plane's namespace")?;
         let mut n = Self::prepare(&[], true)?;
         let net = n.net.as_ref().context("the node's namespace")?;
+        let mut controls = vec![format!("{}:{CLUSTER_PORT}", control_net.node_ip)];
         for ns in [control_net, net] {
             ns.route_harness_via_host()?;
         }
+        for r in replicas {
+            let rnet = r.net.as_ref().context("the replica's namespace")?;
+            rnet.route_harness_via_host()?;
+            controls.push(format!("{}:{CLUSTER_PORT}", rnet.node_ip));
+        }
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
-        n.node_only = Some((
-            format!("{}:{CLUSTER_PORT}", control_net.node_ip),
-            format!("{}:7071", net.node_ip),
-        ));
+        n.node_only = Some((controls.join(","), format!("{}:7071", net.node_ip)));
         n.split = Some(node_args.iter().map(|a| a.to_string()).collect());
         n.joined = true;
         n.url = self.url.clone();
         n.key = self.key.clone();
         n.spawn_node()?;
         Ok(n)
+    }
+
+    /// A second control-plane replica of this joined control plane (issue 14): a network
+    /// namespace and data dir of its own, the same PostgreSQL (`--database-url` among this
+    /// one's flags), and copies of the files replicas share: `admin.key`, `secrets.key`,
+    /// `ports.key` and `cluster-ca/`. It drives the same nodes; those joined with
+    /// [`Spaced::join_node_via`] listing it heartbeat to it when this one is gone.
+    pub fn add_replica(&self) -> Result<Spaced> {
+        anyhow::ensure!(self.joined, "add_replica needs Spaced::start_joined");
+        anyhow::ensure!(
+            self.extra_args.iter().any(|a| a == "--database-url"),
+            "replicas share a PostgreSQL: start the first with --database-url"
+        );
+        let args: Vec<&str> = self.extra_args.iter().map(String::as_str).collect();
+        let mut r = Self::prepare(&args, true)?;
+        std::fs::create_dir_all(r.data_dir())?;
+        for f in ["admin.key", "secrets.key", "ports.key"] {
+            std::fs::copy(self.data_dir().join(f), r.data_dir().join(f))
+                .with_context(|| format!("copy {f}"))?;
+        }
+        run_cmd(
+            "cp",
+            &[
+                "-a",
+                self.data_dir()
+                    .join("cluster-ca")
+                    .to_str()
+                    .context("utf-8")?,
+                r.data_dir().to_str().context("utf-8")?,
+            ],
+        )?;
+        for net in [&self.net, &r.net] {
+            net.as_ref()
+                .context("a replica's namespace")?
+                .route_harness_via_host()?;
+        }
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")?;
+        r.split = Some(Vec::new());
+        r.joined = true;
+        r.control_only = true;
+        r.spawn()?;
+        Ok(r)
     }
 
     /// Add spaced flags for the next `spawn` (and every restart).
@@ -744,7 +798,7 @@ impl Spaced {
         cmd.args(&self.extra_args);
         self.child = Some(launch(cmd, &self.log_path())?);
         self.wait_ready()?;
-        if self.joined && self.node_child.is_none() {
+        if self.joined && !self.control_only && self.node_child.is_none() {
             self.spawn_node()?;
         }
         Ok(())

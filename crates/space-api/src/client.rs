@@ -221,6 +221,17 @@ impl Client {
         .await
     }
 
+    /// A create with an `Idempotency-Key`: retried with the same key (and request), it
+    /// answers the sandbox the first try made instead of making another.
+    pub async fn create_sandbox_keyed(&self, req: &CreateSandbox, key: &str) -> Result<Sandbox> {
+        self.json(Self::with_json(
+            self.request(Method::POST, "/v1/sandboxes")
+                .header("Idempotency-Key", key),
+            req,
+        ))
+        .await
+    }
+
     pub async fn list_sandboxes(&self) -> Result<Vec<Sandbox>> {
         let list: SandboxList = self
             .json(self.request(Method::GET, "/v1/sandboxes"))

@@ -163,6 +163,10 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct CreateArgs {
+    /// Make at most one sandbox for this key: a create retried with it (after a timeout, a
+    /// lost connection, another replica) answers the sandbox the first try made.
+    #[arg(long, value_name = "KEY")]
+    idempotency_key: Option<String>,
     /// The template (default: the node's, `base` unless spaced says otherwise).
     #[arg(long)]
     template: Option<String>,
@@ -339,31 +343,33 @@ async fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Command::Create(a) => {
             let c = client()?;
-            let sb = c
-                .create_sandbox(&CreateSandbox {
-                    template: a.template,
-                    cpu: a.cpu,
-                    memory_mib: a.memory,
-                    pids: a.pids,
-                    env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
-                    metadata: a.metadata.into_iter().collect(),
-                    hostname: a.hostname,
-                    timeout_secs: a.timeout,
-                    auto_pause_secs: a.auto_pause,
-                    on_timeout: a.on_timeout,
-                    snapshot_policy: Some(space_api::SnapshotPolicy {
-                        every_secs: a.snapshot_every,
-                        after_exec: a.snapshot_after_exec,
-                        keep_last: a.keep_last,
-                        keep_labelled: !a.no_keep_labelled,
-                    })
-                    .filter(|p| !p.is_empty()),
-                    network: net::policy_from_flags(a.egress, &a.allow),
-                    secrets: a.secrets,
-                    secret_headers: a.secret_headers,
-                    runtime: a.runtime,
+            let req = CreateSandbox {
+                template: a.template,
+                cpu: a.cpu,
+                memory_mib: a.memory,
+                pids: a.pids,
+                env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
+                metadata: a.metadata.into_iter().collect(),
+                hostname: a.hostname,
+                timeout_secs: a.timeout,
+                auto_pause_secs: a.auto_pause,
+                on_timeout: a.on_timeout,
+                snapshot_policy: Some(space_api::SnapshotPolicy {
+                    every_secs: a.snapshot_every,
+                    after_exec: a.snapshot_after_exec,
+                    keep_last: a.keep_last,
+                    keep_labelled: !a.no_keep_labelled,
                 })
-                .await?;
+                .filter(|p| !p.is_empty()),
+                network: net::policy_from_flags(a.egress, &a.allow),
+                secrets: a.secrets,
+                secret_headers: a.secret_headers,
+                runtime: a.runtime,
+            };
+            let sb = match &a.idempotency_key {
+                Some(key) => c.create_sandbox_keyed(&req, key).await?,
+                None => c.create_sandbox(&req).await?,
+            };
             if a.json {
                 print_json(&sb)?;
             } else {

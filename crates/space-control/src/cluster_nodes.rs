@@ -672,10 +672,26 @@ impl NodeApi for ClusterNodes {
     async fn list_templates(&self) -> Result<Vec<TemplateInfo>, NodeError> {
         self.refresh().await?;
         let mut all: BTreeMap<(String, u32), TemplateInfo> = BTreeMap::new();
-        for (_, api) in self.reachable() {
-            for t in api.list_templates().await? {
-                all.entry((t.name.clone(), t.version)).or_insert(t);
+        let mut answered = false;
+        let mut last = no_node();
+        for (row, api) in self.reachable() {
+            // A node gone since its last heartbeat is left out, not the whole list.
+            match api.list_templates().await {
+                Ok(list) => {
+                    answered = true;
+                    for t in list {
+                        all.entry((t.name.clone(), t.version)).or_insert(t);
+                    }
+                }
+                Err(e @ NodeError::Unreachable { .. }) => {
+                    tracing::debug!(node = %row.id, error = %e, "templates of a node not listed");
+                    last = e;
+                }
+                Err(e) => return Err(e),
             }
+        }
+        if !answered {
+            return Err(last);
         }
         Ok(all.into_values().collect())
     }
@@ -758,12 +774,18 @@ impl NodeApi for ClusterNodes {
             .collect())
     }
 
+    /// Asked of one node: the first that answers (a node whose heartbeat is still fresh may
+    /// be gone, or out of this replica's reach).
     async fn validate_network(&self, network: &NetworkSpec) -> Result<(), NodeError> {
         self.refresh().await?;
-        match self.reachable().into_iter().next() {
-            Some((_, api)) => api.validate_network(network).await,
-            None => Err(no_node()),
+        let mut last = no_node();
+        for (_, api) in self.reachable() {
+            match api.validate_network(network).await {
+                Err(e @ NodeError::Unreachable { .. }) => last = e,
+                answer => return answer,
+            }
         }
+        Err(last)
     }
 
     async fn set_network(

@@ -205,7 +205,7 @@ pub struct Engine {
     pub(crate) node_started: std::sync::atomic::AtomicU64,
 }
 
-fn new_sandbox_id() -> String {
+pub(crate) fn new_sandbox_id() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();
     (0..space_api::SANDBOX_ID_LEN)
@@ -654,8 +654,17 @@ impl Engine {
     // ---- sandboxes ----
 
     pub async fn create_sandbox(&self, req: CreateSandbox) -> AppResult<Sandbox> {
+        self.create_with_id(req, new_sandbox_id()).await
+    }
+
+    /// A create of sandbox `id` (chosen by the caller: a retried idempotent create reuses
+    /// the id its first try chose).
+    pub(crate) async fn create_with_id(
+        &self,
+        req: CreateSandbox,
+        id: String,
+    ) -> AppResult<Sandbox> {
         let start = std::time::Instant::now();
-        let id = new_sandbox_id();
         let now = now_ms();
         let lifecycle = crate::lifecycle::lifecycle_from_create(&req, &id, now)?;
         let snapshot_policy = crate::snapshot_policy::policy_from_create(&req, &id, now)?;

@@ -18,6 +18,7 @@ pub mod engine;
 pub mod error;
 pub mod events;
 pub mod http;
+pub mod idempotency;
 pub mod lifecycle;
 pub mod metrics;
 pub mod migrations;

@@ -62,6 +62,10 @@ const FILES: &[(&str, &str)] = &[
         "0013_drain.sql",
         include_str!("../migrations/0013_drain.sql"),
     ),
+    (
+        "0014_idempotency.sql",
+        include_str!("../migrations/0014_idempotency.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

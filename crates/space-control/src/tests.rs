@@ -2313,3 +2313,37 @@ async fn an_all_in_one_spaced_has_nowhere_to_move_a_sandbox() {
         .await;
     assert_eq!(r.json::<Sandbox>().state, SandboxState::Running);
 }
+
+#[tokio::test]
+async fn a_create_with_an_idempotency_key_makes_one_sandbox() {
+    let h = harness().await;
+    let post = |key: &'static str, body: &'static str| {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/v1/sandboxes")
+            .header("authorization", format!("Bearer {}", h.key))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Body::from(body))
+            .unwrap();
+        h.send(req)
+    };
+    let first = post("k-1", r#"{"env":{"A":"1"}}"#).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let sb: Sandbox = first.json();
+    let again = post("k-1", r#"{"env":{"A":"1"}}"#).await;
+    assert_eq!(again.status, StatusCode::OK);
+    assert_eq!(again.json::<Sandbox>().id, sb.id);
+    let msg = post("k-1", r#"{"env":{"A":"2"}}"#)
+        .await
+        .error(409, "conflict");
+    assert!(msg.contains("different"), "{msg}");
+    post("has space", "{}").await.error(400, "invalid_argument");
+    // A refused create forgets its key: fixed, the same key works.
+    post("k-2", r#"{"cpu":-1}"#)
+        .await
+        .error(400, "invalid_argument");
+    assert_eq!(post("k-2", "{}").await.status, StatusCode::CREATED);
+    let r = h.call(Method::GET, "/v1/sandboxes", Body::empty()).await;
+    assert_eq!(r.json::<space_api::SandboxList>().sandboxes.len(), 2);
+}

@@ -215,23 +215,55 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
 /// A gRPC channel to `addr` (HOST:PORT) over TLS with `config`, which must present the
 /// certificate of `server_name`. Lazy: it connects at the first call, and again after a
 /// failure; HTTP/2 pings find a dead peer within about 30 s.
+///
+/// `addr` may list several addresses (`HOST:PORT,HOST:PORT`: control-plane replicas): each
+/// connection goes to the first that answers, starting with the one that answered last, so
+/// a replica that dies is left for the next at the next reconnect.
 pub fn tls_channel(
     addr: &str,
     server_name: &str,
     config: Arc<rustls::ClientConfig>,
 ) -> Result<Channel, String> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+    let targets: Arc<Vec<String>> = Arc::new(
+        addr.split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    );
+    let first = targets
+        .first()
+        .ok_or_else(|| format!("no address in {addr:?}"))?;
+    let endpoint = Endpoint::from_shared(format!("http://{first}"))
         .map_err(|e| format!("bad address {addr:?}: {e}"))?;
     let name = ServerName::try_from(server_name.to_owned())
         .map_err(|e| format!("bad server name {server_name:?}: {e}"))?;
-    let target = addr.to_owned();
+    let last_good = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| {
-        let (config, name, target) = (config.clone(), name.clone(), target.clone());
+        let (config, name) = (config.clone(), name.clone());
+        let (targets, last_good) = (targets.clone(), last_good.clone());
         async move {
-            let tcp = TcpStream::connect(&target).await?;
-            tcp.set_nodelay(true)?;
-            let tls = TlsConnector::from(config).connect(name, tcp).await?;
-            Ok::<_, std::io::Error>(TokioIo::new(tls))
+            let start = last_good.load(std::sync::atomic::Ordering::Relaxed);
+            let mut last_err = None;
+            for k in 0..targets.len() {
+                let i = (start + k) % targets.len();
+                let tried = async {
+                    let tcp = TcpStream::connect(&targets[i]).await?;
+                    tcp.set_nodelay(true)?;
+                    TlsConnector::from(config.clone())
+                        .connect(name.clone(), tcp)
+                        .await
+                }
+                .await;
+                match tried {
+                    Ok(tls) => {
+                        last_good.store(i, std::sync::atomic::Ordering::Relaxed);
+                        return Ok::<_, std::io::Error>(TokioIo::new(tls));
+                    }
+                    Err(e) => last_err = Some(e),
+                }
+            }
+            Err(last_err.unwrap_or_else(|| std::io::Error::other("no address")))
         }
     });
     Ok(crate::keepalive(endpoint).connect_with_connector_lazy(connector))

@@ -88,8 +88,9 @@ struct NodeRole {
     /// it over mTLS (only the control plane may call); one that did not, on loopback only.
     #[arg(long = "listen", default_value = "127.0.0.1:7071")]
     node_listen: SocketAddr,
-    /// The control plane's cluster listener to join (HOST:PORT), on the first start.
-    #[arg(long, value_name = "HOST:PORT", requires = "join_token")]
+    /// The control plane's cluster listener (HOST:PORT; replicas: HOST:PORT,HOST:PORT,...):
+    /// joined with --join-token on the first start; later, the addresses to use from now on.
+    #[arg(long, value_name = "HOST:PORT[,...]")]
     control: Option<String>,
     /// The one-time token `space node token` printed on the control plane.
     #[arg(long, value_name = "TOKEN", requires = "control")]
@@ -656,13 +657,20 @@ async fn control_role(args: ControlRole) -> Result<()> {
 async fn membership(args: &NodeRole) -> Result<Option<space_rpc::join::Membership>> {
     use space_rpc::join::{Membership, join};
     let dir = Membership::dir(&args.common.data_dir);
-    if let Some(m) = Membership::load(&dir).map_err(anyhow::Error::msg)? {
+    if let Some(mut m) = Membership::load(&dir).map_err(anyhow::Error::msg)? {
         if let Some(c) = args.control.as_ref().filter(|c| **c != m.control) {
-            anyhow::bail!(
-                "this node joined the control plane at {} already; to join {c} instead, remove {} first",
+            // Other addresses of the same control plane (replicas added or moved): its
+            // certificate, checked against the cluster CA at every connection, tells a
+            // foreign one. Joining another cluster means removing the membership.
+            anyhow::ensure!(
+                args.join_token.is_none(),
+                "this node joined the control plane at {} already; to join another, remove {} first",
                 m.control,
                 dir.display()
             );
+            println!("control plane addresses: {} (were {})", c, m.control);
+            m.control = c.clone();
+            m.save(&dir).map_err(anyhow::Error::msg)?;
         }
         return Ok(Some(m));
     }

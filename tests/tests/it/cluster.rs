@@ -839,3 +839,204 @@ fn bench_migration() {
     );
     s.space_ok(&["rm", &id]);
 }
+
+/// Two control-plane replicas on one PostgreSQL, a node that heartbeats to either. A burst
+/// of creates with idempotency keys goes to the first replica, which is killed (-9) in the
+/// middle of it; the client retries each unanswered key through the second. Exactly one
+/// sandbox per key, all running, none leaked on the node; a replayed key answers its
+/// sandbox again, and a key reused for another request is refused.
+#[test]
+fn a_replica_killed_during_a_create_burst_doubles_and_loses_nothing() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const KEYS: usize = 12;
+
+    let pg = space_tests::Postgres::start().unwrap();
+    let mut s = Spaced::start_joined(
+        &[],
+        &["--database-url", &pg.socket_url, "--warm-pool", "0:0"],
+    )
+    .unwrap();
+    let r = s.add_replica().unwrap();
+    let n = s.join_node_via(&[&r], &[]).unwrap();
+    let node_id = |x: &Spaced| {
+        std::fs::read_to_string(x.data_dir().join("cluster/node_id"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let (own, nid) = (node_id(&s), node_id(&n));
+    assert!(
+        eventually(Duration::from_secs(30), || node_row(&r, &nid)["cpus"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0),
+        "the node did not report:\n{}",
+        r.space_ok(&["node", "ls"])
+    );
+    // Creates go to the joined node only: the first replica's own node is drained (it
+    // serves on the first replica's loopback, which the second cannot reach).
+    s.space_ok(&["node", "drain", &own]);
+
+    let answered = Arc::new(AtomicUsize::new(0));
+    let burst = {
+        let (urls, key) = ([s.url.clone(), r.url.clone()], s.key.clone());
+        let answered = answered.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            let http = reqwest::Client::new();
+            rt.block_on(async {
+                let one = |i: usize| {
+                    let (http, urls, key, answered) =
+                        (http.clone(), urls.clone(), key.clone(), answered.clone());
+                    async move {
+                        let mut log = Vec::new();
+                        // At most 8 tries of at most 20 s each; the first replica until it
+                        // fails to answer, then the second.
+                        let mut at = 0;
+                        for _ in 0..8 {
+                            let sent = http
+                                .post(format!("{}/v1/sandboxes", urls[at]))
+                                .bearer_auth(&key)
+                                .header("Idempotency-Key", format!("burst-{i}"))
+                                .json(&serde_json::json!({ "env": { "I": i.to_string() } }))
+                                .timeout(Duration::from_secs(20))
+                                .send()
+                                .await;
+                            match sent {
+                                Ok(resp) if resp.status().is_success() => {
+                                    let status = resp.status().as_u16();
+                                    let v: Value = resp.json().await.unwrap();
+                                    answered.fetch_add(1, Ordering::SeqCst);
+                                    return (i, v["id"].as_str().unwrap().to_owned(), status, log);
+                                }
+                                Ok(resp) => log.push(format!(
+                                    "{}: {} {}",
+                                    urls[at],
+                                    resp.status(),
+                                    resp.text().await.unwrap_or_default()
+                                )),
+                                Err(e) => {
+                                    log.push(format!("{}: {e}", urls[at]));
+                                    at = 1;
+                                }
+                            }
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                        }
+                        (i, String::new(), 0, log)
+                    }
+                };
+                // Three at a time, so that creates are in flight when the replica dies.
+                let mut out = Vec::new();
+                for chunk in (0..KEYS).collect::<Vec<_>>().chunks(3) {
+                    out.extend(futures::future::join_all(chunk.iter().map(|&i| one(i))).await);
+                }
+                out
+            })
+        })
+    };
+    assert!(eventually(Duration::from_secs(120), || answered
+        .load(Ordering::SeqCst)
+        >= 4));
+    s.kill9();
+    let results = burst.join().expect("the burst");
+    assert_eq!(results.len(), KEYS);
+    let unanswered: Vec<_> = results
+        .iter()
+        .filter(|(_, id, _, _)| id.is_empty())
+        .collect();
+    if !unanswered.is_empty() {
+        let v: Value = serde_json::from_str(&r.space_ok(&["ls", "--json"])).unwrap();
+        for sb in v["sandboxes"].as_array().unwrap() {
+            let id = sb["id"].as_str().unwrap();
+            eprintln!("{id} {}:\n{}", sb["state"], r.space_ok(&["events", id]));
+        }
+        panic!(
+            "keys never answered: {unanswered:?}\nnodes:\n{}",
+            r.space_ok(&["node", "ls"])
+        );
+    }
+    let ids: std::collections::BTreeSet<String> =
+        results.iter().map(|(_, id, _, _)| id.clone()).collect();
+    assert_eq!(
+        ids.len(),
+        KEYS,
+        "two keys answered one sandbox: {results:?}"
+    );
+    eprintln!(
+        "retried keys: {:?}",
+        results
+            .iter()
+            .filter(|(_, _, _, log)| !log.is_empty())
+            .map(|(i, _, status, log)| (i, status, log.len()))
+            .collect::<Vec<_>>()
+    );
+
+    // The second replica knows exactly those, each running with its own env, all on the node.
+    let listed = || -> std::collections::BTreeSet<String> {
+        let v: Value = serde_json::from_str(&r.space_ok(&["ls", "--json"])).unwrap();
+        v["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(listed(), ids);
+    for (i, id, _, _) in &results {
+        assert!(
+            eventually(Duration::from_secs(30), || r.inspect(id)["state"]
+                == "running"),
+            "{id}: {}",
+            r.inspect(id)
+        );
+        assert_eq!(r.sh(id, "echo $I").1, format!("{i}\n"));
+    }
+    assert_eq!(n.user_sandbox_dirs(), ids, "sandboxes leaked on the node");
+
+    // A retry of an answered key replays its sandbox; the key for another request is refused.
+    let (i, id, _, _) = &results[0];
+    let again = |env: &str| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let resp = r
+                .req(reqwest::Method::POST, "/v1/sandboxes")
+                .header("Idempotency-Key", format!("burst-{i}"))
+                .json(&serde_json::json!({ "env": { "I": env } }))
+                .send()
+                .await
+                .unwrap();
+            let replayed = resp.headers().get("idempotent-replayed").is_some();
+            (
+                resp.status().as_u16(),
+                replayed,
+                resp.json::<Value>().await.unwrap(),
+            )
+        })
+    };
+    let (status, replayed, v) = again(&i.to_string());
+    assert_eq!((status, replayed), (200, true), "{v}");
+    assert_eq!(v["id"], id.as_str());
+    let (status, _, v) = again("other");
+    assert_eq!(status, 409, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("different")
+    );
+    // Bad keys are refused before anything is made.
+    let out = r.space(&["create", "--idempotency-key", "has space"]);
+    assert!(!out.status.success());
+    assert_eq!(listed(), ids);
+    for id in &ids {
+        r.space_ok(&["rm", id]);
+    }
+}

@@ -19,12 +19,26 @@ use crate::AppState;
 use crate::error::AppError;
 use crate::usage::bound;
 
+/// `POST /v1/sandboxes`: 201 with the new sandbox; with an `Idempotency-Key` an earlier
+/// try made, 200 with that try's sandbox and `Idempotent-Replayed: true`.
 pub(crate) async fn create_sandbox(
     State(s): State<AppState>,
+    headers: axum::http::HeaderMap,
     ApiJson(req): ApiJson<space_api::CreateSandbox>,
 ) -> HResult<Response> {
-    let sb = s.engine.create_sandbox(req).await?;
-    Ok((StatusCode::CREATED, Json(sb)).into_response())
+    let key =
+        match headers.get("idempotency-key") {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| {
+                AppError::invalid("Idempotency-Key must be visible ASCII characters")
+            })?),
+        };
+    let (sb, replayed) = s.engine.create_sandbox_keyed(req, key).await?;
+    Ok(if replayed {
+        (StatusCode::OK, [("idempotent-replayed", "true")], Json(sb)).into_response()
+    } else {
+        (StatusCode::CREATED, Json(sb)).into_response()
+    })
 }
 
 pub(crate) async fn list_sandboxes(State(s): State<AppState>) -> HResult<Json<SandboxList>> {
