@@ -267,7 +267,7 @@ impl ClusterNodes {
         need: &Need,
         from: &str,
         to: Option<&str>,
-    ) -> Result<(String, Arc<RemoteNode>), NodeError> {
+    ) -> Result<(Candidate, Arc<RemoteNode>), NodeError> {
         self.refresh().await?;
         let nodes: Vec<Candidate> = self
             .candidates(template)
@@ -304,7 +304,11 @@ impl ClusterNodes {
             }
         };
         let api = self.member(&chosen).ok_or_else(no_node)?;
-        Ok((chosen, api))
+        let candidate = nodes
+            .into_iter()
+            .find(|c| c.id == chosen)
+            .expect("chosen among the candidates");
+        Ok((candidate, api))
     }
 
     /// Moves sandbox `id`'s claim to node `to`, in one transaction that locks `to`'s row as a
@@ -312,7 +316,7 @@ impl ClusterNodes {
     pub(crate) async fn move_claim(
         &self,
         id: &str,
-        to: &str,
+        to: &Candidate,
         need: &Need,
     ) -> Result<bool, NodeError> {
         let moved = self
@@ -321,7 +325,7 @@ impl ClusterNodes {
             .await
             .map_err(store_err)?;
         if moved {
-            self.remember(id, to);
+            self.remember(id, &to.id);
         }
         Ok(moved)
     }
@@ -404,29 +408,14 @@ impl Store {
     /// Claims room on `node` for sandbox `id`, in one transaction that first locks the node's
     /// row: false when it no longer fits (another create took the room) or the node is gone.
     pub async fn claim(&self, id: &str, node: &Candidate, need: &Need) -> Result<bool, StoreError> {
-        use sqlx::Row;
         let q = |what| move |source| StoreError::Query { what, source };
         let mut tx = self.pool().begin().await.map_err(q("claim"))?;
-        // The lock: every claim on this node waits here for the one before to commit (a row
-        // lock on PostgreSQL, the write lock on SQLite).
-        let locked = sqlx::query("UPDATE cluster_nodes SET id = id WHERE id = $1")
-            .bind(&node.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(q("lock node"))?;
-        if locked.rows_affected() != 1 {
+        let Some((cpu, mem)) = lock_and_sum_claims(&mut tx, &node.id).await? else {
             return Ok(false);
-        }
-        let row = sqlx::query(&format!("{CLAIMS} AND sn.node_id = $1"))
-            .bind(&node.id)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(q("sum claims"))?;
-        let cpu: i64 = row.try_get(0).map_err(q("sum claims"))?;
-        let mem: i64 = row.try_get(1).map_err(q("sum claims"))?;
+        };
         let fits = Candidate {
-            claimed_cpu_millis: cpu.max(0) as u64,
-            claimed_memory_mib: mem.max(0) as u64,
+            claimed_cpu_millis: cpu,
+            claimed_memory_mib: mem,
             ..node.clone()
         }
         .fits(need);
@@ -449,47 +438,23 @@ impl Store {
         Ok(true)
     }
 
-    /// [`Self::claim`] for a sandbox placed already: its claim moves to node `to` when it
-    /// fits there (what it claims on its old node is not counted against `to`).
-    pub async fn move_claim(&self, id: &str, to: &str, need: &Need) -> Result<bool, StoreError> {
-        use sqlx::Row;
+    /// [`Self::claim`] for a sandbox placed already: its claim moves to `node` when it fits
+    /// there (what it claims on its old node is not counted against `node`).
+    pub async fn move_claim(
+        &self,
+        id: &str,
+        node: &Candidate,
+        need: &Need,
+    ) -> Result<bool, StoreError> {
         let q = |what| move |source| StoreError::Query { what, source };
         let mut tx = self.pool().begin().await.map_err(q("move claim"))?;
-        let locked = sqlx::query("UPDATE cluster_nodes SET id = id WHERE id = $1")
-            .bind(to)
-            .execute(&mut *tx)
-            .await
-            .map_err(q("lock node"))?;
-        if locked.rows_affected() != 1 {
-            return Ok(false);
-        }
-        let row = sqlx::query(&format!("{CLAIMS} AND sn.node_id = $1"))
-            .bind(to)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(q("sum claims"))?;
-        let info = sqlx::query("SELECT info FROM cluster_nodes WHERE id = $1")
-            .bind(to)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(q("read node"))?;
-        let cpu: i64 = row.try_get(0).map_err(q("sum claims"))?;
-        let mem: i64 = row.try_get(1).map_err(q("sum claims"))?;
-        let info: Option<String> = info.try_get(0).map_err(q("read node"))?;
-        let Some(info) = info.and_then(|i| serde_json::from_str::<NodeInfo>(&i).ok()) else {
+        let Some((cpu, mem)) = lock_and_sum_claims(&mut tx, &node.id).await? else {
             return Ok(false);
         };
         let fits = Candidate {
-            id: to.to_owned(),
-            reachable: true,
-            runtimes: info.runtimes,
-            cpus: info.cpus,
-            memory_bytes: info.memory_bytes,
-            claimed_cpu_millis: cpu.max(0) as u64,
-            claimed_memory_mib: mem.max(0) as u64,
-            has_template: true,
-            pool_ready: 0,
-            draining: false,
+            claimed_cpu_millis: cpu,
+            claimed_memory_mib: mem,
+            ..node.clone()
         }
         .fits(need);
         if !fits {
@@ -499,7 +464,7 @@ impl Store {
             "UPDATE sandbox_nodes SET node_id = $2, placed_at = $3 WHERE sandbox_id = $1",
         )
         .bind(id)
-        .bind(to)
+        .bind(&node.id)
         .bind(now_ms())
         .execute(&mut *tx)
         .await
@@ -537,6 +502,33 @@ impl Store {
             .map_err(q)?;
         rows.iter().map(|r| r.try_get(0).map_err(q)).collect()
     }
+}
+
+/// In a claim's transaction: locks node `node`'s row (every claim on it waits here for the
+/// one before to commit: a row lock on PostgreSQL, the write lock on SQLite) and sums what
+/// its live sandboxes claim (CPU millis, memory MiB). None when the node is gone.
+async fn lock_and_sum_claims(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    node: &str,
+) -> Result<Option<(u64, u64)>, StoreError> {
+    use sqlx::Row;
+    let q = |what| move |source| StoreError::Query { what, source };
+    let locked = sqlx::query("UPDATE cluster_nodes SET id = id WHERE id = $1")
+        .bind(node)
+        .execute(&mut **tx)
+        .await
+        .map_err(q("lock node"))?;
+    if locked.rows_affected() != 1 {
+        return Ok(None);
+    }
+    let row = sqlx::query(&format!("{CLAIMS} AND sn.node_id = $1"))
+        .bind(node)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(q("sum claims"))?;
+    let cpu: i64 = row.try_get(0).map_err(q("sum claims"))?;
+    let mem: i64 = row.try_get(1).map_err(q("sum claims"))?;
+    Ok(Some((cpu.max(0) as u64, mem.max(0) as u64)))
 }
 
 /// The claims of live sandboxes (creating, running, paused; not deleted).

@@ -184,6 +184,8 @@ pub struct Engine {
     pub(crate) cluster_nodes: Option<Arc<crate::cluster_nodes::ClusterNodes>>,
     pub(crate) cfg: ControlConfig,
     pub(crate) locks: KeyedLocks,
+    /// Which replica works on a sandbox now, across replicas (see `leases`).
+    pub(crate) leases: crate::leases::Leases,
     pub metrics: Metrics,
     pub(crate) wake: Notify,
     /// API activity per sandbox, for auto-pause (see `lifecycle`).
@@ -554,6 +556,7 @@ impl Engine {
         crate::secrets::warn_if_loose(&cfg.data_dir.join("ports.key"));
         let events = crate::events::EventLog::spawn(store.clone());
         Ok(Self {
+            leases: crate::leases::Leases::new(store.clone()),
             store,
             node,
             cluster: None,

@@ -19,6 +19,7 @@ pub mod error;
 pub mod events;
 pub mod http;
 pub mod idempotency;
+pub mod leases;
 pub mod lifecycle;
 pub mod metrics;
 pub mod migrations;

@@ -66,6 +66,10 @@ const FILES: &[(&str, &str)] = &[
         "0014_idempotency.sql",
         include_str!("../migrations/0014_idempotency.sql"),
     ),
+    (
+        "0015_leases.sql",
+        include_str!("../migrations/0015_leases.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

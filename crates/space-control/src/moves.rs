@@ -23,7 +23,7 @@ use space_rpc::RemoteNode;
 
 use crate::engine::{Engine, node_spec};
 use crate::error::{AppError, AppResult};
-use crate::scheduler::Need;
+use crate::scheduler::{Candidate, Need};
 
 /// A node id as the cluster makes them (lowercase letters and digits; `join::random_id`).
 fn valid_node_id(id: &str) -> bool {
@@ -38,7 +38,8 @@ struct Ends {
     id: String,
     from: String,
     src: Arc<RemoteNode>,
-    to: String,
+    /// The target, as the scheduler saw it when it was chosen.
+    target: Candidate,
     dst: Arc<RemoteNode>,
 }
 
@@ -59,7 +60,7 @@ impl Ends {
             self.dst.discard_move(id).await
         };
         if let Err(e) = dropped {
-            tracing::warn!(sandbox = id, node = %self.to, error = %e, "could not drop what a failed move left on its target");
+            tracing::warn!(sandbox = id, node = %self.target.id, error = %e, "could not drop what a failed move left on its target");
         }
         if let Err(e) = self.src.discard_move(id).await {
             tracing::warn!(sandbox = id, node = %self.from, error = %e, "could not drop a failed move's copies on its source");
@@ -98,6 +99,12 @@ impl Engine {
         }
         let guard = self.locks.lock(id).await;
         let row = self.load_checked(id).await?;
+        // Held for the whole move: no replica's reconciler acts on the sandbox meanwhile.
+        let Some(lease) = self.leases.sandbox(id).await? else {
+            return Err(AppError::conflict(format!(
+                "another control-plane replica is working on sandbox {id}; try again shortly"
+            )));
+        };
         let was = row.state;
         if !matches!(
             was,
@@ -111,23 +118,23 @@ impl Engine {
         let spec = node_spec(id, &row.spec);
         let need = Need::of(&spec);
         let (from, src) = nodes.placement_of(id).await?;
-        let (to, dst) = nodes
+        let (target, dst) = nodes
             .choose_target(id, &spec.template, &need, &from, req.to.as_deref())
             .await?;
         let ends = Ends {
             id: id.to_owned(),
             from,
             src,
-            to,
+            target,
             dst,
         };
         self.event(
             id,
             "migrate",
             "started",
-            &format!("from node {} to node {}", ends.from, ends.to),
+            &format!("from node {} to node {}", ends.from, ends.target.id),
         );
-        tracing::info!(sandbox = id, from = %ends.from, to = %ends.to, "move started");
+        tracing::info!(sandbox = id, from = %ends.from, to = %ends.target.id, "move started");
         let started = Instant::now();
         let mut adopted = false;
         let mut paused_here = false;
@@ -171,7 +178,10 @@ impl Engine {
                 id,
                 "migrate",
                 "failed",
-                &format!("moved to node {}, but it did not start there: {e}", ends.to),
+                &format!(
+                    "moved to node {}, but it did not start there: {e}",
+                    ends.target.id
+                ),
             );
             return Err(e.into());
         }
@@ -184,7 +194,7 @@ impl Engine {
                 "from node {} to node {} in {total_ms} ms, down {downtime_ms} ms; {} + {} bytes \
                  sent{}",
                 ends.from,
-                ends.to,
+                ends.target.id,
                 base.bytes,
                 last.bytes,
                 if restarted {
@@ -194,13 +204,14 @@ impl Engine {
                 }
             ),
         );
-        tracing::info!(sandbox = id, from = %ends.from, to = %ends.to, total_ms, downtime_ms,
+        tracing::info!(sandbox = id, from = %ends.from, to = %ends.target.id, total_ms, downtime_ms,
             base_bytes = base.bytes, final_bytes = last.bytes, "move done");
+        drop(lease);
         drop(guard);
         Ok(Migration {
             sandbox_id: id.to_owned(),
             from: ends.from,
-            to: ends.to,
+            to: ends.target.id,
             total_ms,
             downtime_ms,
             base_bytes: base.bytes,
@@ -251,10 +262,10 @@ impl Engine {
             .cluster_nodes
             .as_ref()
             .expect("a move runs in a cluster");
-        if !nodes.move_claim(id, &ends.to, need).await? {
+        if !nodes.move_claim(id, &ends.target, need).await? {
             return Err(NodeError::Exhausted(format!(
                 "node {} took other sandboxes meanwhile and has no room for {id} now",
-                ends.to
+                ends.target.id
             )));
         }
         Ok((base, last, stopped_at))

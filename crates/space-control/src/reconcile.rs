@@ -201,10 +201,18 @@ impl Engine {
         Ok(applied)
     }
 
-    /// Applies one step under the sandbox's lock.
+    /// Applies one step under the sandbox's lock and its lease: a step whose sandbox another
+    /// replica holds (its own step, a move) is left for a later pass.
     pub async fn apply(&self, step: &Step) -> AppResult<()> {
         let id = step.id();
         let _guard = self.locks.lock(id).await;
+        let Some(_lease) = self.leases.sandbox(id).await? else {
+            tracing::debug!(
+                ?step,
+                "another replica holds the sandbox; left for a later pass"
+            );
+            return Ok(());
+        };
         let row = self.store.get_sandbox(id).await?;
         match step {
             Step::FinalizeDelete { .. } => self.ensure_deleted(row).await,

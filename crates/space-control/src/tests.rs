@@ -2347,3 +2347,29 @@ async fn a_create_with_an_idempotency_key_makes_one_sandbox() {
     let r = h.call(Method::GET, "/v1/sandboxes", Body::empty()).await;
     assert_eq!(r.json::<space_api::SandboxList>().sandboxes.len(), 2);
 }
+
+#[tokio::test]
+async fn the_reconciler_leaves_a_sandbox_another_replica_holds() {
+    let h = harness().await;
+    let engine = h.state.engine.clone();
+    let lost = h.create().await;
+    h.node.set_phase(&lost.id, None);
+    // Another replica works on it (its step, a move): its lease is in the store.
+    let lease = format!("sandbox/{}", lost.id);
+    let store = engine.store().clone();
+    assert!(
+        store
+            .try_lease(&lease, "replica-other", crate::leases::LEASE_TTL)
+            .await
+            .unwrap()
+    );
+    let mut backoff = Backoff::default();
+    engine.reconcile_once(&mut backoff).await.unwrap();
+    let uri = format!("/v1/sandboxes/{}", lost.id);
+    let get = || h.call(Method::GET, &uri, Body::empty());
+    assert_eq!(get().await.json::<Sandbox>().state, SandboxState::Running);
+    // Released (or lapsed): the next pass does the step.
+    store.release_lease(&lease, "replica-other").await.unwrap();
+    engine.reconcile_once(&mut backoff).await.unwrap();
+    assert_eq!(get().await.json::<Sandbox>().state, SandboxState::Failed);
+}

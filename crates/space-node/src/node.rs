@@ -1459,10 +1459,7 @@ impl NodeApi for Node {
         ids::validate_sandbox_id(id)?;
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
-        let entry = self.entry(id).ok_or_else(|| NodeError::NotFound {
-            kind: "sandbox",
-            id: id.to_owned(),
-        })?;
+        let entry = self.require_entry(id)?;
         if entry.record.runtime == MICROVM {
             return Err(NodeError::InvalidArgument(format!(
                 "sandbox {id} is a microvm: moving microvm sandboxes between nodes is not \

@@ -248,7 +248,7 @@ pub(crate) fn write_identity(rootfs: &Path, hostname: &str) -> Result<(), Storag
 }
 
 impl Node {
-    fn require_entry(&self, id: &str) -> Result<Entry, NodeError> {
+    pub(super) fn require_entry(&self, id: &str) -> Result<Entry, NodeError> {
         self.entry(id).ok_or_else(|| NodeError::NotFound {
             kind: "sandbox",
             id: id.to_string(),

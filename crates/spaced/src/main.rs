@@ -674,8 +674,12 @@ async fn membership(args: &NodeRole) -> Result<Option<space_rpc::join::Membershi
         }
         return Ok(Some(m));
     }
-    let (Some(control), Some(token)) = (&args.control, &args.join_token) else {
-        return Ok(None);
+    let (control, token) = match (&args.control, &args.join_token) {
+        (Some(c), Some(t)) => (c, t),
+        (Some(c), None) => anyhow::bail!(
+            "this node has not joined a control plane yet: --control {c} needs --join-token (from `space node token`)"
+        ),
+        _ => return Ok(None),
     };
     let advertise = match &args.advertise {
         Some(a) => a.clone(),
@@ -801,6 +805,12 @@ mod tests {
         };
         assert_eq!(n.node_listen.to_string(), "127.0.0.1:7071");
         assert_eq!(n.common.data_dir, PathBuf::from("/tmp/n1"));
+        // A joined node's control-plane addresses may change at a later start (replicas).
+        let n = Cli::try_parse_from(["spaced", "node", "--control", "a:7443,b:7443"]).unwrap();
+        let Some(Role::Node(n)) = n.role else {
+            panic!("not the node role");
+        };
+        assert_eq!(n.control.as_deref(), Some("a:7443,b:7443"));
         // Each role refuses the other's flags; a join needs both the control plane and a token.
         for bad in [
             &["spaced", "node", "--database-url", "postgres://x"][..],
@@ -813,7 +823,6 @@ mod tests {
                 "1G",
             ],
             &["spaced", "node", "--join-token", "sj1.x"],
-            &["spaced", "node", "--control", "10.0.0.1:7443"],
             &["spaced", "--listen", "127.0.0.1:1", "node"],
         ] {
             assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");

@@ -1040,3 +1040,101 @@ fn a_replica_killed_during_a_create_burst_doubles_and_loses_nothing() {
         r.space_ok(&["rm", id]);
     }
 }
+
+/// A node cut off from the control plane (its namespace's link down) and brought back
+/// (issue 14): it is marked unreachable with its sandboxes kept running, in the store and
+/// on the host; creates meanwhile go elsewhere; back, it serves them again, and there is no
+/// duplicate and no loss.
+#[test]
+fn a_node_cut_off_and_back_keeps_its_sandboxes_once() {
+    let s = Spaced::start_joined(&[], &["--warm-pool", "0:0"]).unwrap();
+    let n = s.join_node(&[]).unwrap();
+    let node_id = |x: &Spaced| {
+        std::fs::read_to_string(x.data_dir().join("cluster/node_id"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let (own, nid) = (node_id(&s), node_id(&n));
+    assert!(eventually(
+        Duration::from_secs(30),
+        || node_row(&s, &nid)["cpus"].as_u64().unwrap_or(0) > 0
+    ));
+    // Both on the node that will be cut.
+    s.space_ok(&["node", "drain", &own]);
+    let cut: Vec<String> = (0..2)
+        .map(|i| s.create(&["--env", &format!("I={i}")]))
+        .collect();
+    for (i, id) in cut.iter().enumerate() {
+        assert_eq!(placed_on(&s, id), nid);
+        assert_eq!(s.sh(id, &format!("echo {i} > /root/f")).0, 0);
+    }
+    let pids: Vec<u64> = cut
+        .iter()
+        .map(|id| s.inspect(id)["init_pid"].as_u64().unwrap())
+        .collect();
+    s.space_ok(&["node", "drain", &own, "--undo"]);
+
+    let link = &n.net.as_ref().unwrap().host_if;
+    space_tests::run_cmd("ip", &["link", "set", link, "down"]).unwrap();
+    assert!(
+        eventually(Duration::from_secs(45), || node_row(&s, &nid)["state"]
+            == "unreachable"),
+        "the cut node was not marked unreachable:\n{}",
+        s.space_ok(&["node", "ls"])
+    );
+    // Kept: running in the store and on the host; calls to them fail, naming the node.
+    std::thread::sleep(Duration::from_secs(5));
+    for (id, pid) in cut.iter().zip(&pids) {
+        assert_eq!(s.inspect(id)["state"], "running", "{id}");
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "{id}'s init died"
+        );
+        let out = s.space(&["exec", id, "--", "true"]);
+        assert!(!out.status.success());
+    }
+    let meanwhile = s.create(&[]);
+    assert_eq!(
+        placed_on(&s, &meanwhile),
+        own,
+        "a create went to the cut node"
+    );
+
+    space_tests::run_cmd("ip", &["link", "set", link, "up"]).unwrap();
+    assert!(
+        eventually(Duration::from_secs(45), || s
+            .space(&["exec", &cut[0], "--", "true"])
+            .status
+            .success()),
+        "the node's sandboxes did not come back:\n{}",
+        n.log_tail()
+    );
+    for (i, id) in cut.iter().enumerate() {
+        assert_eq!(s.sh(id, "cat /root/f").1, format!("{i}\n"));
+        assert_eq!(
+            s.inspect(id)["init_pid"].as_u64(),
+            Some(pids[i]),
+            "{id} restarted"
+        );
+    }
+    let v: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
+    let mut listed: Vec<String> = v["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap().to_owned())
+        .collect();
+    listed.sort();
+    let mut want = vec![cut[0].clone(), cut[1].clone(), meanwhile.clone()];
+    want.sort();
+    assert_eq!(listed, want);
+    assert_eq!(
+        n.user_sandbox_dirs(),
+        cut.iter().cloned().collect(),
+        "the cut node's sandboxes were doubled or lost"
+    );
+    for id in &want {
+        s.space_ok(&["rm", id]);
+    }
+}
