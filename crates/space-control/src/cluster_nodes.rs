@@ -197,6 +197,7 @@ impl ClusterNodes {
         let claims = self.store.claims_by_node().await.map_err(store_err)?;
         let now = now_ms();
         let members = self.members.read().unwrap_or_else(|e| e.into_inner());
+        let template_elsewhere = members.values().any(|m| has_template(m, template, now));
         Ok(members
             .values()
             .map(|m| {
@@ -211,6 +212,7 @@ impl ClusterNodes {
                     claimed_cpu_millis: cpu,
                     claimed_memory_mib: mem,
                     has_template: false,
+                    template_elsewhere,
                     pool_ready: 0,
                     draining: m.row.draining,
                 };
@@ -330,6 +332,62 @@ impl ClusterNodes {
         Ok(moved)
     }
 
+    /// Sends template `name` to node `to` from a reachable node that has it, when `to` has not
+    /// reported it (decision 0035: templates reach nodes on demand, and are kept there). The
+    /// node's report is updated here at once, so the next create does not send it again.
+    async fn ensure_template(
+        &self,
+        to: &str,
+        dst: &Arc<RemoteNode>,
+        name: &str,
+    ) -> Result<(), NodeError> {
+        let now = now_ms();
+        let source = {
+            let members = self.members.read().unwrap_or_else(|e| e.into_inner());
+            match members.get(to) {
+                Some(m) if has_template(m, name, now) || m.row.info.is_none() => return Ok(()),
+                _ => {}
+            }
+            members
+                .values()
+                .filter(|m| m.row.id != to && has_template(m, name, now))
+                .map(|m| (m.row.id.clone(), m.api.clone()))
+                .next()
+        };
+        let Some((from, src)) = source else {
+            // Nobody reports it: the node answers for itself (NotFound, or it has it).
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let parts = src.send_template(name).await?;
+        let info = dst.receive_template(name, parts).await?;
+        tracing::info!(template = name, version = info.version, from = %from, to,
+            ms = started.elapsed().as_millis() as u64, "template sent to a node that lacked it");
+        self.note_template(&[to.to_owned()], name).await;
+        Ok(())
+    }
+
+    /// Counts template `name` as on `nodes` now, here and in their stored reports, before
+    /// their next heartbeats say so: a create right after an import (or a send), through any
+    /// replica, finds it there.
+    async fn note_template(&self, nodes: &[String], name: &str) {
+        for id in nodes {
+            if let Some(m) = self
+                .members
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(id)
+                && let Some(i) = m.row.info.as_mut()
+                && !i.templates.iter().any(|t| t == name)
+            {
+                i.templates.push(name.to_owned());
+            }
+            if let Err(e) = self.store.note_node_template(id, name).await {
+                tracing::warn!(node = %id, template = name, error = %e, "could not record a node's template");
+            }
+        }
+    }
+
     /// Runs `f` on every reachable member; the first answer, or the first error (the same
     /// error the node gave: a missing template is still NotFound).
     async fn on_each<T, F, Fut>(&self, f: F) -> Result<T, NodeError>
@@ -356,6 +414,15 @@ impl ClusterNodes {
         }
         first.ok_or_else(no_node)
     }
+}
+
+/// Whether member `m` reported template `name` and is reachable.
+fn has_template(m: &Member, name: &str, now: i64) -> bool {
+    m.row.reachable(now)
+        && m.row
+            .info
+            .as_ref()
+            .is_some_and(|i| i.templates.iter().any(|t| t == name))
 }
 
 fn no_node() -> NodeError {
@@ -476,6 +543,34 @@ impl Store {
         Ok(true)
     }
 
+    /// Adds template `name` to node `node`'s stored report (its next heartbeat replaces the
+    /// report with its own, which has it).
+    pub async fn note_node_template(&self, node: &str, name: &str) -> Result<(), StoreError> {
+        use sqlx::Row;
+        let q = |what| move |source| StoreError::Query { what, source };
+        let row = sqlx::query("SELECT info FROM cluster_nodes WHERE id = $1")
+            .bind(node)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read node"))?;
+        let Some(row) = row else { return Ok(()) };
+        let info: Option<String> = row.try_get(0).map_err(q("read node"))?;
+        let Some(mut info) = info.and_then(|i| serde_json::from_str::<NodeInfo>(&i).ok()) else {
+            return Ok(());
+        };
+        if info.templates.iter().any(|t| t == name) {
+            return Ok(());
+        }
+        info.templates.push(name.to_owned());
+        sqlx::query("UPDATE cluster_nodes SET info = $2 WHERE id = $1")
+            .bind(node)
+            .bind(serde_json::to_string(&info).unwrap_or_default())
+            .execute(self.pool())
+            .await
+            .map_err(q("record node template"))?;
+        Ok(())
+    }
+
     pub async fn forget_placement(&self, id: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM sandbox_nodes WHERE sandbox_id = $1")
             .bind(id)
@@ -555,15 +650,19 @@ fn with_node_label(series: &str, node: &str) -> String {
 #[async_trait]
 impl NodeApi for ClusterNodes {
     /// On the sandbox's node when it was placed (a restart, a recovery); else placed now.
+    /// A node without the sandbox's template gets it from one that has it first.
     async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
-        let node = match self.node_of(&spec.id).await {
+        let (node_id, node) = match self.placement_of(&spec.id).await {
             Ok(n) => n,
             Err(NodeError::NotFound { .. }) => {
                 let p = self.place(&spec.id, &spec.template, Need::of(spec)).await?;
-                self.member(&p.node).ok_or_else(no_node)?
+                let api = self.member(&p.node).ok_or_else(no_node)?;
+                (p.node, api)
             }
             Err(e) => return Err(e),
         };
+        self.ensure_template(&node_id, &node, &spec.template)
+            .await?;
         node.create_sandbox(spec).await
     }
 
@@ -723,25 +822,31 @@ impl NodeApi for ClusterNodes {
         progress: TemplateProgress,
     ) -> Result<TemplateInfo, NodeError> {
         if let TemplateSource::Snapshot { sandbox, .. } = &source {
-            let node = self.node_of(sandbox).await?;
-            return node
+            let (node_id, node) = self.placement_of(sandbox).await?;
+            let info = node
                 .import_template_with_progress(name, source, progress)
-                .await;
+                .await?;
+            self.note_template(&[node_id], name).await;
+            return Ok(info);
         }
         let first = std::sync::Mutex::new(Some(progress));
-        self.on_each(|api| {
-            let source = source.clone();
-            let progress = first
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take()
-                .unwrap_or_else(|| tokio::sync::mpsc::unbounded_channel().0);
-            async move {
-                api.import_template_with_progress(name, source, progress)
-                    .await
-            }
-        })
-        .await
+        let on: Vec<String> = self.reachable().into_iter().map(|(r, _)| r.id).collect();
+        let info = self
+            .on_each(|api| {
+                let source = source.clone();
+                let progress = first
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .unwrap_or_else(|| tokio::sync::mpsc::unbounded_channel().0);
+                async move {
+                    api.import_template_with_progress(name, source, progress)
+                        .await
+                }
+            })
+            .await?;
+        self.note_template(&on, name).await;
+        Ok(info)
     }
 
     async fn remove_template(

@@ -37,6 +37,9 @@ pub struct Candidate {
     pub claimed_memory_mib: u64,
     /// Whether it has the template (any version).
     pub has_template: bool,
+    /// Whether another reachable node has the template, to send it here on demand
+    /// (decision 0035): a node without it is then a candidate, after those that have it.
+    pub template_elsewhere: bool,
     /// Ready members in the template's warm pool there.
     pub pool_ready: u32,
     /// Being drained (`space node drain`): nothing new goes there.
@@ -92,7 +95,7 @@ impl Candidate {
             Some("draining")
         } else if !self.runtimes.contains(&need.runtime) {
             Some("lacks the runtime")
-        } else if !self.has_template {
+        } else if !self.has_template && !self.template_elsewhere {
             Some("lacks the template")
         } else if self.claimed_memory_mib + need.memory_mib > self.memory_capacity_mib() {
             Some("memory fully claimed")
@@ -142,6 +145,7 @@ fn rank(a: &Candidate, b: &Candidate, need: &Need, key: &str) -> Ordering {
     };
     (b.pool_ready > 0)
         .cmp(&(a.pool_ready > 0))
+        .then_with(|| b.has_template.cmp(&a.has_template))
         .then_with(|| free(b).cmp(&free(a)))
         .then_with(|| rendezvous(key, &a.id).cmp(&rendezvous(key, &b.id)))
         .then_with(|| a.id.cmp(&b.id))
@@ -170,6 +174,8 @@ pub fn place(nodes: &[Candidate], need: &Need, key: &str) -> Result<Placement, S
     let (mem, cpu) = n.free_after(need);
     let first = if n.pool_ready > 0 {
         format!("{} ready in the template's warm pool", n.pool_ready)
+    } else if !n.has_template {
+        "the template will be sent from another node".to_owned()
     } else {
         "no ready pool member".to_owned()
     };
@@ -197,6 +203,7 @@ mod tests {
             claimed_cpu_millis: 0,
             claimed_memory_mib: 0,
             has_template: true,
+            template_elsewhere: false,
             pool_ready: 0,
             draining: false,
         }
@@ -228,6 +235,20 @@ mod tests {
         assert!(p.reason.starts_with("no ready pool member"), "{}", p.reason);
         let e = place(&[a.clone()], &NEED, "s1").unwrap_err();
         assert!(e.contains("a: lacks the template"), "{e}");
+        // Another node has it, so it can be sent: a node without it may take the sandbox,
+        // after every node that has it (a fuller one included).
+        a.template_elsewhere = true;
+        let mut fuller = b.clone();
+        fuller.claimed_memory_mib = 4 << 10;
+        assert_eq!(place(&[a.clone(), fuller], &NEED, "s1").unwrap().node, "b");
+        let p = place(&[a.clone()], &NEED, "s1").unwrap();
+        assert_eq!(p.node, "a");
+        assert!(
+            p.reason.starts_with("the template will be sent"),
+            "{}",
+            p.reason
+        );
+        a.template_elsewhere = false;
         // The freer node by a step or more; within a step, each sandbox's own choice.
         let (c, mut d) = (node("c"), node("d"));
         d.claimed_memory_mib = 8 << 10;

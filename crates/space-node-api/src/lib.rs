@@ -602,6 +602,25 @@ pub trait NodeApi: Send + Sync {
             spec.id
         )))
     }
+    /// The newest version of template `name` as a stream for another node's
+    /// [`Self::receive_template`]: templates reach the nodes that lack them on demand.
+    async fn send_template(&self, name: &str) -> Result<moves::MoveStream, NodeError> {
+        Err(NodeError::InvalidArgument(format!(
+            "this node cannot send template {name}"
+        )))
+    }
+    /// Receives a template version another node sent, keeping its version number, and
+    /// caches it. A version this node has already is answered as it is.
+    async fn receive_template(
+        &self,
+        name: &str,
+        parts: moves::MoveStream,
+    ) -> Result<TemplateInfo, NodeError> {
+        let _ = parts;
+        Err(NodeError::InvalidArgument(format!(
+            "this node cannot receive template {name}"
+        )))
+    }
     /// Drops what a move that will not finish left here: a source's copies taken for it, or
     /// a target's partly received sandbox (never one it has adopted). Idempotent.
     async fn discard_move(&self, id: &str) -> Result<(), NodeError> {

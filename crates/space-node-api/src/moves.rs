@@ -83,6 +83,12 @@ pub fn valid_move_path(path: &str, subvolume: bool) -> bool {
     }
 }
 
+/// Whether `path` is somewhere a template's transfer may write, relative to the version's
+/// directory being received: its `template.json`, or its rootfs subvolume received in `.`.
+pub fn valid_template_path(path: &str, subvolume: bool) -> bool {
+    matches!((subvolume, path), (true, ".") | (false, "template.json"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +115,10 @@ mod tests {
             assert!(!valid_move_path(bad, false), "{bad}");
         }
         assert!(!valid_move_path("incoming", false));
+        assert!(valid_template_path(".", true) && valid_template_path("template.json", false));
+        for bad in ["..", "/", "rootfs", "../x", "template.json/.."] {
+            assert!(!valid_template_path(bad, true) && !valid_template_path(bad, false));
+        }
         assert!(!valid_move_path("snapshots/a/snapshot.json", true));
     }
 }

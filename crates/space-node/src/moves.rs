@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use bytes::Bytes;
-use space_node_api::moves::{MovePart, MoveStep, MoveStream, Received, valid_move_path};
+use space_node_api::moves::{MovePart, MoveStep, MoveStream, Received};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
@@ -323,10 +323,16 @@ impl Sink {
     }
 }
 
-/// Applies a move's parts under `sandbox_dir`; the caller has made the directory.
+/// Where a stream may write, relative to the directory it is received in (see
+/// `space_node_api::moves::valid_move_path`).
+pub(crate) type PathCheck = fn(&str, bool) -> bool;
+
+/// Applies a stream's parts under `sandbox_dir` where `valid` allows; the caller has made the
+/// directory.
 pub(crate) async fn receive(
     sandbox_dir: &Path,
     mut parts: MoveStream,
+    valid: PathCheck,
 ) -> Result<Received, NodeError> {
     let mut got = Received::default();
     let mut sink = Sink::None;
@@ -355,11 +361,11 @@ pub(crate) async fn receive(
                 }
                 MovePart::File { path } => {
                     std::mem::replace(&mut sink, Sink::None).finish().await?;
-                    sink = open_file(sandbox_dir, &path).await?;
+                    sink = open_file(checked(sandbox_dir, &path, false, valid)?).await?;
                 }
                 MovePart::Subvolume { path } => {
                     std::mem::replace(&mut sink, Sink::None).finish().await?;
-                    sink = start_receive(sandbox_dir, &path).await?;
+                    sink = start_receive(checked(sandbox_dir, &path, true, valid)?).await?;
                     got.subvolumes += 1;
                 }
             }
@@ -375,8 +381,13 @@ pub(crate) async fn receive(
     }
 }
 
-fn checked(sandbox_dir: &Path, rel: &str, subvolume: bool) -> Result<PathBuf, NodeError> {
-    if !valid_move_path(rel, subvolume) {
+fn checked(
+    sandbox_dir: &Path,
+    rel: &str,
+    subvolume: bool,
+    valid: PathCheck,
+) -> Result<PathBuf, NodeError> {
+    if !valid(rel, subvolume) {
         return Err(NodeError::InvalidArgument(format!(
             "a move may not write {} {rel:?}",
             if subvolume {
@@ -396,8 +407,7 @@ fn mkdirs(dir: &Path) -> Result<(), NodeError> {
         .map_err(|e| StorageError::io("create directory", dir, e).into())
 }
 
-async fn open_file(sandbox_dir: &Path, rel: &str) -> Result<Sink, NodeError> {
-    let path = checked(sandbox_dir, rel, false)?;
+async fn open_file(path: PathBuf) -> Result<Sink, NodeError> {
     if let Some(parent) = path.parent() {
         mkdirs(parent)?;
     }
@@ -411,8 +421,7 @@ async fn open_file(sandbox_dir: &Path, rel: &str) -> Result<Sink, NodeError> {
     })
 }
 
-async fn start_receive(sandbox_dir: &Path, rel: &str) -> Result<Sink, NodeError> {
-    let dir = checked(sandbox_dir, rel, true)?;
+async fn start_receive(dir: PathBuf) -> Result<Sink, NodeError> {
     mkdirs(&dir)?;
     // --chroot: the stream's paths cannot leave `dir`.
     let mut child = tokio::process::Command::new("btrfs")
@@ -431,6 +440,7 @@ async fn start_receive(sandbox_dir: &Path, rel: &str) -> Result<Sink, NodeError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use space_node_api::moves::valid_move_path;
 
     fn stream(parts: Vec<MovePart>) -> MoveStream {
         Box::pin(tokio_stream::iter(parts.into_iter().map(Ok)))
@@ -454,6 +464,7 @@ mod tests {
                     MovePart::Data(Bytes::from_static(b"x")),
                     MovePart::End,
                 ]),
+                valid_move_path,
             )
             .await
             .unwrap_err();
@@ -461,6 +472,7 @@ mod tests {
             let e = receive(
                 &sandbox,
                 stream(vec![MovePart::Subvolume { path: path.into() }]),
+                valid_move_path,
             )
             .await
             .unwrap_err();
@@ -471,6 +483,7 @@ mod tests {
         let e = receive(
             &sandbox,
             stream(vec![MovePart::Data(Bytes::from_static(b"x"))]),
+            valid_move_path,
         )
         .await
         .unwrap_err();
@@ -485,6 +498,7 @@ mod tests {
                 MovePart::Data(big),
                 MovePart::End,
             ]),
+            valid_move_path,
         )
         .await
         .unwrap_err();
@@ -497,6 +511,7 @@ mod tests {
                 },
                 MovePart::Data(Bytes::from_static(b"{}")),
             ]),
+            valid_move_path,
         )
         .await
         .unwrap_err();
@@ -511,6 +526,7 @@ mod tests {
                 MovePart::Data(Bytes::from_static(b"{}")),
                 MovePart::End,
             ]),
+            valid_move_path,
         )
         .await
         .unwrap();

@@ -1525,7 +1525,8 @@ impl NodeApi for Node {
         })
         .await?;
         let dir = self.layout.sandbox_dir(id);
-        let got = crate::moves::receive(&dir, parts).await?;
+        let got =
+            crate::moves::receive(&dir, parts, space_node_api::moves::valid_move_path).await?;
         if step == MoveStep::Base {
             // The base's data goes to disk now, while the sandbox still runs on its source:
             // left dirty, the final step's commits (snapshot, record) would write it out
@@ -1619,6 +1620,65 @@ impl NodeApi for Node {
             }
         });
         Ok(status)
+    }
+
+    async fn send_template(&self, name: &str) -> Result<MoveStream, NodeError> {
+        ids::validate_template_name(name)?;
+        let t = self
+            .templates
+            .latest(name)
+            .ok_or_else(|| NodeError::NotFound {
+                kind: "template",
+                id: name.to_owned(),
+            })?;
+        let dir = t.path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Ok(crate::moves::send(vec![
+            crate::moves::Item::File {
+                rel: "template.json".into(),
+                path: dir.join("template.json"),
+            },
+            crate::moves::Item::Subvolume {
+                rel: ".".into(),
+                path: t.path.clone(),
+                parent: None,
+            },
+        ]))
+    }
+
+    #[tracing::instrument(name = "node.receive_template", skip_all, fields(template = name))]
+    async fn receive_template(
+        &self,
+        name: &str,
+        parts: MoveStream,
+    ) -> Result<TemplateInfo, NodeError> {
+        ids::validate_template_name(name)?;
+        let dir = self.templates.receiving_dir(name)?;
+        let got =
+            crate::moves::receive(&dir, parts, space_node_api::moves::valid_template_path).await;
+        let templates = self.templates.clone();
+        let (name2, dir2) = (name.to_owned(), dir.clone());
+        let info = match got {
+            Ok(got) => {
+                let info = blocking(move || Ok(templates.adopt_received(&name2, &dir2)?)).await?;
+                tracing::info!(
+                    template = name,
+                    version = info.version,
+                    bytes = got.bytes,
+                    "template received"
+                );
+                info
+            }
+            Err(e) => {
+                let subvols = self.subvols.clone();
+                let _ = blocking(move || {
+                    let _ = subvols.delete(&dir2.join("rootfs"));
+                    Ok(storage::remove_tree(&dir2)?)
+                })
+                .await;
+                return Err(e);
+            }
+        };
+        Ok(info)
     }
 
     async fn discard_move(&self, id: &str) -> Result<(), NodeError> {

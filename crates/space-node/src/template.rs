@@ -445,6 +445,74 @@ impl TemplateStore {
     }
 }
 
+impl TemplateStore {
+    /// A directory to receive a version of `name` sent by another node in (removed at the
+    /// next start if the receive never finishes: it ends in `.partial`).
+    pub fn receiving_dir(&self, name: &str) -> Result<PathBuf, TemplateError> {
+        let name_dir = self.layout.template_dir(name);
+        storage::mkdir_p(&name_dir, 0o755)?;
+        let bits: u64 = rand::random();
+        let dir = name_dir.join(format!("received-{bits:016x}.partial"));
+        storage::mkdir_p(&dir, 0o755)?;
+        Ok(dir)
+    }
+
+    /// Takes the version received in `dir` (its `template.json` and read-only `rootfs`) into
+    /// the store under the version number it had on the sending node. A version this node
+    /// has already is kept, and what was received is dropped.
+    pub fn adopt_received(&self, name: &str, dir: &Path) -> Result<TemplateInfo, TemplateError> {
+        let _guard = self.build.lock().unwrap_or_else(|e| e.into_inner());
+        let drop_received = || {
+            let _ = self.subvols.delete(&dir.join("rootfs"));
+            let _ = storage::remove_tree(dir);
+        };
+        let meta = match storage::read_json::<TemplateMeta>(&dir.join("template.json")) {
+            Ok(m)
+                if m.name == name
+                    && m.version > 0
+                    && self.subvols.is_subvolume(&dir.join("rootfs")) =>
+            {
+                m
+            }
+            Ok(m) => {
+                drop_received();
+                return Err(TemplateError::Source(format!(
+                    "the template received as {name} is {} version {} (or has no rootfs)",
+                    m.name, m.version
+                )));
+            }
+            Err(e) => {
+                drop_received();
+                return Err(e.into());
+            }
+        };
+        if let Some(have) = self.get(name, meta.version) {
+            drop_received();
+            return Ok(have);
+        }
+        let final_dir = self.layout.template_version_dir(name, meta.version);
+        if let Err(e) = std::fs::rename(dir, &final_dir) {
+            drop_received();
+            return Err(io_err("rename into place", &final_dir, e));
+        }
+        let info = TemplateInfo {
+            name: name.to_string(),
+            version: meta.version,
+            created_unix_ms: meta.created_unix_ms,
+            path: final_dir.join("rootfs"),
+            defaults: meta.defaults,
+            source: meta.source,
+        };
+        self.cache
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .insert(meta.version, info.clone());
+        Ok(info)
+    }
+}
+
 fn read_dir(path: &Path) -> Result<Vec<std::fs::DirEntry>, TemplateError> {
     let rd = match std::fs::read_dir(path) {
         Ok(rd) => rd,

@@ -208,6 +208,68 @@ impl RemoteNode {
     }
 }
 
+impl RemoteNode {
+    /// A stream of a sandbox's or a template's parts from this node.
+    async fn pull(&self, req: MoveRequest) -> Result<MoveStream, NodeError> {
+        let node = self.name.clone();
+        let parts = self
+            .client()
+            .send_sandbox(req)
+            .await
+            .map_err(|s| wire::node_error(&node, &s))?
+            .into_inner();
+        Ok(Box::pin(parts.map(move |m| match m {
+            Ok(m) => wire::move_part(m),
+            Err(s) => Err(wire::node_error(&node, &s)),
+        })))
+    }
+
+    /// `parts` to this node as they come, after `header`; its answer, as JSON. When `parts`
+    /// fails (the sending node's error), the stream to this node is cut before its end, and
+    /// that error is the answer.
+    async fn push<T: DeserializeOwned>(
+        &self,
+        header: MoveRequest,
+        mut parts: MoveStream,
+    ) -> Result<T, NodeError> {
+        let failed = Arc::new(std::sync::Mutex::new(None));
+        let (tx, rx) = mpsc::channel(8);
+        let _ = tx
+            .send(space_proto::node::MovePart {
+                part: Some(move_part::Part::Header(header)),
+            })
+            .await;
+        let keep = failed.clone();
+        let pump = tokio::spawn(async move {
+            while let Some(p) = parts.next().await {
+                match p {
+                    Ok(p) => {
+                        if tx.send(wire::move_message(p)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        *keep.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                        return;
+                    }
+                }
+            }
+        });
+        let reply = self.client().receive_sandbox(ReceiverStream::new(rx)).await;
+        pump.abort();
+        if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Err(e);
+        }
+        let reply = reply
+            .map_err(|s| wire::node_error(&self.name, &s))?
+            .into_inner()
+            .reply;
+        serde_json::from_slice(&reply).map_err(|e| {
+            Self::unreachable(&self.name, format!("unreadable answer to receive: {e}"))
+        })
+    }
+}
+
 /// A fresh operation id: 128 random bits in hex.
 fn operation_id() -> String {
     let bits: u128 = rand::random();
@@ -479,68 +541,46 @@ impl NodeApi for RemoteNode {
     }
 
     async fn send_sandbox(&self, id: &str, step: MoveStep) -> Result<MoveStream, NodeError> {
-        let node = self.name.clone();
-        let parts = self
-            .client()
-            .send_sandbox(MoveRequest {
-                sandbox_id: id.to_owned(),
-                step: step.as_str().to_owned(),
-            })
-            .await
-            .map_err(|s| wire::node_error(&node, &s))?
-            .into_inner();
-        Ok(Box::pin(parts.map(move |m| match m {
-            Ok(m) => wire::move_part(m),
-            Err(s) => Err(wire::node_error(&node, &s)),
-        })))
+        self.pull(MoveRequest {
+            sandbox_id: id.to_owned(),
+            step: step.as_str().to_owned(),
+            template: String::new(),
+        })
+        .await
     }
 
-    /// The parts go to the node as they come; when `parts` fails (the sending node's error),
-    /// the stream to this node is cut before its end, and that error is the answer.
     async fn receive_sandbox(
         &self,
         id: &str,
         step: MoveStep,
         parts: MoveStream,
     ) -> Result<Received, NodeError> {
-        let failed = Arc::new(std::sync::Mutex::new(None));
-        let header = space_proto::node::MovePart {
-            part: Some(move_part::Part::Header(MoveRequest {
-                sandbox_id: id.to_owned(),
-                step: step.as_str().to_owned(),
-            })),
+        let header = MoveRequest {
+            sandbox_id: id.to_owned(),
+            step: step.as_str().to_owned(),
+            template: String::new(),
         };
-        let (tx, rx) = mpsc::channel(8);
-        let _ = tx.send(header).await;
-        let keep = failed.clone();
-        let mut parts = parts;
-        let pump = tokio::spawn(async move {
-            while let Some(p) = parts.next().await {
-                match p {
-                    Ok(p) => {
-                        if tx.send(wire::move_message(p)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        *keep.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-                        return;
-                    }
-                }
-            }
-        });
-        let reply = self.client().receive_sandbox(ReceiverStream::new(rx)).await;
-        pump.abort();
-        if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            return Err(e);
-        }
-        let reply = reply
-            .map_err(|s| wire::node_error(&self.name, &s))?
-            .into_inner()
-            .reply;
-        serde_json::from_slice(&reply).map_err(|e| {
-            Self::unreachable(&self.name, format!("unreadable answer to receive: {e}"))
+        self.push(header, parts).await
+    }
+
+    async fn send_template(&self, name: &str) -> Result<MoveStream, NodeError> {
+        self.pull(MoveRequest {
+            template: name.to_owned(),
+            ..Default::default()
         })
+        .await
+    }
+
+    async fn receive_template(
+        &self,
+        name: &str,
+        parts: MoveStream,
+    ) -> Result<TemplateInfo, NodeError> {
+        let header = MoveRequest {
+            template: name.to_owned(),
+            ..Default::default()
+        };
+        self.push(header, parts).await
     }
 
     async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {

@@ -338,13 +338,18 @@ impl Node for NodeService {
         &self,
         req: tonic::Request<MoveRequest>,
     ) -> Result<tonic::Response<Self::SendSandboxStream>, Status> {
-        let MoveRequest { sandbox_id, step } = req.into_inner();
-        let step = wire::move_step(&step).map_err(|e| wire::status(&e))?;
-        let parts = self
-            .node
-            .send_sandbox(&sandbox_id, step)
-            .await
-            .map_err(|e| wire::status(&e))?;
+        let MoveRequest {
+            sandbox_id,
+            step,
+            template,
+        } = req.into_inner();
+        let parts = if template.is_empty() {
+            let step = wire::move_step(&step).map_err(|e| wire::status(&e))?;
+            self.node.send_sandbox(&sandbox_id, step).await
+        } else {
+            self.node.send_template(&template).await
+        }
+        .map_err(|e| wire::status(&e))?;
         Ok(tonic::Response::new(Box::pin(parts.map(|p| {
             p.map(wire::move_message).map_err(|e| wire::status(&e))
         }))))
@@ -359,18 +364,24 @@ impl Node for NodeService {
             Some(move_part::Part::Header(h)) => h,
             _ => return Err(Status::invalid_argument("a move starts with its header")),
         };
-        let step = wire::move_step(&header.step).map_err(|e| wire::status(&e))?;
         let parts: space_node_api::moves::MoveStream = Box::pin(inbound.map(|m| match m {
             Ok(m) => wire::move_part(m),
             Err(s) => Err(wire::node_error("the sending side", &s)),
         }));
-        let got = self
-            .node
-            .receive_sandbox(&header.sandbox_id, step, parts)
-            .await
-            .map_err(|e| wire::status(&e))?;
-        let reply =
-            serde_json::to_vec(&got).map_err(|e| Status::internal(format!("encode: {e}")))?;
+        let reply = if header.template.is_empty() {
+            let step = wire::move_step(&header.step).map_err(|e| wire::status(&e))?;
+            self.node
+                .receive_sandbox(&header.sandbox_id, step, parts)
+                .await
+                .map(|got| serde_json::to_vec(&got))
+        } else {
+            self.node
+                .receive_template(&header.template, parts)
+                .await
+                .map(|info| serde_json::to_vec(&info))
+        }
+        .map_err(|e| wire::status(&e))?
+        .map_err(|e| Status::internal(format!("encode: {e}")))?;
         Ok(tonic::Response::new(CallReply { reply }))
     }
 }

@@ -1138,3 +1138,70 @@ fn a_node_cut_off_and_back_keeps_its_sandboxes_once() {
         s.space_ok(&["rm", id]);
     }
 }
+
+/// Templates reach nodes on demand (decision 0035): a node that joined after a template was
+/// imported gets it from a node that has it, by btrfs send, the first time a sandbox of it is
+/// placed there (the reason says so); it keeps it, with the same version number, and the
+/// next create there sends nothing.
+#[test]
+fn a_template_reaches_a_node_that_lacks_it_on_demand() {
+    let s = Spaced::start_joined(&[], &["--warm-pool", "0:0"]).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("rootfs");
+    for d in ["bin", "etc"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+    for l in ["sh", "cat"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(l)).unwrap();
+    }
+    std::fs::write(root.join("etc/marker"), "sent on demand\n").unwrap();
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    s.space_ok(&["template", "import", "late", root.to_str().unwrap()]);
+
+    let n = s.join_node(&[]).unwrap();
+    let node_id = |x: &Spaced| {
+        std::fs::read_to_string(x.data_dir().join("cluster/node_id"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    };
+    let (own, nid) = (node_id(&s), node_id(&n));
+    assert!(eventually(
+        Duration::from_secs(30),
+        || node_row(&s, &nid)["cpus"].as_u64().unwrap_or(0) > 0
+    ));
+    let versions = |x: &Spaced| -> Vec<String> {
+        std::fs::read_dir(x.data_dir().join("volume/templates/late"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        versions(&n).is_empty(),
+        "the late node has the template already"
+    );
+    s.space_ok(&["node", "drain", &own]);
+
+    let a = s.create(&["--template", "late"]);
+    assert_eq!(placed_on(&s, &a), nid);
+    let events = s.space_ok(&["events", &a]);
+    assert!(events.contains("template will be sent"), "{events}");
+    assert_eq!(s.sh(&a, "cat /etc/marker").1, "sent on demand\n");
+    assert_eq!(
+        versions(&n),
+        versions(&s),
+        "not kept with its version number"
+    );
+    let b = s.create(&["--template", "late"]);
+    assert_eq!(placed_on(&s, &b), nid);
+    assert_eq!(s.sh(&b, "cat /etc/marker").1, "sent on demand\n");
+    let log = std::fs::read_to_string(n.node_log_path()).unwrap();
+    assert_eq!(log.matches("template received").count(), 1, "sent twice");
+    for id in [&a, &b] {
+        s.space_ok(&["rm", id]);
+    }
+}

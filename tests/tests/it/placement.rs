@@ -182,6 +182,7 @@ fn bench_scheduler_decision_time() {
                     claimed_cpu_millis: (i as u64 * 7919) % 100_000,
                     claimed_memory_mib: (i as u64 * 104_729) % 50_000,
                     has_template: true,
+                    template_elsewhere: false,
                     pool_ready: (i % 3) as u32,
                     draining: false,
                 })
