@@ -335,7 +335,7 @@ impl ClusterNodes {
     /// Sends template `name` to node `to` from a reachable node that has it, when `to` has not
     /// reported it (decision 0035: templates reach nodes on demand, and are kept there). The
     /// node's report is updated here at once, so the next create does not send it again.
-    async fn ensure_template(
+    pub(crate) async fn ensure_template(
         &self,
         to: &str,
         dst: &Arc<RemoteNode>,

@@ -50,8 +50,8 @@ impl Ends {
         self.dst.receive_sandbox(&self.id, step, parts).await
     }
 
-    /// Undoes a move that will not finish (before the claim moved); errors are logged, the
-    /// first one returned is the move's own.
+    /// Undoes a move that will not finish (before the claim moved). Its own errors are
+    /// logged; the caller answers with the move's.
     async fn undo(&self, adopted: bool, paused_here: bool) {
         let id = self.id.as_str();
         let dropped = if adopted {
@@ -233,6 +233,14 @@ impl Engine {
         paused_here: &mut bool,
     ) -> Result<(Received, Received, Option<Instant>), NodeError> {
         let id = ends.id.as_str();
+        let nodes = self
+            .cluster_nodes
+            .as_ref()
+            .expect("a move runs in a cluster");
+        // A target without the sandbox's template gets it first (the adopt needs it).
+        nodes
+            .ensure_template(&ends.target.id, &ends.dst, &spec.template)
+            .await?;
         let base = ends.step(MoveStep::Base).await?;
         let mut stopped_at = None;
         if was == SandboxState::Running {
@@ -258,10 +266,6 @@ impl Engine {
             adopt_ms = t.elapsed().as_millis() as u64 - final_ms,
             "move: final step sent and adopted"
         );
-        let nodes = self
-            .cluster_nodes
-            .as_ref()
-            .expect("a move runs in a cluster");
         if !nodes.move_claim(id, &ends.target, need).await? {
             return Err(NodeError::Exhausted(format!(
                 "node {} took other sandboxes meanwhile and has no room for {id} now",

@@ -1201,6 +1201,18 @@ fn a_template_reaches_a_node_that_lacks_it_on_demand() {
     assert_eq!(s.sh(&b, "cat /etc/marker").1, "sent on demand\n");
     let log = std::fs::read_to_string(n.node_log_path()).unwrap();
     assert_eq!(log.matches("template received").count(), 1, "sent twice");
+
+    // A move to a node without the template takes the template along.
+    let m = s.join_node(&[]).unwrap();
+    let mid = node_id(&m);
+    assert!(eventually(
+        Duration::from_secs(30),
+        || node_row(&s, &mid)["cpus"].as_u64().unwrap_or(0) > 0
+    ));
+    assert!(versions(&m).is_empty());
+    s.space_ok(&["migrate", &a, "--to", &mid]);
+    assert_eq!(s.sh(&a, "cat /etc/marker").1, "sent on demand\n");
+    assert_eq!(versions(&m), versions(&s));
     for id in [&a, &b] {
         s.space_ok(&["rm", id]);
     }
