@@ -85,6 +85,12 @@ pub enum ControlError {
     KeyFile(#[from] secrets::KeyFileError),
     #[error("server failed")]
     Serve(#[source] std::io::Error),
+    #[error(
+        "{path} does not open the secrets in the database: every control-plane replica needs \
+         the same secrets.key (copy it, with admin.key, ports.key and cluster-ca/, from the \
+         first replica's data dir; decision 0036)"
+    )]
+    SecretsKey { path: PathBuf },
 }
 
 /// An opened control plane: state for [`app`] plus where the admin key is.
@@ -147,7 +153,11 @@ impl ControlPlane {
             (None, Some(n)) => n,
             (None, None) => unreachable!("a control plane drives a node or a cluster"),
         };
+        let secrets_key = cfg.data_dir.join("secrets.key");
         let mut engine = Engine::new(store, node, cfg)?;
+        if !engine.vault.key_opens_stored().await? {
+            return Err(ControlError::SecretsKey { path: secrets_key });
+        }
         engine.cluster = cluster;
         engine.cluster_nodes = nodes;
         let engine = Arc::new(engine);

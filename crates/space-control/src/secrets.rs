@@ -450,6 +450,19 @@ impl SecretVault {
     }
 
     /// The value of secret `name`, if it exists and opens.
+    /// Whether this vault's key opens the secrets the store holds (true when it holds none):
+    /// a control-plane replica started with another `secrets.key` than the others' would
+    /// otherwise fail each secret only when a request needs it.
+    pub async fn key_opens_stored(&self) -> Result<bool, StoreError> {
+        Ok(match self.store.list_secrets().await?.first() {
+            Some(row) => self
+                .cipher
+                .open(&row.name, &row.nonce, &row.ciphertext)
+                .is_some(),
+            None => true,
+        })
+    }
+
     pub async fn value(&self, name: &str) -> Option<Arc<str>> {
         if let Some(v) = self.cache().get(name) {
             return Some(v.clone());
@@ -882,6 +895,9 @@ mod tests {
         std::fs::write(dir.path().join("other.key"), [1u8; KEY_LEN]).unwrap();
         let other = SecretVault::open(store, &dir.path().join("other.key")).unwrap();
         assert!(other.secret_value("K").await.is_none());
+        // Which a replica started with it finds out at once.
+        assert!(vault.key_opens_stored().await.unwrap());
+        assert!(!other.key_opens_stored().await.unwrap());
     }
 
     #[tokio::test]

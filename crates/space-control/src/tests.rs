@@ -2373,3 +2373,29 @@ async fn the_reconciler_leaves_a_sandbox_another_replica_holds() {
     engine.reconcile_once(&mut backoff).await.unwrap();
     assert_eq!(get().await.json::<Sandbox>().state, SandboxState::Failed);
 }
+
+#[tokio::test]
+async fn a_replica_with_another_secrets_key_refuses_to_start() {
+    let h = harness().await;
+    let data_dir = h.state.engine.config().data_dir.clone();
+    h.state
+        .engine
+        .vault
+        .put(
+            "K",
+            &space_api::PutSecret {
+                value: "v".into(),
+                hosts: vec!["api.x.com".into()],
+                header: "X-Key: {}".into(),
+            },
+        )
+        .await
+        .unwrap();
+    // The same data dir opens again; with another secrets.key it is refused, and says why.
+    let reopen = || ControlPlane::open(ControlConfig::new(data_dir.clone()), None, h.node.clone());
+    assert!(reopen().await.is_ok());
+    std::fs::write(data_dir.join("secrets.key"), [7u8; 32]).unwrap();
+    let e = reopen().await.err().expect("refused");
+    assert!(matches!(e, crate::ControlError::SecretsKey { .. }), "{e}");
+    assert!(e.to_string().contains("same secrets.key"), "{e}");
+}
