@@ -477,16 +477,7 @@ impl Store {
     pub async fn claim(&self, id: &str, node: &Candidate, need: &Need) -> Result<bool, StoreError> {
         let q = |what| move |source| StoreError::Query { what, source };
         let mut tx = self.pool().begin().await.map_err(q("claim"))?;
-        let Some((cpu, mem)) = lock_and_sum_claims(&mut tx, &node.id).await? else {
-            return Ok(false);
-        };
-        let fits = Candidate {
-            claimed_cpu_millis: cpu,
-            claimed_memory_mib: mem,
-            ..node.clone()
-        }
-        .fits(need);
-        if !fits {
+        if !lock_if_fits(&mut tx, node, need).await? {
             return Ok(false);
         }
         sqlx::query(
@@ -515,16 +506,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let q = |what| move |source| StoreError::Query { what, source };
         let mut tx = self.pool().begin().await.map_err(q("move claim"))?;
-        let Some((cpu, mem)) = lock_and_sum_claims(&mut tx, &node.id).await? else {
-            return Ok(false);
-        };
-        let fits = Candidate {
-            claimed_cpu_millis: cpu,
-            claimed_memory_mib: mem,
-            ..node.clone()
-        }
-        .fits(need);
-        if !fits {
+        if !lock_if_fits(&mut tx, node, need).await? {
             return Ok(false);
         }
         let moved = sqlx::query(
@@ -599,31 +581,37 @@ impl Store {
     }
 }
 
-/// In a claim's transaction: locks node `node`'s row (every claim on it waits here for the
-/// one before to commit: a row lock on PostgreSQL, the write lock on SQLite) and sums what
-/// its live sandboxes claim (CPU millis, memory MiB). None when the node is gone.
-async fn lock_and_sum_claims(
+/// In a claim's transaction: locks `node`'s row (every claim on it waits here for the one
+/// before to commit: a row lock on PostgreSQL, the write lock on SQLite) and answers whether
+/// `need` fits beside what its live sandboxes claim now. False when the node is gone.
+async fn lock_if_fits(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    node: &str,
-) -> Result<Option<(u64, u64)>, StoreError> {
+    node: &Candidate,
+    need: &Need,
+) -> Result<bool, StoreError> {
     use sqlx::Row;
     let q = |what| move |source| StoreError::Query { what, source };
     let locked = sqlx::query("UPDATE cluster_nodes SET id = id WHERE id = $1")
-        .bind(node)
+        .bind(&node.id)
         .execute(&mut **tx)
         .await
         .map_err(q("lock node"))?;
     if locked.rows_affected() != 1 {
-        return Ok(None);
+        return Ok(false);
     }
     let row = sqlx::query(&format!("{CLAIMS} AND sn.node_id = $1"))
-        .bind(node)
+        .bind(&node.id)
         .fetch_one(&mut **tx)
         .await
         .map_err(q("sum claims"))?;
     let cpu: i64 = row.try_get(0).map_err(q("sum claims"))?;
     let mem: i64 = row.try_get(1).map_err(q("sum claims"))?;
-    Ok(Some((cpu.max(0) as u64, mem.max(0) as u64)))
+    Ok(Candidate {
+        claimed_cpu_millis: cpu.max(0) as u64,
+        claimed_memory_mib: mem.max(0) as u64,
+        ..node.clone()
+    }
+    .fits(need))
 }
 
 /// The claims of live sandboxes (creating, running, paused; not deleted).

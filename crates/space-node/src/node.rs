@@ -261,7 +261,12 @@ impl Node {
     /// Opens the node: prepares the btrfs volume (loop image if needed), builds the `base`
     /// template if missing, starts the namespace runtime, and adopts running sandboxes.
     pub async fn open(cfg: NodeConfig) -> Result<Arc<Node>, NodeError> {
-        raise_open_file_limit();
+        // A node holds several descriptors per sandbox (channel, pidfd, slot listeners),
+        // and warm pools keep thousands of sandboxes.
+        match space_sys::process::raise_open_file_limit() {
+            Ok(limit) => tracing::debug!(?limit, "open file limit raised"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
+        }
         let (data_dir, size) = (cfg.data_dir.clone(), cfg.image_size_bytes);
         let volume = blocking(move || Ok(storage::prepare_volume(&data_dir, size)?)).await?;
         let runtime = crate::runtime::namespace::NamespaceRuntime::new(
@@ -352,6 +357,22 @@ impl Node {
         node.start_vm_warm();
         node.start_usage_sampler();
         Ok(node)
+    }
+
+    /// A free uid range for a new sandbox (its base).
+    fn allocate_uids(&self) -> Result<u32, NodeError> {
+        self.uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .allocate()
+    }
+
+    /// Gives the uid range at `base` back.
+    fn free_uids(&self, base: u32) {
+        self.uids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free(base);
     }
 
     fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -517,7 +538,7 @@ impl Node {
         let slot = net
             .attach(id, &rec.spec.network, &rec.spec.secrets)
             .await
-            .map_err(|e| net_error(id, e))?;
+            .map_err(|e| e.for_sandbox(id))?;
         rec.slot = Some(slot);
         Ok(true)
     }
@@ -614,7 +635,7 @@ impl Node {
             // A restart, rollback or checkpoint restore: the spec may carry a newer policy.
             net.update(&rec.spec.id, &rec.spec.network)
                 .await
-                .map_err(|e| net_error(&rec.spec.id, e))?;
+                .map_err(|e| e.for_sandbox(&rec.spec.id))?;
         }
         let result = self.launch_in_slot(rec, from).await;
         if result.is_ok() {
@@ -770,11 +791,7 @@ impl Node {
         from: Option<&Path>,
     ) -> Result<(SandboxRecord, Launched, GuestChannel), NodeError> {
         let id = spec.id.clone();
-        let uid_base = self
-            .uids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .allocate()?;
+        let uid_base = self.allocate_uids()?;
         let mut rec = self.new_record(spec, tmpl.version, uid_base);
         rec.pool_member = pool_member;
         let mut result = self.build_attempt(&mut rec, &tmpl.path, from).await;
@@ -931,10 +948,7 @@ impl Node {
         {
             tracing::error!(id, error = %e, "rollback of sandbox storage failed");
         }
-        self.uids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free(uid_base);
+        self.free_uids(uid_base);
     }
 
     /// Starts a stopped sandbox again on its kept rootfs (limits, env and hostname from
@@ -995,44 +1009,6 @@ impl Node {
             })?;
         tracing::info!(id, paused = pause, "sandbox freezer state changed");
         Ok(self.status_of(&entry.record))
-    }
-}
-
-/// A node holds several descriptors per sandbox (channel, pidfd, slot listeners), and warm
-/// pools keep thousands of sandboxes: lift the soft limit on open files to the hard one, and
-/// as root the hard one to the kernel's `nr_open` (at most 1 Mi).
-fn raise_open_file_limit() {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let cur = getrlimit(Resource::Nofile);
-    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .unwrap_or(1 << 20)
-        .min(1 << 20);
-    let want = Rlimit {
-        current: Some(nr_open),
-        maximum: Some(nr_open),
-    };
-    let fallback = Rlimit {
-        current: cur.maximum,
-        maximum: cur.maximum,
-    };
-    match setrlimit(Resource::Nofile, want).or_else(|_| setrlimit(Resource::Nofile, fallback)) {
-        Ok(()) => {
-            let now = getrlimit(Resource::Nofile);
-            tracing::debug!(limit = ?now.current, "open file limit raised");
-        }
-        Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
-    }
-}
-
-/// The node error for a networking failure of sandbox `id`.
-fn net_error(id: &str, e: NetError) -> NodeError {
-    match e {
-        NetError::InvalidArgument(m) => NodeError::InvalidArgument(m),
-        NetError::Exhausted(m) => NodeError::Exhausted(format!("network slots: {m}")),
-        NetError::NotFound(_) => NodeError::Conflict(format!("sandbox {id} has no network slot")),
-        e => NodeError::Internal(format!("network of sandbox {id}: {e}")),
     }
 }
 
@@ -1147,10 +1123,7 @@ impl NodeApi for Node {
             .unwrap_or_else(|e| e.into_inner())
             .remove(id)
         {
-            self.uids
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .free(e.record.uid_base);
+            self.free_uids(e.record.uid_base);
         }
         tracing::info!(id, "sandbox removed");
         drop(guard);
@@ -1337,7 +1310,7 @@ impl NodeApi for Node {
 
     async fn validate_network(&self, network: &NetworkSpec) -> Result<(), NodeError> {
         match &self.network {
-            Some(net) => net.validate(network).map_err(|e| net_error("(new)", e)),
+            Some(net) => net.validate(network).map_err(|e| e.for_sandbox("(new)")),
             None => Ok(()),
         }
     }
@@ -1361,7 +1334,7 @@ impl NodeApi for Node {
         {
             net.update(id, network)
                 .await
-                .map_err(|e| net_error(id, e))?;
+                .map_err(|e| e.for_sandbox(id))?;
         }
         let status = {
             let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
@@ -1398,7 +1371,7 @@ impl NodeApi for Node {
                 id: id.to_string(),
                 reason: format!("nothing answers on port {port} inside the sandbox: {source}"),
             },
-            e => net_error(id, e),
+            e => e.for_sandbox(id),
         })?;
         let _ = stream.set_nodelay(true);
         Ok(Box::new(stream))
@@ -1454,253 +1427,32 @@ impl NodeApi for Node {
         Ok(self.node_info_impl())
     }
 
-    #[tracing::instrument(name = "node.send", skip_all, fields(sandbox = id, step = step.as_str()))]
     async fn send_sandbox(&self, id: &str, step: MoveStep) -> Result<MoveStream, NodeError> {
-        ids::validate_sandbox_id(id)?;
-        let lock = self.lock_for(id);
-        let _guard = lock.lock().await;
-        let entry = self.require_entry(id)?;
-        if entry.record.runtime == MICROVM {
-            return Err(NodeError::InvalidArgument(format!(
-                "sandbox {id} is a microvm: moving microvm sandboxes between nodes is not \
-                 supported yet (decision 0035)"
-            )));
-        }
-        if step == MoveStep::Final
-            && self.is_running(&entry.record)
-            && !self
-                .rt(&entry.record)
-                .is_frozen(entry.record.runtime_name())
-        {
-            return Err(NodeError::WrongPhase {
-                id: id.to_owned(),
-                phase: Phase::Running,
-            });
-        }
-        let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_owned());
-        let items =
-            blocking(move || crate::moves::plan(&layout, subvols.as_ref(), &id2, step)).await?;
-        Ok(crate::moves::send(items))
+        self.send_sandbox_impl(id, step).await
     }
-
-    #[tracing::instrument(name = "node.receive", skip_all, fields(sandbox = id, step = step.as_str()))]
     async fn receive_sandbox(
         &self,
         id: &str,
         step: MoveStep,
         parts: MoveStream,
     ) -> Result<Received, NodeError> {
-        ids::validate_sandbox_id(id)?;
-        let lock = self.lock_for(id);
-        let _guard = lock.lock().await;
-        if self.entry(id).is_some() {
-            return Err(NodeError::Conflict(format!(
-                "sandbox {id} is on this node already"
-            )));
-        }
-        let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_owned());
-        blocking(move || {
-            let incoming = crate::moves::incoming_dir(&layout, &id2);
-            match step {
-                MoveStep::Base => {
-                    // What an earlier try left goes first.
-                    remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?;
-                    storage::mkdir_private(&layout.sandbox_dir(&id2))?;
-                    storage::mkdir_private(&incoming)?;
-                }
-                MoveStep::Final => {
-                    if !subvols.is_subvolume(&incoming.join(MoveStep::Base.as_str())) {
-                        return Err(NodeError::Conflict(format!(
-                            "no base of sandbox {id2} was received here: a move receives its \
-                             base step first"
-                        )));
-                    }
-                    let last = crate::moves::received_final(&layout, &id2);
-                    if subvols.is_subvolume(&last) {
-                        subvols.delete(&last)?;
-                    }
-                }
-            }
-            Ok(())
-        })
-        .await?;
-        let dir = self.layout.sandbox_dir(id);
-        let got =
-            crate::moves::receive(&dir, parts, space_node_api::moves::valid_move_path).await?;
-        if step == MoveStep::Base {
-            // The base's data goes to disk now, while the sandbox still runs on its source:
-            // left dirty, the final step's commits (snapshot, record) would write it out
-            // while the sandbox is paused.
-            blocking(move || {
-                let d = std::fs::File::open(&dir).map_err(|e| StorageError::io("open", &dir, e))?;
-                rustix::fs::syncfs(&d).map_err(|e| StorageError::io("sync", &dir, e.into()).into())
-            })
-            .await?;
-        }
-        tracing::info!(id, step = step.as_str(), bytes = got.bytes, "move received");
-        Ok(got)
+        self.receive_sandbox_impl(id, step, parts).await
     }
-
-    #[tracing::instrument(name = "node.adopt", skip_all, fields(sandbox = %spec.id))]
     async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
-        check_spec(spec)?;
-        let id = spec.id.clone();
-        let lock = self.lock_for(&id);
-        let _guard = lock.lock().await;
-        if let Some(entry) = self.entry(&id) {
-            return Ok(self.status_of(&entry.record));
-        }
-        if spec.runtime == Some(MICROVM) {
-            return Err(NodeError::InvalidArgument(format!(
-                "sandbox {id} is a microvm: moving microvm sandboxes is not supported yet"
-            )));
-        }
-        let received = crate::moves::received_final(&self.layout, &id);
-        if !self.subvols.is_subvolume(&received) {
-            return Err(NodeError::Conflict(format!(
-                "sandbox {id} was not received here: nothing to adopt"
-            )));
-        }
-        let tmpl = self
-            .templates
-            .latest(&spec.template)
-            .ok_or_else(|| NodeError::NotFound {
-                kind: "template",
-                id: spec.template.clone(),
-            })?;
-        let uid_base = self
-            .uids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .allocate()?;
-        let mut rec = self.new_record(spec, tmpl.version, uid_base);
-        rec.runtime = RuntimeKind::Namespace;
-        let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
-        let made = blocking(move || {
-            let id = &rec2.spec.id;
-            let dir = layout.sandbox_dir(id);
-            let rootfs = layout.sandbox_rootfs(id);
-            if subvols.is_subvolume(&rootfs) {
-                subvols.delete(&rootfs)?;
-            }
-            subvols.snapshot(
-                &crate::moves::received_final(&layout, id),
-                &dir,
-                "rootfs",
-                false,
-            )?;
-            // Made durable right after (as a create's record is), not while it is down.
-            storage::write_json_atomic(&layout.sandbox_record(id), &rec2, false)?;
-            Ok(())
-        })
-        .await;
-        if let Err(e) = made {
-            self.uids
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .free(uid_base);
-            return Err(e);
-        }
-        let status = self.status_of(&rec);
-        self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            id.clone(),
-            Entry {
-                record: rec,
-                client: None,
-            },
-        );
-        tracing::info!(id, template = %spec.template, version = tmpl.version, "moved sandbox adopted");
-        self.sync_record_in_background(&id);
-        // The received copies go after the answer: deleting a subvolume waits for a commit.
-        let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
-        tokio::task::spawn_blocking(move || {
-            let incoming = crate::moves::incoming_dir(&layout, &id);
-            if let Err(e) = crate::moves::remove_move_dir(&incoming, subvols.as_ref()) {
-                tracing::warn!(id, error = %e, "could not remove a move's received copies");
-            }
-        });
-        Ok(status)
+        self.adopt_sandbox_impl(spec).await
     }
-
+    async fn discard_move(&self, id: &str) -> Result<(), NodeError> {
+        self.discard_move_impl(id).await
+    }
     async fn send_template(&self, name: &str) -> Result<MoveStream, NodeError> {
-        ids::validate_template_name(name)?;
-        let t = self
-            .templates
-            .latest(name)
-            .ok_or_else(|| NodeError::NotFound {
-                kind: "template",
-                id: name.to_owned(),
-            })?;
-        let dir = t.path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Ok(crate::moves::send(vec![
-            crate::moves::Item::File {
-                rel: "template.json".into(),
-                path: dir.join("template.json"),
-            },
-            crate::moves::Item::Subvolume {
-                rel: ".".into(),
-                path: t.path.clone(),
-                parent: None,
-            },
-        ]))
+        self.send_template_impl(name).await
     }
-
-    #[tracing::instrument(name = "node.receive_template", skip_all, fields(template = name))]
     async fn receive_template(
         &self,
         name: &str,
         parts: MoveStream,
     ) -> Result<TemplateInfo, NodeError> {
-        ids::validate_template_name(name)?;
-        let dir = self.templates.receiving_dir(name)?;
-        let got =
-            crate::moves::receive(&dir, parts, space_node_api::moves::valid_template_path).await;
-        let templates = self.templates.clone();
-        let (name2, dir2) = (name.to_owned(), dir.clone());
-        let info = match got {
-            Ok(got) => {
-                let info = blocking(move || Ok(templates.adopt_received(&name2, &dir2)?)).await?;
-                tracing::info!(
-                    template = name,
-                    version = info.version,
-                    bytes = got.bytes,
-                    "template received"
-                );
-                info
-            }
-            Err(e) => {
-                let subvols = self.subvols.clone();
-                let _ = blocking(move || {
-                    let _ = subvols.delete(&dir2.join("rootfs"));
-                    Ok(storage::remove_tree(&dir2)?)
-                })
-                .await;
-                return Err(e);
-            }
-        };
-        Ok(info)
-    }
-
-    async fn discard_move(&self, id: &str) -> Result<(), NodeError> {
-        ids::validate_sandbox_id(id)?;
-        let lock = self.lock_for(id);
-        let _guard = lock.lock().await;
-        let held = self.entry(id).is_some();
-        let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_owned());
-        blocking(move || {
-            if held {
-                // The source: its sandbox stays; the copies taken for the move go.
-                crate::moves::remove_move_dir(
-                    &crate::moves::outgoing_dir(&layout, &id2),
-                    subvols.as_ref(),
-                )?;
-            } else {
-                // A target that never adopted it: everything received goes.
-                remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?;
-            }
-            Ok(())
-        })
-        .await
+        self.receive_template_impl(name, parts).await
     }
 
     async fn sandbox_usage(&self, id: &str) -> Result<crate::api::SandboxUsage, NodeError> {
@@ -1731,6 +1483,9 @@ mod node_images;
 
 #[path = "node_start.rs"]
 mod node_start;
+
+#[path = "node_moves.rs"]
+mod node_moves;
 
 #[cfg(test)]
 #[path = "node_tests.rs"]

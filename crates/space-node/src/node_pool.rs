@@ -31,7 +31,7 @@ use futures::StreamExt;
 use space_proto::{ExecRequest, PersonalizeRequest};
 use tracing::Instrument;
 
-use super::{Entry, Node, blocking, net_error, remove_sandbox_storage};
+use super::{Entry, Node, blocking, remove_sandbox_storage};
 use crate::api::{
     Limits, NodeError, PoolConfig, PoolStatus, SandboxSpec, SandboxStatus, TemplateInfo,
 };
@@ -440,7 +440,7 @@ impl Node {
                 .rename(&name, &spec.id, &spec.network, &spec.secrets)
                 .await
         {
-            return fail(net_error(&spec.id, e), record, client);
+            return fail(e.for_sandbox(&spec.id), record, client);
         }
         let t_net = t0.elapsed();
         // 2. At once: limits and hostname; the base environment of every process; the
@@ -558,10 +558,7 @@ impl Node {
         {
             tracing::warn!(member = %name, error = %e, "removing a pool sandbox's storage failed");
         }
-        self.uids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free(rec.uid_base);
+        self.free_uids(rec.uid_base);
         tracing::debug!(member = %name, "pool sandbox destroyed");
     }
 

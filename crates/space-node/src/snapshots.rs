@@ -678,11 +678,7 @@ impl Node {
         let src_rootfs = self.require_snapshot(source, snap)?;
         let snap_disk = src_rootfs.clone();
         let memory = self.memory_of(&src.record, source, snap, &spec.limits)?;
-        let uid_base = self
-            .uids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .allocate()?;
+        let uid_base = self.allocate_uids()?;
         let mut rec = self.new_record(spec, src.record.template_version, uid_base);
         // A fork runs where its source ran.
         rec.runtime = src.record.runtime;

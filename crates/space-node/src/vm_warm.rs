@@ -198,11 +198,7 @@ impl Node {
         let t0 = Instant::now();
         let building = dir.with_extension("building");
         let id = format!("{BUILDER_PREFIX}{}", random_hex(6));
-        let uid_base = self
-            .uids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .allocate()?;
+        let uid_base = self.allocate_uids()?;
         let plan = LaunchPlan {
             id: id.clone(),
             rootfs: tmpl.path.clone(),
@@ -279,10 +275,7 @@ impl Node {
             Ok(dir.clone())
         }
         .await;
-        self.uids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free(uid_base);
+        self.free_uids(uid_base);
         let run_dir = plan.run_dir.clone();
         let leftover = if result.is_err() {
             Some(building)

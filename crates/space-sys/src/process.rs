@@ -267,6 +267,28 @@ pub fn probe_clock_settime() -> io::Result<()> {
     Ok(())
 }
 
+/// Lifts the soft limit on open files to the hard one, and (as root) the hard one to the
+/// kernel's `nr_open`, at most 1 Mi. Answers the soft limit now.
+pub fn raise_open_file_limit() -> io::Result<Option<u64>> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let cur = getrlimit(Resource::Nofile);
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20)
+        .min(1 << 20);
+    let want = Rlimit {
+        current: Some(nr_open),
+        maximum: Some(nr_open),
+    };
+    let fallback = Rlimit {
+        current: cur.maximum,
+        maximum: cur.maximum,
+    };
+    setrlimit(Resource::Nofile, want).or_else(|_| setrlimit(Resource::Nofile, fallback))?;
+    Ok(getrlimit(Resource::Nofile).current)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -401,6 +401,26 @@ fn node_row(s: &Spaced, id: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// The cluster id of the node agent `x` runs.
+fn node_id_of(x: &Spaced) -> String {
+    std::fs::read_to_string(x.data_dir().join("cluster/node_id"))
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// Waits until node `id` has reported its capacity to `s` (its first heartbeat).
+fn wait_reported(s: &Spaced, id: &str) {
+    assert!(
+        eventually(Duration::from_secs(30), || node_row(s, id)["cpus"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0),
+        "node {id} did not report:\n{}",
+        s.space_ok(&["node", "ls"])
+    );
+}
+
 /// The node a sandbox was placed on, from its `place` event.
 fn placed_on(s: &Spaced, id: &str) -> String {
     let events = s.space_ok(&["events", id]);
@@ -859,21 +879,8 @@ fn a_replica_killed_during_a_create_burst_doubles_and_loses_nothing() {
     .unwrap();
     let r = s.add_replica().unwrap();
     let n = s.join_node_via(&[&r], &[]).unwrap();
-    let node_id = |x: &Spaced| {
-        std::fs::read_to_string(x.data_dir().join("cluster/node_id"))
-            .unwrap()
-            .trim()
-            .to_owned()
-    };
-    let (own, nid) = (node_id(&s), node_id(&n));
-    assert!(
-        eventually(Duration::from_secs(30), || node_row(&r, &nid)["cpus"]
-            .as_u64()
-            .unwrap_or(0)
-            > 0),
-        "the node did not report:\n{}",
-        r.space_ok(&["node", "ls"])
-    );
+    let (own, nid) = (node_id_of(&s), node_id_of(&n));
+    wait_reported(&r, &nid);
     // Creates go to the joined node only: the first replica's own node is drained (it
     // serves on the first replica's loopback, which the second cannot reach).
     s.space_ok(&["node", "drain", &own]);
@@ -1049,17 +1056,8 @@ fn a_replica_killed_during_a_create_burst_doubles_and_loses_nothing() {
 fn a_node_cut_off_and_back_keeps_its_sandboxes_once() {
     let s = Spaced::start_joined(&[], &["--warm-pool", "0:0"]).unwrap();
     let n = s.join_node(&[]).unwrap();
-    let node_id = |x: &Spaced| {
-        std::fs::read_to_string(x.data_dir().join("cluster/node_id"))
-            .unwrap()
-            .trim()
-            .to_owned()
-    };
-    let (own, nid) = (node_id(&s), node_id(&n));
-    assert!(eventually(
-        Duration::from_secs(30),
-        || node_row(&s, &nid)["cpus"].as_u64().unwrap_or(0) > 0
-    ));
+    let (own, nid) = (node_id_of(&s), node_id_of(&n));
+    wait_reported(&s, &nid);
     // Both on the node that will be cut.
     s.space_ok(&["node", "drain", &own]);
     let cut: Vec<String> = (0..2)
@@ -1160,17 +1158,8 @@ fn a_template_reaches_a_node_that_lacks_it_on_demand() {
     s.space_ok(&["template", "import", "late", root.to_str().unwrap()]);
 
     let n = s.join_node(&[]).unwrap();
-    let node_id = |x: &Spaced| {
-        std::fs::read_to_string(x.data_dir().join("cluster/node_id"))
-            .unwrap()
-            .trim()
-            .to_owned()
-    };
-    let (own, nid) = (node_id(&s), node_id(&n));
-    assert!(eventually(
-        Duration::from_secs(30),
-        || node_row(&s, &nid)["cpus"].as_u64().unwrap_or(0) > 0
-    ));
+    let (own, nid) = (node_id_of(&s), node_id_of(&n));
+    wait_reported(&s, &nid);
     let versions = |x: &Spaced| -> Vec<String> {
         std::fs::read_dir(x.data_dir().join("volume/templates/late"))
             .map(|rd| {
@@ -1204,11 +1193,8 @@ fn a_template_reaches_a_node_that_lacks_it_on_demand() {
 
     // A move to a node without the template takes the template along.
     let m = s.join_node(&[]).unwrap();
-    let mid = node_id(&m);
-    assert!(eventually(
-        Duration::from_secs(30),
-        || node_row(&s, &mid)["cpus"].as_u64().unwrap_or(0) > 0
-    ));
+    let mid = node_id_of(&m);
+    wait_reported(&s, &mid);
     assert!(versions(&m).is_empty());
     s.space_ok(&["migrate", &a, "--to", &mid]);
     assert_eq!(s.sh(&a, "cat /etc/marker").1, "sent on demand\n");

@@ -81,6 +81,21 @@ pub enum NetError {
     },
 }
 
+impl NetError {
+    /// The node error for this networking failure of sandbox `id`.
+    pub(crate) fn for_sandbox(self, id: &str) -> crate::api::NodeError {
+        use crate::api::NodeError;
+        match self {
+            NetError::InvalidArgument(m) => NodeError::InvalidArgument(m),
+            NetError::Exhausted(m) => NodeError::Exhausted(format!("network slots: {m}")),
+            NetError::NotFound(_) => {
+                NodeError::Conflict(format!("sandbox {id} has no network slot"))
+            }
+            e => NodeError::Internal(format!("network of sandbox {id}: {e}")),
+        }
+    }
+}
+
 fn setup(step: impl Into<String>) -> impl FnOnce(io::Error) -> NetError {
     move |source| NetError::Setup {
         step: step.into(),
