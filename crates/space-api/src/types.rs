@@ -152,6 +152,32 @@ pub struct CreateSandbox {
     /// kernel); default: the node's (`spaced --default-runtime`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// Copies of the sandbox's snapshots kept on other nodes (decision 0037): 0 or 1. With
+    /// 1, each snapshot is sent to a second node, and if the sandbox's node is lost it is
+    /// restored there from its newest replicated snapshot. Default: its template's setting,
+    /// else 0. Needs a cluster and the namespace runtime.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+}
+
+/// The most replicas a sandbox may ask for.
+pub const MAX_REPLICAS: u32 = 1;
+
+/// Where a sandbox's replica is and how far it has come (decision 0037).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaStatus {
+    /// The node that holds it.
+    pub node: String,
+    /// The newest snapshot it holds: what a restore after the loss of the sandbox's node
+    /// comes back from.
+    pub snapshot_id: String,
+    /// How many of the sandbox's snapshots it holds.
+    pub snapshots: u32,
+    /// Bytes the last replication sent (incremental on what the replica had).
+    pub last_bytes: u64,
+    /// When it last caught up (RFC 3339).
+    pub updated_at: String,
 }
 
 /// `POST /v1/sandboxes/{id}/pause` (the body is optional).
@@ -220,6 +246,9 @@ pub enum SandboxState {
     Deleting,
     /// Frozen: no CPU, memory kept; `resume` thaws it.
     Paused,
+    /// Its node was lost and it had no replica to restore from (decision 0037). Nothing was
+    /// recreated in its place; it comes back if its node does, and `rm` forgets it.
+    Lost,
 }
 
 impl SandboxState {
@@ -231,6 +260,7 @@ impl SandboxState {
             SandboxState::Failed => "failed",
             SandboxState::Deleting => "deleting",
             SandboxState::Paused => "paused",
+            SandboxState::Lost => "lost",
         }
     }
 
@@ -242,6 +272,7 @@ impl SandboxState {
             "failed" => SandboxState::Failed,
             "deleting" => SandboxState::Deleting,
             "paused" => SandboxState::Paused,
+            "lost" => SandboxState::Lost,
             _ => return None,
         })
     }
@@ -316,6 +347,16 @@ pub struct Sandbox {
     /// than booted, this time it started.
     #[serde(default)]
     pub restored: bool,
+    /// Copies of its snapshots kept on other nodes (0 or 1; decision 0037).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub replicas: u32,
+    /// Its replica, once one holds a snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<ReplicaStatus>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -776,6 +817,9 @@ pub struct Template {
     /// default). Set with `PUT /v1/templates/{name}/settings`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// The replicas creates of this template get when they name none (absent: 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
 }
 
 /// `POST /v1/templates/{name}/from-snapshot`: a new version of the template `name` made of a
@@ -794,6 +838,10 @@ pub struct SetTemplateSettings {
     /// "namespace" or "microvm"; null or absent: the node's default.
     #[serde(default)]
     pub runtime: Option<String>,
+    /// Replicas the template's sandboxes get when their create names none (decision 0037);
+    /// null or absent: 0.
+    #[serde(default)]
+    pub replicas: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1033,6 +1081,8 @@ pub struct TemplateDetail {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
     pub versions: Vec<Template>,
 }
 

@@ -226,6 +226,11 @@ struct CreateArgs {
     /// default: the server's.
     #[arg(long, value_name = "RUNTIME")]
     runtime: Option<String>,
+    /// Copies of its snapshots kept on another node (0 or 1; default: the template's
+    /// setting, else 0): if its node is lost, it is restored there from its newest
+    /// replicated snapshot (a cluster only; decision 0037).
+    #[arg(long, value_name = "N")]
+    replicas: Option<u32>,
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -365,6 +370,7 @@ async fn run(cli: Cli) -> Result<i32> {
                 secrets: a.secrets,
                 secret_headers: a.secret_headers,
                 runtime: a.runtime,
+                replicas: a.replicas,
             };
             let sb = match &a.idempotency_key {
                 Some(key) => c.create_sandbox_keyed(&req, key).await?,

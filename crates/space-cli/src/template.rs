@@ -94,6 +94,10 @@ pub(crate) enum TemplateCmd {
         name: String,
         #[arg(long, value_name = "namespace|microvm|default")]
         runtime: Option<String>,
+        /// Replicas the template's sandboxes get when their create names none (0 or 1;
+        /// decision 0037).
+        #[arg(long, value_name = "N")]
+        replicas: Option<u32>,
         /// Started in the background in every new sandbox (`image`: the image's ENTRYPOINT
         /// and CMD; `none`: no start command). Makes a new version.
         #[arg(long, value_name = "CMD")]
@@ -116,9 +120,10 @@ pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
                 print_json(&t)?;
             } else {
                 println!(
-                    "{} (runtime {})",
+                    "{} (runtime {}, replicas {})",
                     t.name,
-                    t.runtime.as_deref().unwrap_or("default")
+                    t.runtime.as_deref().unwrap_or("default"),
+                    t.replicas.unwrap_or(0)
                 );
                 println!("{:>7}  {:<25}  SOURCE", "VERSION", "CREATED");
                 for v in &t.versions {
@@ -233,28 +238,38 @@ pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
         TemplateCmd::Set {
             name,
             runtime,
+            replicas,
             start_cmd,
             ready_cmd,
             ready_timeout,
         } => {
             if runtime.is_none()
+                && replicas.is_none()
                 && start_cmd.is_none()
                 && ready_cmd.is_none()
                 && ready_timeout.is_none()
             {
                 bail!(
-                    "nothing to set: pass --runtime, --start-cmd, --ready-cmd or --ready-timeout"
+                    "nothing to set: pass --runtime, --replicas, --start-cmd, --ready-cmd or \
+                     --ready-timeout"
                 );
             }
-            if let Some(runtime) = runtime {
+            if runtime.is_some() || replicas.is_some() {
+                // The settings are replaced whole: what is not given stays as it is.
+                let now = c.get_template(&name).await?;
                 let req = space_api::SetTemplateSettings {
-                    runtime: (runtime != "default").then_some(runtime),
+                    runtime: match runtime {
+                        Some(r) => (r != "default").then_some(r),
+                        None => now.runtime,
+                    },
+                    replicas: replicas.or(now.replicas),
                 };
                 let t = c.set_template_settings(&name, &req).await?;
                 println!(
-                    "{} runtime {}",
+                    "{} runtime {}, replicas {}",
                     t.name,
-                    t.runtime.as_deref().unwrap_or("default")
+                    t.runtime.as_deref().unwrap_or("default"),
+                    t.replicas.unwrap_or(0)
                 );
             }
             if start_cmd.is_some() || ready_cmd.is_some() || ready_timeout.is_some() {

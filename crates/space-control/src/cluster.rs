@@ -58,6 +58,13 @@ impl NodeRow {
     pub fn reachable(&self, now: i64) -> bool {
         now - self.heartbeat_at < UNREACHABLE_AFTER.as_millis() as i64
     }
+
+    /// Whether it has been silent for `lost_after` (spaced control's `--node-lost-after`):
+    /// lost, so its sandboxes are restored elsewhere from their replicas, or marked lost
+    /// (decision 0037).
+    pub fn lost(&self, now: i64, lost_after: Duration) -> bool {
+        !self.reachable(now) && now - self.heartbeat_at >= lost_after.as_millis() as i64
+    }
 }
 
 fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {

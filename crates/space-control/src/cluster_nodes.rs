@@ -54,6 +54,8 @@ pub struct ClusterNodes {
     placed: RwLock<HashMap<String, (String, std::time::Instant)>>,
     /// When the members were last read from the store.
     refreshed: std::sync::Mutex<Option<std::time::Instant>>,
+    /// How long a member may be silent before it counts as lost (decision 0037).
+    lost_after: Duration,
 }
 
 impl std::fmt::Debug for ClusterNodes {
@@ -67,14 +69,94 @@ fn store_err(e: StoreError) -> NodeError {
 }
 
 impl ClusterNodes {
-    pub fn new(store: Store, tls: space_rpc::tls::ClusterTls) -> Self {
+    pub fn new(store: Store, tls: space_rpc::tls::ClusterTls, lost_after: Duration) -> Self {
         Self {
             store,
             tls,
             members: RwLock::default(),
             placed: RwLock::default(),
             refreshed: Default::default(),
+            lost_after,
         }
+    }
+
+    /// The members that are lost now (silent for `lost_after`), as last read.
+    pub(crate) fn lost_members(&self) -> BTreeSet<String> {
+        let now = now_ms();
+        self.members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|m| m.row.lost(now, self.lost_after))
+            .map(|m| m.row.id.clone())
+            .collect()
+    }
+
+    /// Whether node `node` is lost: silent for `lost_after`, or no longer a member.
+    pub(crate) fn is_lost(&self, node: &str) -> bool {
+        let now = now_ms();
+        self.members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .is_none_or(|m| m.row.lost(now, self.lost_after))
+    }
+
+    /// Member `node`'s API while its heartbeat is fresh.
+    pub(crate) fn reachable_member(&self, node: &str) -> Option<Arc<RemoteNode>> {
+        let now = now_ms();
+        self.members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .filter(|m| m.row.reachable(now))
+            .map(|m| m.api.clone())
+    }
+
+    /// Where a replica of sandbox `id` (on node `home`, of `template`, needing `need`) is
+    /// kept: the node the scheduler picks among the others, as for a create, so that a
+    /// restore there later finds room. None when no other node can take it.
+    pub(crate) async fn choose_replica_node(
+        &self,
+        id: &str,
+        template: &str,
+        need: &Need,
+        home: &str,
+    ) -> Result<Option<(Candidate, Arc<RemoteNode>)>, NodeError> {
+        let others: Vec<Candidate> = self
+            .candidates(template)
+            .await?
+            .into_iter()
+            .filter(|c| c.id != home)
+            .collect();
+        let Ok(p) = crate::scheduler::place(&others, need, id) else {
+            return Ok(None);
+        };
+        let api = self.member(&p.node).ok_or_else(no_node)?;
+        let c = others
+            .into_iter()
+            .find(|c| c.id == p.node)
+            .expect("placed on a candidate");
+        Ok(Some((c, api)))
+    }
+
+    /// Node `node` as the scheduler sees it now (its claims read now), with its API.
+    pub(crate) async fn candidate(
+        &self,
+        node: &str,
+        template: &str,
+    ) -> Result<(Candidate, Arc<RemoteNode>), NodeError> {
+        let c = self
+            .candidates(template)
+            .await?
+            .into_iter()
+            .find(|c| c.id == node)
+            .ok_or(NodeError::NotFound {
+                kind: "node",
+                id: node.to_owned(),
+            })?;
+        let api = self.member(node).ok_or_else(no_node)?;
+        Ok((c, api))
     }
 
     /// Reads the members again from the store: new nodes get a channel, removed ones are
@@ -451,6 +533,22 @@ impl Store {
             })
     }
 
+    /// Every sandbox's node.
+    pub async fn placements(&self) -> Result<HashMap<String, String>, StoreError> {
+        use sqlx::Row;
+        let q = |source| StoreError::Query {
+            what: "list placements",
+            source,
+        };
+        let rows = sqlx::query("SELECT sandbox_id, node_id FROM sandbox_nodes")
+            .fetch_all(self.pool())
+            .await
+            .map_err(q)?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0).map_err(q)?, r.try_get(1).map_err(q)?)))
+            .collect()
+    }
+
     /// The limits live sandboxes claim on each node: (CPU millis, memory MiB).
     pub async fn claims_by_node(&self) -> Result<HashMap<String, (u64, u64)>, StoreError> {
         use sqlx::Row;
@@ -655,10 +753,17 @@ impl NodeApi for ClusterNodes {
     }
 
     async fn remove_sandbox(&self, id: &str) -> Result<(), NodeError> {
-        match self.node_of(id).await {
-            Ok(node) => node.remove_sandbox(id).await?,
+        match self.placement_of(id).await {
+            // On a lost node: nothing can be removed there now. If it comes back, the
+            // reconciler removes its copy (a sandbox without a row is an orphan).
+            Ok((node, _)) if self.is_lost(&node) => {
+                tracing::info!(sandbox = id, node, "forgotten on a lost node");
+            }
+            Ok((_, node)) => node.remove_sandbox(id).await?,
             // Never placed: nothing to remove anywhere.
             Err(NodeError::NotFound { .. }) => {}
+            // On a node that left the cluster: nothing to remove that can be reached.
+            Err(NodeError::Unreachable { node, .. }) if self.is_lost(&node) => {}
             Err(e) => return Err(e),
         }
         self.store.forget_placement(id).await.map_err(store_err)?;
@@ -708,29 +813,19 @@ impl NodeApi for ClusterNodes {
         }))
         .await;
         let mut out = Observation::default();
-        // Sandbox id to where its status is in the list.
-        let mut seen: HashMap<String, usize> = HashMap::new();
+        let placements = self.store.placements().await.map_err(store_err)?;
+        let mut seen: BTreeSet<String> = BTreeSet::new();
         for ((row, _), list) in members.iter().zip(lists) {
             match list {
-                // During a move a sandbox is on two nodes for a moment: the status kept is
-                // the one from the node the store places it on (not remembered here either).
+                // A sandbox on a node the store does not place it on (one end of a move
+                // under way, or a copy a lost node kept) is a stray there, not observed:
+                // the status that counts is its own node's (not remembered here either).
                 Ok(list) => {
                     for st in list {
-                        match seen.get(&st.id).copied() {
-                            None => {
-                                seen.insert(st.id.clone(), out.sandboxes.len());
-                                out.sandboxes.push(st);
-                            }
-                            Some(at) => {
-                                let placed = self
-                                    .store
-                                    .node_of_sandbox(&st.id)
-                                    .await
-                                    .map_err(store_err)?;
-                                if placed.as_deref() == Some(row.id.as_str()) {
-                                    out.sandboxes[at] = st;
-                                }
-                            }
+                        if placements.get(&st.id).is_some_and(|n| *n != row.id) {
+                            out.strays.push((row.id.clone(), st.id));
+                        } else if seen.insert(st.id.clone()) {
+                            out.sandboxes.push(st);
                         }
                     }
                 }

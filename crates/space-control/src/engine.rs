@@ -70,6 +70,10 @@ pub struct ControlConfig {
     /// clients to trust (`GET /v1/e2b`, `space e2b ca`); None when spaced serves a
     /// certificate it was given, or no TLS.
     pub e2b_ca_pem: Option<String>,
+    /// How long a joined node may be silent before it counts as lost (spaced control's
+    /// `--node-lost-after`, decision 0037): its sandboxes with a replica are then restored
+    /// on another node from their newest replicated snapshot, and the others marked lost.
+    pub node_lost_after: Duration,
 }
 
 impl ControlConfig {
@@ -91,6 +95,7 @@ impl ControlConfig {
             default_template: DEFAULT_TEMPLATE.to_owned(),
             e2b_domain: None,
             e2b_ca_pem: None,
+            node_lost_after: Duration::from_secs(300),
         }
     }
 }
@@ -141,7 +146,7 @@ pub fn check_lifecycle(row: &SandboxRow, action: Action) -> AppResult<()> {
             "sandbox {} is paused; resume it first",
             row.id
         ))),
-        (Action::Guest, Stopped | Failed) => Err(AppError::conflict(match &row.error {
+        (Action::Guest, Stopped | Failed | Lost) => Err(AppError::conflict(match &row.error {
             Some(e) => format!("sandbox {} is {} ({e})", row.id, row.state),
             None if row.state == Stopped => {
                 format!("sandbox {} is stopped; resume starts it again", row.id)
@@ -332,6 +337,7 @@ pub fn validate_create_with(
         network,
         secrets: Vec::new(),
         runtime: req.runtime,
+        replicas: req.replicas.unwrap_or(0),
     })
 }
 
@@ -449,6 +455,9 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
         },
         pooled: live.is_some_and(|s| s.pooled),
         restored: live.is_some_and(|s| s.restored),
+        replicas: row.spec.replicas,
+        // Filled by `replicas::replica_of`.
+        replica: None,
     }
 }
 
@@ -462,6 +471,7 @@ pub fn template_dto(t: &TemplateInfo) -> Template {
         start_cmd: t.defaults.start_cmd.clone(),
         ready_cmd: t.defaults.ready_cmd.clone(),
         runtime: None,
+        replicas: None,
     }
 }
 
@@ -679,9 +689,25 @@ impl Engine {
                 .or_else(|| Some(self.cfg.default_template.clone())),
             ..req
         };
+        let asked_replicas = req.replicas;
         let mut spec = validate_create_with(req, &id, self.cfg.default_egress)?;
-        if spec.runtime.is_none() {
-            spec.runtime = Some(self.default_runtime_of(&spec.template).await?);
+        if spec.runtime.is_none() || asked_replicas.is_none() {
+            // The template's settings fill what the request left out (one read for both).
+            let t = self.store.template_settings(&spec.template).await?;
+            spec.runtime.get_or_insert_with(|| {
+                t.runtime
+                    .unwrap_or_else(|| self.cfg.default_runtime.clone())
+            });
+            if asked_replicas.is_none() {
+                spec.replicas = t.replicas.unwrap_or(0);
+            }
+        }
+        self.check_replicas(spec.replicas)?;
+        if spec.replicas > 0 && spec.runtime.as_deref() == Some(MICROVM) {
+            return Err(AppError::invalid(
+                "replicas are kept of namespace sandboxes only for now: a microvm's disk is \
+                 an image file, not a subvolume btrfs can send (decision 0037)",
+            ));
         }
         spec.secrets = self.vault.bind(&secret_names, &spec.env).await?;
         let injected = self
@@ -786,6 +812,9 @@ impl Engine {
         };
         let mut sb = sandbox_dto(&row, status.as_ref());
         self.decorate_one(&mut sb).await;
+        if row.spec.replicas > 0 {
+            sb.replica = self.replica_of(id).await?;
+        }
         Ok(sb)
     }
 
@@ -803,6 +832,12 @@ impl Engine {
             .map(|r| sandbox_dto(r, observed.get(&r.id)))
             .collect();
         self.decorate_all(&mut list).await;
+        if rows.iter().any(|r| r.spec.replicas > 0) {
+            let replicas = self.store.all_replicas().await?;
+            for sb in &mut list {
+                sb.replica = replicas.get(&sb.id).map(|r| r.dto());
+            }
+        }
         Ok(list)
     }
 
@@ -823,6 +858,7 @@ impl Engine {
     /// Second half of deletion (also run by the reconciler): idempotent.
     pub(crate) async fn finalize_delete(&self, id: &str) -> AppResult<()> {
         self.node.remove_sandbox(id).await?;
+        self.forget_replica(id).await?;
         self.store.forget_snapshots_of(id).await?;
         self.store.delete_sandbox(id).await?;
         self.store.delete_lifecycle(id).await?;
@@ -1153,14 +1189,18 @@ impl Engine {
 
     pub async fn list_templates(&self) -> AppResult<Vec<Template>> {
         let list = self.node.list_templates().await?;
-        let runtimes = self.store.template_runtimes().await?;
+        let settings = self.store.all_template_settings().await?;
         Ok(list
             .iter()
             // A build's steps and base images are the builder's (decision 0018).
             .filter(|t| !t.name.starts_with(crate::build::BUILD_PREFIX))
-            .map(|t| Template {
-                runtime: runtimes.get(&t.name).cloned(),
-                ..template_dto(t)
+            .map(|t| {
+                let s = settings.get(&t.name);
+                Template {
+                    runtime: s.and_then(|s| s.runtime.clone()),
+                    replicas: s.and_then(|s| s.replicas),
+                    ..template_dto(t)
+                }
             })
             .collect())
     }

@@ -30,6 +30,7 @@ pub mod pools;
 pub mod port_proxy;
 pub mod reconcile;
 pub mod recovery;
+pub mod replicas;
 pub mod scheduler;
 pub mod secrets;
 pub mod snapshot_policy;
@@ -146,6 +147,7 @@ impl ControlPlane {
             Arc::new(cluster_nodes::ClusterNodes::new(
                 store.clone(),
                 c.tls.clone(),
+                cfg.node_lost_after,
             ))
         });
         let node = match (&nodes, node) {

@@ -70,6 +70,10 @@ const FILES: &[(&str, &str)] = &[
         "0015_leases.sql",
         include_str!("../migrations/0015_leases.sql"),
     ),
+    (
+        "0016_replicas.sql",
+        include_str!("../migrations/0016_replicas.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

@@ -53,7 +53,9 @@ impl Engine {
                 let (cpu_millis, allocated_memory_mib) =
                     claims.get(&n.id).copied().unwrap_or((0, 0));
                 Node {
-                    state: if !n.reachable(now) {
+                    state: if n.lost(now, self.cfg.node_lost_after) {
+                        "lost"
+                    } else if !n.reachable(now) {
                         "unreachable"
                     } else if n.draining {
                         "draining"

@@ -48,6 +48,15 @@ pub enum Step {
     /// The node applies another egress policy than the row wants: apply the row's (see
     /// `net`).
     SyncNetwork { id: String },
+    /// The replica lacks a snapshot the sandbox has, or is on a node that cannot keep it
+    /// (see `replicas`).
+    Replicate { id: String },
+    /// The sandbox's node is lost: restore it from its replica, or mark it lost.
+    Restore { id: String },
+    /// Node `node` holds a copy of a sandbox the store places on another node: remove it.
+    RemoveStray { id: String, node: String },
+    /// A lost sandbox is on its node again: take its status from there.
+    Found { id: String },
 }
 
 impl Step {
@@ -63,7 +72,11 @@ impl Step {
             | Step::AutoPause { id }
             | Step::SyncFreeze { id }
             | Step::AutoSnapshot { id }
-            | Step::SyncNetwork { id } => id,
+            | Step::SyncNetwork { id }
+            | Step::Replicate { id }
+            | Step::Restore { id }
+            | Step::RemoveStray { id, .. }
+            | Step::Found { id } => id,
         }
     }
 }
@@ -98,6 +111,7 @@ pub fn reconcile(
                 Some(Step::ResumeCreate { id })
             }
             (SandboxState::Failed, Some(_)) => Some(Step::CleanupFailed { id }),
+            (SandboxState::Lost, Some(_)) => Some(Step::Found { id }),
             _ => None,
         };
         steps.extend(step);
@@ -153,8 +167,10 @@ impl Engine {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.pools_pass().await;
         let observation = self.node.observe().await?;
-        let observed = observation.sandboxes;
         let mut desired = self.store.list_sandboxes().await?;
+        // Replication and node loss look at every row, those on silent nodes too.
+        let replication = self.replication_pass(&desired, &observation).await?;
+        let observed = observation.sandboxes;
         // On a node that did not answer: not observed, and not gone either. Left alone until
         // it answers again (node liveness marks them).
         desired.retain(|r| !observation.unseen.contains(&r.id));
@@ -172,6 +188,14 @@ impl Engine {
             now_ms(),
             self.cfg.create_grace.as_millis() as i64,
         );
+        // A sandbox being restored is not on its node yet: not lost.
+        let restoring: HashSet<String> = replication
+            .iter()
+            .filter(|s| matches!(s, Step::Restore { .. }))
+            .map(|s| s.id().to_owned())
+            .collect();
+        steps.retain(|s| !(matches!(s, Step::MarkLost { .. }) && restoring.contains(s.id())));
+        steps.extend(replication);
         steps.extend(self.lifecycle_pass(&desired).await?);
         steps.extend(crate::net::network_steps(&desired, &observed));
         match self.snapshot_policy_pass(&desired).await {
@@ -226,6 +250,10 @@ impl Engine {
             Step::SyncFreeze { .. } => self.ensure_freeze_synced(row).await,
             Step::AutoSnapshot { .. } => self.ensure_auto_snapshot(row).await,
             Step::SyncNetwork { .. } => self.ensure_network_synced(row).await,
+            Step::Replicate { .. } => self.ensure_replicated(row).await,
+            Step::Restore { .. } => self.ensure_restored(row).await,
+            Step::RemoveStray { node, .. } => self.ensure_stray_removed(id, node).await,
+            Step::Found { .. } => self.ensure_found(row).await,
         }
     }
 

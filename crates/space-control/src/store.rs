@@ -80,6 +80,13 @@ pub struct SandboxSpecRecord {
     /// before the microvm runtime have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// Copies of its snapshots kept on other nodes (decision 0037; rows from before have 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub replicas: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A sandbox's egress policy as stored: the egress mode and the rules, as given (each was
@@ -402,6 +409,7 @@ pub(crate) mod tests {
             network: NetworkRecord::default(),
             secrets: Vec::new(),
             runtime: None,
+            replicas: 0,
         }
     }
 

@@ -1,10 +1,11 @@
-//! Per-template settings: the runtime a template's creates get when they name none
-//! (`PUT /v1/templates/{name}/settings`, `space template set NAME --runtime R`). The order a
-//! create's runtime is decided in: the request's, the template's, the node's default.
+//! Per-template settings (`PUT /v1/templates/{name}/settings`, `space template set NAME`):
+//! the runtime a template's creates get when they name none (the order a create's runtime is
+//! decided in: the request's, the template's, the node's default), and the replicas they get
+//! (decision 0037: the request's, the template's, else 0).
 
 use std::collections::HashMap;
 
-use space_api::{SetTemplateSettings, Template};
+use space_api::{MAX_REPLICAS, SetTemplateSettings, Template};
 use sqlx::Row;
 
 use crate::engine::{Engine, RUNTIMES, template_dto};
@@ -15,20 +16,41 @@ fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| StoreError::Query { what, source }
 }
 
+/// A template's settings as stored (absent row: all unset).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TemplateSettings {
+    pub runtime: Option<String>,
+    pub replicas: Option<u32>,
+}
+
+fn decode(r: &sqlx::any::AnyRow) -> Result<TemplateSettings, StoreError> {
+    Ok(TemplateSettings {
+        runtime: r
+            .try_get::<Option<String>, _>("runtime")
+            .map_err(q("decode template settings"))?,
+        replicas: r
+            .try_get::<Option<i64>, _>("replicas")
+            .map_err(q("decode template settings"))?
+            .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
+    })
+}
+
 impl Store {
-    /// Sets (Some) or clears (None) a template's default runtime.
-    pub async fn put_template_runtime(
+    /// Replaces a template's settings (all unset forgets them).
+    pub async fn put_template_settings(
         &self,
         template: &str,
-        runtime: Option<&str>,
+        s: &TemplateSettings,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO template_settings (template, runtime, updated_at) VALUES ($1, $2, $3) \
+            "INSERT INTO template_settings (template, runtime, replicas, updated_at) \
+             VALUES ($1, $2, $3, $4) \
              ON CONFLICT (template) DO UPDATE SET runtime = excluded.runtime, \
-             updated_at = excluded.updated_at",
+             replicas = excluded.replicas, updated_at = excluded.updated_at",
         )
         .bind(template)
-        .bind(runtime)
+        .bind(s.runtime.as_deref())
+        .bind(s.replicas.map(i64::from))
         .bind(now_ms())
         .execute(self.pool())
         .await
@@ -36,39 +58,37 @@ impl Store {
         Ok(())
     }
 
-    /// Every template's default runtime that is set.
-    pub async fn template_runtimes(&self) -> Result<HashMap<String, String>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT template, runtime FROM template_settings WHERE runtime IS NOT NULL",
-        )
-        .fetch_all(self.pool())
-        .await
-        .map_err(q("list template settings"))?;
+    /// Every template's settings that are stored.
+    pub async fn all_template_settings(
+        &self,
+    ) -> Result<HashMap<String, TemplateSettings>, StoreError> {
+        let rows = sqlx::query("SELECT template, runtime, replicas FROM template_settings")
+            .fetch_all(self.pool())
+            .await
+            .map_err(q("list template settings"))?;
         rows.iter()
             .map(|r| {
                 Ok((
                     r.try_get::<String, _>("template")
                         .map_err(q("decode template settings"))?,
-                    r.try_get::<String, _>("runtime")
-                        .map_err(q("decode template settings"))?,
+                    decode(r)?,
                 ))
             })
             .collect()
     }
 
-    /// A template's default runtime, when set.
-    pub async fn template_runtime(&self, template: &str) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT runtime FROM template_settings WHERE template = $1")
-            .bind(template)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(q("get template settings"))?;
-        match row {
-            Some(r) => r
-                .try_get::<Option<String>, _>("runtime")
-                .map_err(q("decode template settings")),
-            None => Ok(None),
-        }
+    /// A template's settings (all unset when none are stored).
+    pub async fn template_settings(&self, template: &str) -> Result<TemplateSettings, StoreError> {
+        let row =
+            sqlx::query("SELECT runtime, replicas FROM template_settings WHERE template = $1")
+                .bind(template)
+                .fetch_optional(self.pool())
+                .await
+                .map_err(q("get template settings"))?;
+        row.as_ref()
+            .map(decode)
+            .transpose()
+            .map(Option::unwrap_or_default)
     }
 }
 
@@ -78,12 +98,32 @@ impl Engine {
     pub(crate) async fn default_runtime_of(&self, template: &str) -> AppResult<String> {
         Ok(self
             .store
-            .template_runtime(template)
+            .template_settings(template)
             .await?
+            .runtime
             .unwrap_or_else(|| self.cfg.default_runtime.clone()))
     }
 
-    /// Sets a template's settings; answers the template as listed.
+    /// Checks a number of replicas asked for (a create's or a template's): at most
+    /// [`MAX_REPLICAS`], and only where there are other nodes to keep them.
+    pub(crate) fn check_replicas(&self, replicas: u32) -> AppResult<()> {
+        if replicas > MAX_REPLICAS {
+            return Err(AppError::invalid(format!(
+                "replicas {replicas}: at most {MAX_REPLICAS} replica is kept for now \
+                 (decision 0037)"
+            )));
+        }
+        if replicas > 0 && self.cluster_nodes.is_none() {
+            return Err(AppError::invalid(
+                "replicas need a cluster: this spaced runs all-in-one, with one node, and a \
+                 replica is kept on another node (run `spaced control` with joined nodes; \
+                 decision 0037)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sets a template's settings, replaced whole; answers the template as listed.
     pub async fn set_template_settings(
         &self,
         name: &str,
@@ -98,6 +138,7 @@ impl Engine {
                 RUNTIMES.join(", ")
             )));
         }
+        self.check_replicas(req.replicas.unwrap_or(0))?;
         let templates = self.node.list_templates().await?;
         let Some(t) = templates
             .iter()
@@ -106,12 +147,15 @@ impl Engine {
         else {
             return Err(AppError::not_found(format!("template {name} not found")));
         };
-        self.store
-            .put_template_runtime(name, req.runtime.as_deref())
-            .await?;
-        tracing::info!(template = name, runtime = ?req.runtime, "template settings set");
+        let settings = TemplateSettings {
+            runtime: req.runtime,
+            replicas: req.replicas.filter(|n| *n > 0),
+        };
+        self.store.put_template_settings(name, &settings).await?;
+        tracing::info!(template = name, ?settings, "template settings set");
         let mut dto = template_dto(t);
-        dto.runtime = req.runtime;
+        dto.runtime = settings.runtime;
+        dto.replicas = settings.replicas;
         Ok(dto)
     }
 }

@@ -154,14 +154,17 @@ impl Engine {
         if versions.is_empty() {
             return Err(AppError::not_found(format!("template {name} not found")));
         }
-        let runtime = self.store.template_runtime(name).await?;
+        let settings = self.store.template_settings(name).await?;
+        let runtime = settings.runtime;
         Ok(space_api::TemplateDetail {
             name: name.to_string(),
             runtime: runtime.clone(),
+            replicas: settings.replicas,
             versions: versions
                 .iter()
                 .map(|t| space_api::Template {
                     runtime: runtime.clone(),
+                    replicas: settings.replicas,
                     ..template_dto(t)
                 })
                 .collect(),
@@ -240,7 +243,9 @@ impl Engine {
         let versions = self.node.remove_template(name, version).await?;
         if self.node.template_versions(name).await?.is_empty() {
             // Settings of a template that is gone would surprise a later one of that name.
-            self.store.put_template_runtime(name, None).await?;
+            self.store
+                .put_template_settings(name, &Default::default())
+                .await?;
         }
         Ok(space_api::TemplateRemoved {
             name: name.to_string(),

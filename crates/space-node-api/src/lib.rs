@@ -352,7 +352,7 @@ pub trait NodeApi: Send + Sync {
     async fn observe(&self) -> Result<Observation, NodeError> {
         Ok(Observation {
             sandboxes: self.list_sandboxes().await?,
-            unseen: Default::default(),
+            ..Default::default()
         })
     }
     /// The sandbox's guest channel (cached; cheap to call per request). Conflict while it is
@@ -628,6 +628,57 @@ pub trait NodeApi: Send + Sync {
         Ok(())
     }
 
+    // ---- replication (additive; default: unsupported; decision 0037) ----
+
+    /// Sandbox `id`'s snapshots that a replica holding `have` lacks, oldest first, each
+    /// incremental against the newest one before it that the replica will hold (`have` or
+    /// sent before it), as a stream for another node's [`Self::receive_replica`]. NotFound
+    /// for an unknown id; InvalidArgument for a runtime whose snapshots cannot be sent.
+    async fn send_replica(
+        &self,
+        id: &str,
+        have: &[String],
+    ) -> Result<moves::MoveStream, NodeError> {
+        let _ = have;
+        Err(NodeError::InvalidArgument(format!(
+            "this node cannot replicate sandbox {id}"
+        )))
+    }
+    /// Keeps what another node's [`Self::send_replica`] sent as the replica of sandbox `id`
+    /// (its snapshots only, never a live sandbox). Answers every snapshot the replica holds
+    /// whole now; one cut short is dropped. Conflict while this node holds the sandbox.
+    async fn receive_replica(
+        &self,
+        id: &str,
+        parts: moves::MoveStream,
+    ) -> Result<moves::Received, NodeError> {
+        let _ = parts;
+        Err(NodeError::InvalidArgument(format!(
+            "this node cannot keep a replica of sandbox {id}"
+        )))
+    }
+    /// Drops the replica's snapshots of sandbox `id` that are not in `keep` (all of it, and
+    /// its directory, when `keep` is empty); answers what it holds after. Idempotent.
+    async fn drop_replica(&self, id: &str, keep: &[String]) -> Result<Vec<String>, NodeError> {
+        let _ = (id, keep);
+        Ok(Vec::new())
+    }
+    /// Makes the replica of sandbox `spec.id` one of this node's sandboxes, stopped, on its
+    /// snapshot `snap` (its disk a writable snapshot of it; every replicated snapshot comes
+    /// along): a `create_sandbox` with the same spec starts it. Idempotent; NotFound when
+    /// the replica does not hold `snap`.
+    async fn restore_replica(
+        &self,
+        spec: &SandboxSpec,
+        snap: &str,
+    ) -> Result<SandboxStatus, NodeError> {
+        let _ = snap;
+        Err(NodeError::InvalidArgument(format!(
+            "this node cannot restore sandbox {}",
+            spec.id
+        )))
+    }
+
     // ---- usage (additive; default: none kept) ----
 
     /// The sandbox's recent cgroup samples, oldest first, ending with one taken now while it
@@ -673,6 +724,10 @@ pub struct Observation {
     pub sandboxes: Vec<SandboxStatus>,
     /// Sandboxes on nodes that did not answer: neither there nor gone, so left alone.
     pub unseen: std::collections::BTreeSet<String>,
+    /// (node id, sandbox id): a sandbox a node holds while the store places it on another
+    /// node (a copy left behind by a lost node that came back after its sandboxes were
+    /// restored elsewhere, or one end of a move under way). Empty for a single node.
+    pub strays: Vec<(String, String)>,
 }
 
 /// One reading of a sandbox's cgroup counters.

@@ -62,6 +62,10 @@ pub struct Received {
     pub bytes: u64,
     /// Subvolumes received.
     pub subvolumes: u32,
+    /// A replica's receive (decision 0037): every snapshot of the sandbox the replica holds
+    /// whole now, oldest first. Empty for moves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<String>,
 }
 
 /// Whether `path` (relative to a sandbox's directory) is somewhere a move may write: a
@@ -81,6 +85,13 @@ pub fn valid_move_path(path: &str, subvolume: bool) -> bool {
         (false, ["snapshots", id, "snapshot.json"]) => snapshot_id(id),
         _ => false,
     }
+}
+
+/// Whether `path` (relative to a replica's directory) is somewhere a replication may write
+/// (decision 0037): a snapshot's subvolume directory or its record, as [`valid_move_path`]
+/// allows them; never `incoming`, which only a move receives.
+pub fn valid_replica_path(path: &str, subvolume: bool) -> bool {
+    path != "incoming" && valid_move_path(path, subvolume)
 }
 
 /// Whether `path` is somewhere a template's transfer may write, relative to the version's
@@ -120,5 +131,9 @@ mod tests {
             assert!(!valid_template_path(bad, true) && !valid_template_path(bad, false));
         }
         assert!(!valid_move_path("snapshots/a/snapshot.json", true));
+        assert!(valid_replica_path("snapshots/abc123", true));
+        assert!(valid_replica_path("snapshots/abc123/snapshot.json", false));
+        assert!(!valid_replica_path("incoming", true));
+        assert!(!valid_replica_path("snapshots/..", true));
     }
 }

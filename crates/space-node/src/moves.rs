@@ -5,6 +5,8 @@
 //! sandboxes/<id>/outgoing/final    read-only copy of rootfs, taken for step Final (source)
 //! sandboxes/<id>/incoming/base     the same, received (target)
 //! sandboxes/<id>/incoming/final
+//! replicas/<id>/snapshots/<snap>/  a replica's snapshots (rootfs, snapshot.json), kept for
+//!                                  a sandbox on another node (decision 0037)
 //! ```
 //!
 //! What travels is `btrfs send` streams (btrfs-progs: the kernel makes the stream, and only
@@ -34,12 +36,19 @@ const CHUNK: usize = 256 << 10;
 /// The largest file a move may carry (a snapshot's record is a few hundred bytes).
 const MAX_FILE: u64 = 1 << 20;
 
+const REPLICAS: &str = "replicas";
+
 pub(crate) fn outgoing_dir(layout: &Layout, id: &str) -> PathBuf {
     layout.sandbox_dir(id).join(OUTGOING)
 }
 
 pub(crate) fn incoming_dir(layout: &Layout, id: &str) -> PathBuf {
     layout.sandbox_dir(id).join(INCOMING)
+}
+
+/// Where this node keeps its replica of sandbox `id`, which runs on another node.
+pub(crate) fn replica_dir(layout: &Layout, id: &str) -> PathBuf {
+    layout.volume.join(REPLICAS).join(id)
 }
 
 /// The received copy of the sandbox's disk a target adopts.
@@ -84,17 +93,17 @@ pub(crate) enum Item {
     },
 }
 
-/// The sandbox's snapshots with their subvolumes, oldest first.
-fn snapshots_oldest_first(layout: &Layout, id: &str) -> Result<Vec<(String, u64)>, NodeError> {
-    let dir = layout.sandbox_dir(id).join("snapshots");
-    let rd = match std::fs::read_dir(&dir) {
+/// The whole snapshots (a record that reads and a subvolume) in `dir`, a sandbox's or a
+/// replica's `snapshots`, oldest first.
+pub(crate) fn snapshots_oldest_first(dir: &Path) -> Result<Vec<(String, u64)>, NodeError> {
+    let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(StorageError::io("read directory", &dir, e).into()),
+        Err(e) => return Err(StorageError::io("read directory", dir, e).into()),
     };
     let mut out = Vec::new();
     for ent in rd {
-        let ent = ent.map_err(|e| StorageError::io("read directory", &dir, e))?;
+        let ent = ent.map_err(|e| StorageError::io("read directory", dir, e))?;
         let name = ent.file_name().to_string_lossy().into_owned();
         let record = ent.path().join("snapshot.json");
         let Ok(rec) = storage::read_json::<serde_json::Value>(&record) else {
@@ -131,7 +140,7 @@ pub(crate) fn plan(
             remove_move_dir(&out, subvols)?;
             storage::mkdir_private(&out)?;
             let mut newest: Option<PathBuf> = None;
-            for (snap, _) in snapshots_oldest_first(layout, id)? {
+            for (snap, _) in snapshots_oldest_first(&layout.sandbox_dir(id).join("snapshots"))? {
                 let dir = layout.sandbox_dir(id).join("snapshots").join(&snap);
                 items.push(Item::File {
                     rel: format!("snapshots/{snap}/snapshot.json"),
@@ -165,6 +174,79 @@ pub(crate) fn plan(
         parent,
     });
     Ok(items)
+}
+
+/// What a replication of sandbox `id` sends to a replica that holds `have` (decision 0037):
+/// each snapshot it lacks, oldest first, incremental against the newest one before it that
+/// the replica will hold. A snapshot's record follows its subvolume, so a replica counts a
+/// snapshot whole only once its subvolume was received whole.
+pub(crate) fn replica_plan(
+    layout: &Layout,
+    id: &str,
+    have: &[String],
+) -> Result<Vec<Item>, NodeError> {
+    let dir = layout.sandbox_dir(id).join("snapshots");
+    let mut items = Vec::new();
+    let mut newest: Option<PathBuf> = None;
+    for (snap, _) in snapshots_oldest_first(&dir)? {
+        let rootfs = dir.join(&snap).join("rootfs");
+        if have.contains(&snap) {
+            newest = Some(rootfs);
+            continue;
+        }
+        items.push(Item::Subvolume {
+            rel: format!("snapshots/{snap}"),
+            path: rootfs.clone(),
+            parent: newest.replace(rootfs),
+        });
+        items.push(Item::File {
+            rel: format!("snapshots/{snap}/snapshot.json"),
+            path: dir.join(&snap).join("snapshot.json"),
+        });
+    }
+    Ok(items)
+}
+
+/// Deletes the snapshots in replica directory `dir` that are not whole (a receive cut short)
+/// or, with `keep`, not in it; the directory itself when nothing is kept. Answers the whole
+/// snapshots left, oldest first.
+pub(crate) fn trim_replica(
+    dir: &Path,
+    subvols: &dyn Subvolumes,
+    keep: Option<&[String]>,
+) -> Result<Vec<String>, NodeError> {
+    let snaps = dir.join("snapshots");
+    let whole: Vec<String> = snapshots_oldest_first(&snaps)?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    let rd = match std::fs::read_dir(&snaps) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            storage::remove_tree(dir)?;
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(StorageError::io("read directory", &snaps, e).into()),
+    };
+    let mut left = Vec::new();
+    for ent in rd {
+        let ent = ent.map_err(|e| StorageError::io("read directory", &snaps, e))?;
+        let name = ent.file_name().to_string_lossy().into_owned();
+        let kept = whole.contains(&name) && keep.is_none_or(|k| k.contains(&name));
+        if kept {
+            left.push(name);
+            continue;
+        }
+        let rootfs = ent.path().join("rootfs");
+        if subvols.is_subvolume(&rootfs) {
+            subvols.delete(&rootfs)?;
+        }
+        storage::remove_tree(&ent.path())?;
+    }
+    if left.is_empty() {
+        storage::remove_tree(dir)?;
+    }
+    Ok(whole.into_iter().filter(|s| left.contains(s)).collect())
 }
 
 /// Sends `items` as a stream of parts: `btrfs send` runs for each subvolume as the stream

@@ -1455,6 +1455,23 @@ impl NodeApi for Node {
         self.receive_template_impl(name, parts).await
     }
 
+    async fn send_replica(&self, id: &str, have: &[String]) -> Result<MoveStream, NodeError> {
+        self.send_replica_impl(id, have).await
+    }
+    async fn receive_replica(&self, id: &str, parts: MoveStream) -> Result<Received, NodeError> {
+        self.receive_replica_impl(id, parts).await
+    }
+    async fn drop_replica(&self, id: &str, keep: &[String]) -> Result<Vec<String>, NodeError> {
+        self.drop_replica_impl(id, keep).await
+    }
+    async fn restore_replica(
+        &self,
+        spec: &SandboxSpec,
+        snap: &str,
+    ) -> Result<SandboxStatus, NodeError> {
+        self.restore_replica_impl(spec, snap).await
+    }
+
     async fn sandbox_usage(&self, id: &str) -> Result<crate::api::SandboxUsage, NodeError> {
         self.sandbox_usage_impl(id).await
     }
@@ -1486,6 +1503,9 @@ mod node_start;
 
 #[path = "node_moves.rs"]
 mod node_moves;
+
+#[path = "node_replicas.rs"]
+mod node_replicas;
 
 #[cfg(test)]
 #[path = "node_tests.rs"]

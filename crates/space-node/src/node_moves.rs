@@ -110,6 +110,47 @@ impl Node {
         &self,
         spec: &SandboxSpec,
     ) -> Result<SandboxStatus, NodeError> {
+        let received = crate::moves::received_final(&self.layout, &spec.id);
+        let status = self
+            .adopt_with(spec, "moving", move |_, subvols, id| {
+                if !subvols.is_subvolume(&received) {
+                    return Err(NodeError::Conflict(format!(
+                        "sandbox {id} was not received here: nothing to adopt"
+                    )));
+                }
+                Ok(received)
+            })
+            .await?;
+        // The received copies go after the answer: deleting a subvolume waits for a commit.
+        let (layout, subvols, id) = (self.layout.clone(), self.subvols.clone(), spec.id.clone());
+        tokio::task::spawn_blocking(move || {
+            let incoming = crate::moves::incoming_dir(&layout, &id);
+            if let Err(e) = crate::moves::remove_move_dir(&incoming, subvols.as_ref()) {
+                tracing::warn!(id, error = %e, "could not remove a move's received copies");
+            }
+        });
+        Ok(status)
+    }
+
+    /// Makes a sandbox of `spec` from storage that came from another node (a move's, a
+    /// replica's), stopped: `place` (blocking, under the sandbox's lock) checks what was
+    /// received, makes the sandbox's directory with its snapshots in it, and answers the read-only subvolume its disk becomes a writable
+    /// snapshot of. Idempotent: a sandbox the node has already is answered as it is.
+    pub(super) async fn adopt_with<F>(
+        &self,
+        spec: &SandboxSpec,
+        doing: &'static str,
+        place: F,
+    ) -> Result<SandboxStatus, NodeError>
+    where
+        F: FnOnce(
+                &storage::Layout,
+                &dyn storage::Subvolumes,
+                &str,
+            ) -> Result<std::path::PathBuf, NodeError>
+            + Send
+            + 'static,
+    {
         check_spec(spec)?;
         let id = spec.id.clone();
         let lock = self.lock_for(&id);
@@ -119,13 +160,8 @@ impl Node {
         }
         if spec.runtime == Some(MICROVM) {
             return Err(NodeError::InvalidArgument(format!(
-                "sandbox {id} is a microvm: moving microvm sandboxes is not supported yet"
-            )));
-        }
-        let received = crate::moves::received_final(&self.layout, &id);
-        if !self.subvols.is_subvolume(&received) {
-            return Err(NodeError::Conflict(format!(
-                "sandbox {id} was not received here: nothing to adopt"
+                "sandbox {id} is a microvm: {doing} microvm sandboxes between nodes is not \
+                 supported yet"
             )));
         }
         let tmpl = self
@@ -143,15 +179,11 @@ impl Node {
             let id = &rec2.spec.id;
             let dir = layout.sandbox_dir(id);
             let rootfs = layout.sandbox_rootfs(id);
+            let from = place(&layout, subvols.as_ref(), id)?;
             if subvols.is_subvolume(&rootfs) {
                 subvols.delete(&rootfs)?;
             }
-            subvols.snapshot(
-                &crate::moves::received_final(&layout, id),
-                &dir,
-                "rootfs",
-                false,
-            )?;
+            subvols.snapshot(&from, &dir, "rootfs", false)?;
             // Made durable right after (as a create's record is), not while it is down.
             storage::write_json_atomic(&layout.sandbox_record(id), &rec2, false)?;
             Ok(())
@@ -169,16 +201,8 @@ impl Node {
                 client: None,
             },
         );
-        tracing::info!(id, template = %spec.template, version = tmpl.version, "moved sandbox adopted");
+        tracing::info!(id, template = %spec.template, version = tmpl.version, doing, "sandbox from another node adopted");
         self.sync_record_in_background(&id);
-        // The received copies go after the answer: deleting a subvolume waits for a commit.
-        let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
-        tokio::task::spawn_blocking(move || {
-            let incoming = crate::moves::incoming_dir(&layout, &id);
-            if let Err(e) = crate::moves::remove_move_dir(&incoming, subvols.as_ref()) {
-                tracing::warn!(id, error = %e, "could not remove a move's received copies");
-            }
-        });
         Ok(status)
     }
 

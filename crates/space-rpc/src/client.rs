@@ -544,7 +544,7 @@ impl NodeApi for RemoteNode {
         self.pull(MoveRequest {
             sandbox_id: id.to_owned(),
             step: step.as_str().to_owned(),
-            template: String::new(),
+            ..Default::default()
         })
         .await
     }
@@ -558,7 +558,7 @@ impl NodeApi for RemoteNode {
         let header = MoveRequest {
             sandbox_id: id.to_owned(),
             step: step.as_str().to_owned(),
-            template: String::new(),
+            ..Default::default()
         };
         self.push(header, parts).await
     }
@@ -585,6 +585,45 @@ impl NodeApi for RemoteNode {
 
     async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
         self.call(Op::AdoptSandbox { spec: spec.clone() }).await
+    }
+
+    async fn send_replica(&self, id: &str, have: &[String]) -> Result<MoveStream, NodeError> {
+        self.pull(MoveRequest {
+            sandbox_id: id.to_owned(),
+            replica: true,
+            have: have.to_vec(),
+            ..Default::default()
+        })
+        .await
+    }
+
+    async fn receive_replica(&self, id: &str, parts: MoveStream) -> Result<Received, NodeError> {
+        let header = MoveRequest {
+            sandbox_id: id.to_owned(),
+            replica: true,
+            ..Default::default()
+        };
+        self.push(header, parts).await
+    }
+
+    async fn drop_replica(&self, id: &str, keep: &[String]) -> Result<Vec<String>, NodeError> {
+        self.call(Op::DropReplica {
+            id: id.to_owned(),
+            keep: keep.to_vec(),
+        })
+        .await
+    }
+
+    async fn restore_replica(
+        &self,
+        spec: &SandboxSpec,
+        snap: &str,
+    ) -> Result<SandboxStatus, NodeError> {
+        self.call(Op::RestoreReplica {
+            spec: spec.clone(),
+            snap: snap.to_owned(),
+        })
+        .await
     }
 
     async fn discard_move(&self, id: &str) -> Result<(), NodeError> {

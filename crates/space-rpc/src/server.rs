@@ -134,6 +134,8 @@ impl NodeService {
             Op::SandboxUsage { id } => json(n.sandbox_usage(&id).await?),
             Op::AdoptSandbox { spec } => json(n.adopt_sandbox(&spec).await?),
             Op::DiscardMove { id } => json(n.discard_move(&id).await?),
+            Op::DropReplica { id, keep } => json(n.drop_replica(&id, &keep).await?),
+            Op::RestoreReplica { spec, snap } => json(n.restore_replica(&spec, &snap).await?),
         }
     }
 
@@ -342,8 +344,12 @@ impl Node for NodeService {
             sandbox_id,
             step,
             template,
+            replica,
+            have,
         } = req.into_inner();
-        let parts = if template.is_empty() {
+        let parts = if replica {
+            self.node.send_replica(&sandbox_id, &have).await
+        } else if template.is_empty() {
             let step = wire::move_step(&step).map_err(|e| wire::status(&e))?;
             self.node.send_sandbox(&sandbox_id, step).await
         } else {
@@ -368,7 +374,12 @@ impl Node for NodeService {
             Ok(m) => wire::move_part(m),
             Err(s) => Err(wire::node_error("the sending side", &s)),
         }));
-        let reply = if header.template.is_empty() {
+        let reply = if header.replica {
+            self.node
+                .receive_replica(&header.sandbox_id, parts)
+                .await
+                .map(|got| serde_json::to_vec(&got))
+        } else if header.template.is_empty() {
             let step = wire::move_step(&header.step).map_err(|e| wire::status(&e))?;
             self.node
                 .receive_sandbox(&header.sandbox_id, step, parts)

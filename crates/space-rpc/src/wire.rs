@@ -98,6 +98,14 @@ pub enum Op {
     DiscardMove {
         id: String,
     },
+    DropReplica {
+        id: String,
+        keep: Vec<String>,
+    },
+    RestoreReplica {
+        spec: SandboxSpec,
+        snap: String,
+    },
 }
 
 impl Op {
@@ -151,6 +159,8 @@ impl Op {
             Op::SandboxUsage { .. } => "sandbox_usage",
             Op::AdoptSandbox { .. } => "adopt_sandbox",
             Op::DiscardMove { .. } => "discard_move",
+            Op::DropReplica { .. } => "drop_replica",
+            Op::RestoreReplica { .. } => "restore_replica",
         }
     }
 }

@@ -76,6 +76,12 @@ struct ControlRole {
     /// DATA_DIR/cluster-ca). Not served with --node.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:7443")]
     cluster_listen: SocketAddr,
+    /// Seconds a joined node may be silent (no heartbeat) before it counts as lost: its
+    /// sandboxes with a replica are then restored on another node from their newest
+    /// replicated snapshot, and the others marked `lost` (decision 0037). A node is
+    /// `unreachable` after 20 s already; nothing is restored before this.
+    #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    node_lost_after: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -518,8 +524,9 @@ async fn open_node(
 enum Drives {
     /// One node, in-process or at a fixed address.
     One(Arc<dyn space_node::NodeApi>),
-    /// The node that joined it, with the cluster listener on this address.
-    Cluster(Arc<space_control::cluster::Cluster>, SocketAddr),
+    /// The nodes that joined it, with the cluster listener on this address, and how long
+    /// one may be silent before it is lost.
+    Cluster(Arc<space_control::cluster::Cluster>, SocketAddr, Duration),
 }
 
 /// The control plane over what it drives, serving until SIGTERM or SIGINT.
@@ -544,17 +551,20 @@ async fn run_control(
         args.default_template
     );
     cfg.default_template = args.default_template.clone();
+    if let Drives::Cluster(_, _, lost_after) = &drives {
+        cfg.node_lost_after = *lost_after;
+    }
     let db = args.database_url.as_deref();
     let cp = match &drives {
         Drives::One(node) => ControlPlane::open(cfg, db, node.clone()).await,
-        Drives::Cluster(cluster, _) => ControlPlane::open_cluster(cfg, db, cluster.clone()).await,
+        Drives::Cluster(cluster, ..) => ControlPlane::open_cluster(cfg, db, cluster.clone()).await,
     }
     .map_err(|e| chain(&e))
     .context("failed to open the control plane")?;
     on_open(&cp);
     let cluster_server = match drives {
         Drives::One(_) => None,
-        Drives::Cluster(cluster, listen) => {
+        Drives::Cluster(cluster, listen, _) => {
             let tcp = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("failed to listen on {listen} (--cluster-listen)"))?;
@@ -645,7 +655,11 @@ async fn control_role(args: ControlRole) -> Result<()> {
             )
             .map_err(anyhow::Error::msg)
             .context("failed to open the cluster CA")?;
-            Drives::Cluster(Arc::new(cluster), listen)
+            Drives::Cluster(
+                Arc::new(cluster),
+                listen,
+                Duration::from_secs(args.node_lost_after),
+            )
         }
     };
     run_control(&args.common, &args.control, drives, |_| {}).await?;

@@ -390,7 +390,7 @@ fn a_node_joins_with_a_token_and_speaks_mtls_only() {
 }
 
 /// Node `id`'s row of `space node ls --json`.
-fn node_row(s: &Spaced, id: &str) -> Value {
+pub(crate) fn node_row(s: &Spaced, id: &str) -> Value {
     let v: Value = serde_json::from_str(&s.space_ok(&["node", "ls", "--json"])).unwrap();
     v["nodes"]
         .as_array()
@@ -402,7 +402,7 @@ fn node_row(s: &Spaced, id: &str) -> Value {
 }
 
 /// The cluster id of the node agent `x` runs.
-fn node_id_of(x: &Spaced) -> String {
+pub(crate) fn node_id_of(x: &Spaced) -> String {
     std::fs::read_to_string(x.data_dir().join("cluster/node_id"))
         .unwrap()
         .trim()
@@ -410,7 +410,7 @@ fn node_id_of(x: &Spaced) -> String {
 }
 
 /// Waits until node `id` has reported its capacity to `s` (its first heartbeat).
-fn wait_reported(s: &Spaced, id: &str) {
+pub(crate) fn wait_reported(s: &Spaced, id: &str) {
     assert!(
         eventually(Duration::from_secs(30), || node_row(s, id)["cpus"]
             .as_u64()
@@ -422,7 +422,7 @@ fn wait_reported(s: &Spaced, id: &str) {
 }
 
 /// The node a sandbox was placed on, from its `place` event.
-fn placed_on(s: &Spaced, id: &str) -> String {
+pub(crate) fn placed_on(s: &Spaced, id: &str) -> String {
     let events = s.space_ok(&["events", id]);
     let line = events
         .lines()

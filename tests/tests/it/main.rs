@@ -25,6 +25,7 @@ mod pool_api;
 mod postgres;
 mod reconnect;
 mod recovery;
+mod replicas;
 mod sdk;
 mod snapshot_policy;
 mod snapshots;

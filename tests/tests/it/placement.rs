@@ -56,6 +56,7 @@ fn sandbox(i: usize) -> SandboxRow {
             network: Default::default(),
             secrets: Vec::new(),
             runtime: None,
+            replicas: 0,
         },
         state: space_api::SandboxState::Creating,
         error: None,
@@ -72,7 +73,14 @@ async fn replica(url: &str, ca: &space_ca::Ca) -> (Store, Arc<ClusterNodes>) {
     let id = ca.new_identity(space_ca::CONTROL_NAME).unwrap();
     let tls =
         space_rpc::tls::ClusterTls::from_pem(ca.cert_pem(), &id.cert_pem, &id.key_pem).unwrap();
-    (store.clone(), Arc::new(ClusterNodes::new(store, tls)))
+    (
+        store.clone(),
+        Arc::new(ClusterNodes::new(
+            store,
+            tls,
+            std::time::Duration::from_secs(300),
+        )),
+    )
 }
 
 fn runtime() -> tokio::runtime::Runtime {

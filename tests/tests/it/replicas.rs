@@ -1,0 +1,278 @@
+//! Replicas and the loss of a node (issue 14, decision 0037): a sandbox created with
+//! `--replicas 1` has each snapshot sent to a second node, incrementally; when its node is
+//! killed with -9 and stays silent past `--node-lost-after`, it comes back on the replica's
+//! node with its data up to its newest replicated snapshot, and its events say which one. A
+//! sandbox without a replica is marked `lost`, not recreated empty. When the lost node comes
+//! back, its stale copy of the restored sandbox is removed and the lost one is found again.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use space_tests::{Spaced, eventually};
+
+use crate::cluster::{node_id_of, node_row, placed_on, wait_reported};
+
+/// Three joined nodes (the control plane's own, and two more), nodes lost after 5 s of
+/// silence; answers them with their ids.
+fn three_nodes() -> (Spaced, Spaced, Spaced, [String; 3]) {
+    let s = Spaced::start_joined(&[], &["--warm-pool", "0:0", "--node-lost-after", "5"]).unwrap();
+    let a = s.join_node(&[]).unwrap();
+    let b = s.join_node(&[]).unwrap();
+    let ids = [node_id_of(&s), node_id_of(&a), node_id_of(&b)];
+    for id in &ids {
+        wait_reported(&s, id);
+    }
+    (s, a, b, ids)
+}
+
+/// The sandbox's replica as `inspect` shows it (null until one holds a snapshot).
+fn replica(s: &Spaced, id: &str) -> Value {
+    s.inspect(id)["replica"].clone()
+}
+
+/// Waits until the replica of `id` holds snapshot `snap`; answers the replica.
+fn wait_replicated(s: &Spaced, id: &str, snap: &str) -> Value {
+    let mut last = Value::Null;
+    let ok = eventually(Duration::from_secs(60), || {
+        last = replica(s, id);
+        last["snapshot_id"] == snap
+    });
+    assert!(
+        ok,
+        "snapshot {snap} of {id} was not replicated: {last}\n{}",
+        s.space_ok(&["events", id])
+    );
+    last
+}
+
+#[test]
+fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
+    let (s, mut doomed, other, [own, lost_id, other_id]) = three_nodes();
+    // Refused, nothing made: too many replicas, a microvm, a malformed count.
+    for (args, says) in [
+        (vec!["create", "--replicas", "2"], "at most 1"),
+        (
+            vec!["create", "--replicas", "1", "--runtime", "microvm"],
+            "namespace sandboxes only",
+        ),
+        (vec!["create", "--replicas", "x"], "invalid"),
+    ] {
+        let out = s.space(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let before: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
+    assert_eq!(before["sandboxes"].as_array().unwrap().len(), 0);
+
+    // Both on the node that will die.
+    s.space_ok(&["node", "drain", &own]);
+    s.space_ok(&["node", "drain", &other_id]);
+    let kept = s.create(&["--replicas", "1"]);
+    let gone = s.create(&["--env", "K=gone"]);
+    s.space_ok(&["node", "drain", &own, "--undo"]);
+    s.space_ok(&["node", "drain", &other_id, "--undo"]);
+    for id in [&kept, &gone] {
+        assert_eq!(placed_on(&s, id), lost_id);
+    }
+    assert_eq!(s.inspect(&kept)["replicas"], 1);
+    assert!(
+        replica(&s, &kept).is_null(),
+        "a replica before any snapshot"
+    );
+
+    let (rc, sum, err) = s.sh(
+        &kept,
+        "head -c 8388608 /dev/urandom > /root/data && echo one > /root/f && sha256sum /root/data",
+    );
+    assert_eq!(rc, 0, "{err}");
+    let first = s
+        .space_ok(&["snapshot", &kept, "--label", "one"])
+        .trim()
+        .to_owned();
+    let r = wait_replicated(&s, &kept, &first);
+    let keeper = r["node"].as_str().unwrap().to_owned();
+    assert_ne!(keeper, lost_id, "the replica is on the sandbox's own node");
+    assert!(r["last_bytes"].as_u64().unwrap() > 8 << 20, "{r}");
+
+    // The second snapshot is sent incrementally: about the 4 MiB written, not the 12 MiB.
+    let (rc, sum2, err) = s.sh(
+        &kept,
+        "head -c 4194304 /dev/urandom > /root/more && echo two > /root/f && sha256sum /root/more",
+    );
+    assert_eq!(rc, 0, "{err}");
+    let second = s
+        .space_ok(&["snapshot", &kept, "--label", "two"])
+        .trim()
+        .to_owned();
+    let r = wait_replicated(&s, &kept, &second);
+    let inc = r["last_bytes"].as_u64().unwrap();
+    assert!(
+        (4 << 20..6 << 20).contains(&inc),
+        "the second snapshot sent {inc} bytes for 4 MiB changed: {r}"
+    );
+    assert_eq!(r["node"], keeper.as_str());
+    assert_eq!(r["snapshots"], 2);
+    // After the newest replicated snapshot: lost with the node.
+    assert_eq!(s.sh(&kept, "echo late > /root/after").0, 0);
+
+    // The node dies and stays silent: unreachable, then lost.
+    doomed.kill9_node();
+    assert!(
+        eventually(Duration::from_secs(90), || node_row(&s, &lost_id)["state"]
+            == "lost"),
+        "the killed node was not marked lost:\n{}",
+        s.space_ok(&["node", "ls"])
+    );
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            let v = s.inspect(&kept);
+            v["state"] == "running" && s.space(&["exec", &kept, "--", "true"]).status.success()
+        }),
+        "the replicated sandbox did not come back: {}\n{}",
+        s.inspect(&kept),
+        s.space_ok(&["events", &kept])
+    );
+    let events = s.space_ok(&["events", &kept]);
+    let restored = events
+        .lines()
+        .find(|l| l.contains("restore") && l.contains(" ok"))
+        .unwrap_or_else(|| panic!("no restore event:\n{events}"));
+    assert!(
+        restored.contains(&second) && restored.contains(&keeper) && restored.contains(&lost_id),
+        "the restore event does not say where from: {restored}"
+    );
+    assert_eq!(s.sh(&kept, "sha256sum /root/data").1, sum);
+    assert_eq!(s.sh(&kept, "sha256sum /root/more").1, sum2);
+    assert_eq!(s.sh(&kept, "cat /root/f").1, "two\n");
+    assert_ne!(
+        s.sh(&kept, "test -e /root/after").0,
+        0,
+        "a file written after the last replicated snapshot came back"
+    );
+    // Its snapshot tree came along: rollback to the first one works on the new node.
+    let snaps = s.space_ok(&["snapshots", &kept]);
+    assert!(snaps.contains(&first) && snaps.contains(&second), "{snaps}");
+    s.space_ok(&["rollback", &kept, &first]);
+    assert_eq!(s.sh(&kept, "cat /root/f").1, "one\n");
+    assert_eq!(s.sh(&kept, "sha256sum /root/data").1, sum);
+
+    // Without a replica: lost, with a clear error, not recreated.
+    let g = s.inspect(&gone);
+    assert_eq!(g["state"], "lost", "{g}");
+    assert!(
+        g["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no replica"),
+        "{g}"
+    );
+    let out = s.space(&["exec", &gone, "--", "true"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lost"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The restored sandbox gets a new replica on the node left (its old replica became it).
+    let third = [own.as_str(), other_id.as_str()]
+        .into_iter()
+        .find(|n| *n != keeper)
+        .unwrap()
+        .to_owned();
+    assert!(
+        eventually(Duration::from_secs(60), || replica(&s, &kept)["node"]
+            == third.as_str()),
+        "no new replica: {}",
+        replica(&s, &kept)
+    );
+
+    // The node comes back: its stale copy of the restored sandbox goes, the lost one is
+    // found again with its processes.
+    doomed.spawn_node().unwrap();
+    assert!(
+        eventually(Duration::from_secs(60), || !doomed
+            .user_sandbox_dirs()
+            .contains(&kept)
+            && s.inspect(&gone)["state"] == "running"),
+        "after the node came back: {:?}, {}\n{}",
+        doomed.user_sandbox_dirs(),
+        s.inspect(&gone),
+        s.space_ok(&["events", &kept])
+    );
+    assert_eq!(s.sh(&gone, "echo $K").1, "gone\n");
+    assert!(s.space_ok(&["events", &kept]).contains("stray"));
+    assert_eq!(s.sh(&kept, "cat /root/f").1, "one\n");
+    let listed: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
+    assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 2, "{listed}");
+    for id in [&kept, &gone] {
+        s.space_ok(&["rm", id]);
+    }
+    drop(other);
+}
+
+/// All-in-one has no other node to keep a replica on: refused, with the reason.
+#[test]
+fn replicas_need_a_cluster() {
+    let s = Spaced::start_with(&["--warm-pool", "0:0"]).unwrap();
+    let out = s.space(&["create", "--replicas", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("need a cluster"), "{err}");
+    let out = s.space(&["template", "set", "minimal", "--replicas", "1"]);
+    assert!(!out.status.success());
+    // Zero is fine anywhere.
+    let id = s.create(&["--replicas", "0"]);
+    s.space_ok(&["rm", &id]);
+}
+
+/// Replication figures for BENCHMARKS.md: bytes sent per snapshot against bytes changed,
+/// and the lag from a snapshot to its replica holding it (the reconciler's pass included).
+#[test]
+#[ignore = "benchmark; prints figures for BENCHMARKS.md"]
+fn bench_replication() {
+    let n: usize = std::env::var("SPACE_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let (s, _a, _b, _) = three_nodes();
+    let id = s.create(&["--replicas", "1"]);
+    assert_eq!(
+        s.sh(&id, "head -c 268435456 /dev/urandom > /root/base").0,
+        0
+    );
+    let snap = s.space_ok(&["snapshot", &id]).trim().to_owned();
+    let full = wait_replicated(&s, &id, &snap)["last_bytes"]
+        .as_u64()
+        .unwrap();
+    let mut ratios = Vec::new();
+    let mut lags = Vec::new();
+    for i in 0..n {
+        let mib = 16;
+        assert_eq!(
+            s.sh(
+                &id,
+                &format!("head -c {} /dev/urandom > /root/f{i}", mib << 20)
+            )
+            .0,
+            0
+        );
+        let t = Instant::now();
+        let snap = s.space_ok(&["snapshot", &id]).trim().to_owned();
+        let r = wait_replicated(&s, &id, &snap);
+        lags.push(t.elapsed());
+        ratios.push(r["last_bytes"].as_u64().unwrap() as f64 / (mib << 20) as f64);
+    }
+    lags.sort();
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "replication: first (256 MiB) {full} bytes; {n} snapshots of 16 MiB changed: sent/changed \
+         p50 {:.3}x max {:.3}x; snapshot -> replicated p50 {:?} p90 {:?} p99 {:?}",
+        space_tests::quantile(&ratios, 0.5),
+        ratios.last().unwrap(),
+        space_tests::percentile(&lags, 0.5),
+        space_tests::percentile(&lags, 0.9),
+        space_tests::percentile(&lags, 0.99),
+    );
+    s.space_ok(&["rm", &id]);
+}
