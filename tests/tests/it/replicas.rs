@@ -270,9 +270,9 @@ fn bench_replication() {
          p50 {:.3}x max {:.3}x; snapshot -> replicated p50 {:?} p90 {:?} p99 {:?}",
         space_tests::quantile(&ratios, 0.5),
         ratios.last().unwrap(),
-        space_tests::percentile(&lags, 0.5),
-        space_tests::percentile(&lags, 0.9),
-        space_tests::percentile(&lags, 0.99),
+        space_tests::percentile(&lags, 50.0),
+        space_tests::percentile(&lags, 90.0),
+        space_tests::percentile(&lags, 99.0),
     );
     s.space_ok(&["rm", &id]);
 }
