@@ -435,6 +435,14 @@ mod tests {
                 vec![],
                 vec![Step::MarkLost { id: A.into() }],
             ),
+            // A sandbox marked lost (its node was lost, no replica) is found on its node again;
+            // while it is not seen, nothing is done to it (nothing recreated).
+            (
+                vec![row(A, SandboxState::Lost, 0)],
+                vec![status(A, Phase::Running)],
+                vec![Step::Found { id: A.into() }],
+            ),
+            (vec![row(A, SandboxState::Lost, 0)], vec![], vec![]),
             (
                 vec![row(A, SandboxState::Stopped, 0)],
                 vec![],
