@@ -1012,22 +1012,6 @@ impl Node {
     }
 }
 
-fn remove_sandbox_storage(
-    layout: &Layout,
-    subvols: &dyn Subvolumes,
-    id: &str,
-) -> Result<(), StorageError> {
-    let rootfs = layout.sandbox_rootfs(id);
-    if subvols.is_subvolume(&rootfs) {
-        subvols.delete(&rootfs)?;
-    }
-    crate::moves::remove_moves(layout, subvols, id)?;
-    snapshots::remove_all_snapshots(layout, subvols, id)?;
-    storage::remove_tree(&layout.sandbox_dir(id))?;
-    storage::remove_tree(&layout.run_sandbox_dir(id))?;
-    Ok(())
-}
-
 fn check_spec(spec: &SandboxSpec) -> Result<(), NodeError> {
     ids::validate_sandbox_id(&spec.id)?;
     ids::validate_template_name(&spec.template)?;
@@ -1482,6 +1466,7 @@ mod usage;
 
 #[path = "snapshots.rs"]
 mod snapshots;
+use snapshots::remove_sandbox_storage;
 
 #[path = "diff_node.rs"]
 mod diff_node;

@@ -156,6 +156,24 @@ pub(crate) fn remove_all_snapshots(
     storage::remove_tree(&dir)
 }
 
+/// Everything a sandbox keeps on disk and under the run dir: its rootfs, its move copies,
+/// its snapshots and its directories.
+pub(super) fn remove_sandbox_storage(
+    layout: &Layout,
+    subvols: &dyn Subvolumes,
+    id: &str,
+) -> Result<(), StorageError> {
+    let rootfs = layout.sandbox_rootfs(id);
+    if subvols.is_subvolume(&rootfs) {
+        subvols.delete(&rootfs)?;
+    }
+    crate::moves::remove_moves(layout, subvols, id)?;
+    remove_all_snapshots(layout, subvols, id)?;
+    storage::remove_tree(&layout.sandbox_dir(id))?;
+    storage::remove_tree(&layout.run_sandbox_dir(id))?;
+    Ok(())
+}
+
 /// Bytes referenced by the files under `root` (allocated blocks; hard links once; symlinks
 /// not followed).
 pub(crate) fn referenced_bytes(root: &Path) -> Result<u64, StorageError> {
@@ -688,7 +706,7 @@ impl Node {
                 let id = &rec2.spec.id;
                 let dir = layout.sandbox_dir(id);
                 if dir.exists() {
-                    super::remove_sandbox_storage(&layout, subvols.as_ref(), id)?;
+                    remove_sandbox_storage(&layout, subvols.as_ref(), id)?;
                 }
                 storage::mkdir_private(&dir)?;
                 if vm {
