@@ -255,14 +255,15 @@ pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
                 );
             }
             if runtime.is_some() || replicas.is_some() {
-                // The settings are replaced whole: what is not given stays as it is.
-                let now = c.get_template(&name).await?;
+                // The settings are replaced whole: what is not given stays as it is. (A
+                // template that cannot be read gets the server's own refusal below.)
+                let now = c.get_template(&name).await.ok();
                 let req = space_api::SetTemplateSettings {
                     runtime: match runtime {
                         Some(r) => (r != "default").then_some(r),
-                        None => now.runtime,
+                        None => now.as_ref().and_then(|t| t.runtime.clone()),
                     },
-                    replicas: replicas.or(now.replicas),
+                    replicas: replicas.or(now.and_then(|t| t.replicas)),
                 };
                 let t = c.set_template_settings(&name, &req).await?;
                 println!(
