@@ -13,6 +13,18 @@ use crate::api::{NodeError, Phase, RuntimeKind, SandboxSpec, SandboxStatus, Temp
 use crate::ids;
 use crate::storage::{self, StorageError};
 
+/// Microvm sandboxes do not leave their node yet: their disk is an image file, not a
+/// subvolume btrfs can send (decisions 0035 and 0037). `doing`: "moving", "replicating", ...
+pub(super) fn refuse_microvm(kind: RuntimeKind, id: &str, doing: &str) -> Result<(), NodeError> {
+    if kind == MICROVM {
+        return Err(NodeError::InvalidArgument(format!(
+            "sandbox {id} is a microvm: {doing} microvm sandboxes between nodes is not \
+             supported yet (decisions 0035, 0037)"
+        )));
+    }
+    Ok(())
+}
+
 impl Node {
     #[tracing::instrument(name = "node.send", skip_all, fields(sandbox = id, step = step.as_str()))]
     pub(super) async fn send_sandbox_impl(
@@ -24,12 +36,7 @@ impl Node {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let entry = self.require_entry(id)?;
-        if entry.record.runtime == MICROVM {
-            return Err(NodeError::InvalidArgument(format!(
-                "sandbox {id} is a microvm: moving microvm sandboxes between nodes is not \
-                 supported yet (decision 0035)"
-            )));
-        }
+        refuse_microvm(entry.record.runtime, id, "moving")?;
         if step == MoveStep::Final
             && self.is_running(&entry.record)
             && !self
@@ -158,11 +165,8 @@ impl Node {
         if let Some(entry) = self.entry(&id) {
             return Ok(self.status_of(&entry.record));
         }
-        if spec.runtime == Some(MICROVM) {
-            return Err(NodeError::InvalidArgument(format!(
-                "sandbox {id} is a microvm: {doing} microvm sandboxes between nodes is not \
-                 supported yet"
-            )));
+        if let Some(kind) = spec.runtime {
+            refuse_microvm(kind, &id, doing)?;
         }
         let tmpl = self
             .templates

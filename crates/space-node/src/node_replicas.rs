@@ -3,7 +3,7 @@
 //! be restored here from its newest replicated snapshot when its own node is lost. A child
 //! module of `node` (it shares the node's table and locks); the streams are `crate::moves`.
 
-use super::{MICROVM, Node, blocking, remove_sandbox_storage};
+use super::{Node, blocking, remove_sandbox_storage};
 use crate::api::moves::{MoveStream, Received};
 use crate::api::{NodeError, SandboxSpec, SandboxStatus};
 use crate::ids;
@@ -21,12 +21,7 @@ impl Node {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let entry = self.require_entry(id)?;
-        if entry.record.runtime == MICROVM {
-            return Err(NodeError::InvalidArgument(format!(
-                "sandbox {id} is a microvm: replicating microvm sandboxes is not supported \
-                 yet (decision 0037)"
-            )));
-        }
+        super::node_moves::refuse_microvm(entry.record.runtime, id, "replicating")?;
         let (layout, have, id2) = (self.layout.clone(), have.to_vec(), id.to_owned());
         let items = blocking(move || moves::replica_plan(&layout, &id2, &have)).await?;
         Ok(moves::send(items))
