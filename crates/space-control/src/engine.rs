@@ -703,12 +703,6 @@ impl Engine {
             }
         }
         self.check_replicas(spec.replicas)?;
-        if spec.replicas > 0 && spec.runtime.as_deref() == Some(MICROVM) {
-            return Err(AppError::invalid(
-                "replicas are kept of namespace sandboxes only for now: a microvm's disk is \
-                 an image file, not a subvolume btrfs can send (decision 0037)",
-            ));
-        }
         spec.secrets = self.vault.bind(&secret_names, &spec.env).await?;
         let injected = self
             .vault

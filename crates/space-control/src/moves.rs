@@ -151,12 +151,14 @@ impl Engine {
             }
         };
         // The claim is on the target now: the sandbox is there, whatever happens next.
-        let restarted = was != SandboxState::Stopped;
-        let started_there = if restarted {
-            self.start_moved(&ends, &spec, was).await
+        let started_there = if was == SandboxState::Stopped {
+            Ok(false)
         } else {
-            Ok(())
+            self.start_moved(&ends, &spec, was).await
         };
+        // A microvm came with its memory: its processes went on as they were.
+        let restored = matches!(started_there, Ok(true));
+        let restarted = was != SandboxState::Stopped && !restored;
         let downtime_ms = stopped_at.map_or(0, |at| at.elapsed().as_millis() as u64);
         if let Err(e) = ends.src.remove_sandbox(id).await {
             tracing::warn!(sandbox = id, node = %ends.from, error = %e, "the moved sandbox's old copy stays on its source");
@@ -199,6 +201,8 @@ impl Engine {
                 last.bytes,
                 if restarted {
                     "; its processes started again there"
+                } else if restored {
+                    "; its processes and memory came with it"
                 } else {
                     ""
                 }
@@ -275,17 +279,18 @@ impl Engine {
         Ok((base, last, stopped_at))
     }
 
-    /// Starts the moved sandbox on its new node, paused again when it was paused.
+    /// Starts the moved sandbox on its new node, paused again when it was paused. True when
+    /// its memory came with it (a microvm restored from the move's checkpoint).
     async fn start_moved(
         &self,
         ends: &Ends,
         spec: &SandboxSpec,
         was: SandboxState,
-    ) -> Result<(), NodeError> {
-        ends.dst.create_sandbox(spec).await?;
+    ) -> Result<bool, NodeError> {
+        let status = ends.dst.create_sandbox(spec).await?;
         if was == SandboxState::Paused {
             ends.dst.pause_sandbox(&ends.id).await?;
         }
-        Ok(())
+        Ok(status.restored)
     }
 }

@@ -398,15 +398,16 @@ impl Engine {
             .await?;
         self.store.delete_replica(id).await?;
         let was = row.state;
+        // Started again: with the snapshot's memory where it is a microvm's checkpoint.
         let started = if was == SandboxState::Stopped {
-            Ok(())
+            Ok(false)
         } else {
             async {
-                dst.create_sandbox(&spec).await?;
+                let status = dst.create_sandbox(&spec).await?;
                 if was == SandboxState::Paused {
                     dst.pause_sandbox(id).await?;
                 }
-                Ok::<_, NodeError>(())
+                Ok::<_, NodeError>(status.restored)
             }
             .await
         };
@@ -428,15 +429,17 @@ impl Engine {
             } else {
                 format!(", with {} later snapshot(s) never replicated", gone.len())
             },
-            if was == SandboxState::Stopped {
-                ""
-            } else {
-                "; its processes started again"
+            match started {
+                _ if was == SandboxState::Stopped => "",
+                Ok(true) => "; its processes and memory came back as they were at the snapshot",
+                _ => "; its processes started again",
             }
         );
         match started {
-            Ok(()) => {
+            Ok(restored) => {
                 self.event(id, "restore", "ok", &detail);
+                self.restart_checkpoint_processes(id, &r.snapshot_id, restored)
+                    .await;
                 self.write_status(id, was, None).await
             }
             Err(e) => {

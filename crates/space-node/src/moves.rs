@@ -56,16 +56,25 @@ pub(crate) fn received_final(layout: &Layout, id: &str) -> PathBuf {
     incoming_dir(layout, id).join(MoveStep::Final.as_str())
 }
 
-/// Deletes the read-only subvolumes of a move (sent or received) and their directory.
+/// Deletes the subvolumes of a move (sent or received; a microvm's copies being filled too)
+/// and their directory.
 pub(crate) fn remove_move_dir(dir: &Path, subvols: &dyn Subvolumes) -> Result<(), StorageError> {
     for step in [MoveStep::Base, MoveStep::Final] {
-        let sub = dir.join(step.as_str());
-        if subvols.is_subvolume(&sub) {
-            subvols.delete(&sub)?;
+        for sub in [
+            dir.join(step.as_str()),
+            storage::filling(dir, step.as_str()),
+        ] {
+            if subvols.is_subvolume(&sub) {
+                subvols.delete(&sub)?;
+            }
         }
     }
     storage::remove_tree(dir)
 }
+
+/// Makes a move's read-only copy of the sandbox's disk, `name` in the directory given (the
+/// rootfs's snapshot, or a microvm's image in a subvolume).
+pub(crate) type MakeCopy<'a> = &'a dyn Fn(&Path, &str) -> Result<(), StorageError>;
 
 /// Both move directories of sandbox `id` (before its directory is removed).
 pub(crate) fn remove_moves(
@@ -122,17 +131,18 @@ pub(crate) fn snapshots_oldest_first(dir: &Path) -> Result<Vec<(String, u64)>, N
     Ok(out)
 }
 
-/// Takes the read-only copy of the sandbox's rootfs that step `step` sends, and lists what
-/// the step carries. `Final` needs the `Base` copy taken before.
+/// Takes the read-only copy of the sandbox's disk that step `step` sends (with `copy`), and
+/// lists what the step carries. `Final` needs the `Base` copy taken before.
 pub(crate) fn plan(
     layout: &Layout,
     subvols: &dyn Subvolumes,
     id: &str,
     step: MoveStep,
+    copy: MakeCopy<'_>,
 ) -> Result<Vec<Item>, NodeError> {
     let out = outgoing_dir(layout, id);
     let base = out.join(MoveStep::Base.as_str());
-    let copy = out.join(step.as_str());
+    let taken = out.join(step.as_str());
     let mut items = Vec::new();
     let parent = match step {
         MoveStep::Base => {
@@ -161,16 +171,16 @@ pub(crate) fn plan(
                     "sandbox {id} has no base sent: a move sends its base step first"
                 )));
             }
-            if subvols.is_subvolume(&copy) {
-                subvols.delete(&copy)?;
+            if subvols.is_subvolume(&taken) {
+                subvols.delete(&taken)?;
             }
             Some(base)
         }
     };
-    subvols.snapshot(&layout.sandbox_rootfs(id), &out, step.as_str(), true)?;
+    copy(&out, step.as_str())?;
     items.push(Item::Subvolume {
         rel: INCOMING.into(),
-        path: copy,
+        path: taken,
         parent,
     });
     Ok(items)

@@ -7,23 +7,17 @@
 
 use std::path::Path;
 
-use super::{Entry, MICROVM, Node, blocking, check_spec, remove_sandbox_storage};
+use super::snapshots::VM_DIR;
+use super::{Entry, MICROVM, Node, SANDBOX_DISK, blocking, check_spec, remove_sandbox_storage};
 use crate::api::moves::{MoveStep, MoveStream, Received};
 use crate::api::{NodeError, Phase, RuntimeKind, SandboxSpec, SandboxStatus, TemplateInfo};
 use crate::ids;
+use crate::runtime::microvm::STATE_FILE;
 use crate::storage::{self, StorageError};
 
-/// Microvm sandboxes do not leave their node yet: their disk is an image file, not a
-/// subvolume btrfs can send (decisions 0035 and 0037). `doing`: "moving", "replicating", ...
-pub(super) fn refuse_microvm(kind: RuntimeKind, id: &str, doing: &str) -> Result<(), NodeError> {
-    if kind == MICROVM {
-        return Err(NodeError::InvalidArgument(format!(
-            "sandbox {id} is a microvm: {doing} microvm sandboxes between nodes is not \
-             supported yet (decisions 0035, 0037)"
-        )));
-    }
-    Ok(())
-}
+/// Where an adopted microvm keeps the checkpoint it came with (device state and RAM, `vm/`,
+/// next to the disk image it was taken with) until its next start restores it.
+pub(super) const RESUME: &str = "resume";
 
 impl Node {
     #[tracing::instrument(name = "node.send", skip_all, fields(sandbox = id, step = step.as_str()))]
@@ -36,21 +30,58 @@ impl Node {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let entry = self.require_entry(id)?;
-        refuse_microvm(entry.record.runtime, id, "moving")?;
-        if step == MoveStep::Final
-            && self.is_running(&entry.record)
-            && !self
-                .rt(&entry.record)
-                .is_frozen(entry.record.runtime_name())
-        {
+        let running = self.is_running(&entry.record);
+        let name = entry.record.runtime_name();
+        if step == MoveStep::Final && running && !self.rt(&entry.record).is_frozen(name) {
             return Err(NodeError::WrongPhase {
                 id: id.to_owned(),
                 phase: Phase::Running,
             });
         }
+        let vm = entry.record.runtime == MICROVM;
         let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_owned());
-        let items =
-            blocking(move || crate::moves::plan(&layout, subvols.as_ref(), &id2, step)).await?;
+        if vm && step == MoveStep::Final && running {
+            // A paused VM's final copy keeps its memory: device state and RAM go into the
+            // copy being filled, next to the disk image reflinked after them (decision 0038).
+            let out = crate::moves::outgoing_dir(&layout, id);
+            let filling = blocking({
+                let (subvols, out) = (subvols.clone(), out.clone());
+                move || {
+                    if !subvols.is_subvolume(&out.join(MoveStep::Base.as_str())) {
+                        return Err(NodeError::Conflict(format!(
+                            "sandbox {id2} has no base sent: a move sends its base step first"
+                        )));
+                    }
+                    Ok(storage::new_vm_subvolume(
+                        subvols.as_ref(),
+                        &out,
+                        MoveStep::Final.as_str(),
+                    )?)
+                }
+            })
+            .await?;
+            self.rt(&entry.record)
+                .checkpoint(name, &filling.join(VM_DIR), false)
+                .await
+                .map_err(|e| {
+                    NodeError::Internal(format!("failed to checkpoint the VM to move it: {e}"))
+                })?;
+        }
+        let id2 = id.to_owned();
+        let items = blocking(move || {
+            let disk = layout.sandbox_dir(&id2).join(SANDBOX_DISK);
+            let rootfs = layout.sandbox_rootfs(&id2);
+            let sv = subvols.as_ref();
+            let copy = |out: &Path, name: &str| {
+                if vm {
+                    storage::seal_vm_subvolume(sv, out, name, &disk)
+                } else {
+                    sv.snapshot(&rootfs, out, name, true)
+                }
+            };
+            crate::moves::plan(&layout, sv, &id2, step, &copy)
+        })
+        .await?;
         Ok(crate::moves::send(items))
     }
 
@@ -141,8 +172,11 @@ impl Node {
 
     /// Makes a sandbox of `spec` from storage that came from another node (a move's, a
     /// replica's), stopped: `place` (blocking, under the sandbox's lock) checks what was
-    /// received, makes the sandbox's directory with its snapshots in it, and answers the read-only subvolume its disk becomes a writable
-    /// snapshot of. Idempotent: a sandbox the node has already is answered as it is.
+    /// received, makes the sandbox's directory with its snapshots in it, and answers the
+    /// read-only subvolume the sandbox's disk comes from: a writable snapshot of it becomes
+    /// the rootfs, or a microvm's image is reflinked out of it (with the memory checkpoint
+    /// beside it kept for the next start). Idempotent: a sandbox the node has already is
+    /// answered as it is.
     pub(super) async fn adopt_with<F>(
         &self,
         spec: &SandboxSpec,
@@ -165,9 +199,6 @@ impl Node {
         if let Some(entry) = self.entry(&id) {
             return Ok(self.status_of(&entry.record));
         }
-        if let Some(kind) = spec.runtime {
-            refuse_microvm(kind, &id, doing)?;
-        }
         let tmpl = self
             .templates
             .latest(&spec.template)
@@ -175,20 +206,49 @@ impl Node {
                 kind: "template",
                 id: spec.template.clone(),
             })?;
+        let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.clone());
+        let from = blocking(move || place(&layout, subvols.as_ref(), &id2)).await?;
+        // What came is what it is: a microvm's copy holds its disk image.
+        let came = if from.join(SANDBOX_DISK).is_file() {
+            MICROVM
+        } else {
+            RuntimeKind::Namespace
+        };
+        if let Some(named) = spec.runtime.filter(|k| *k != came) {
+            return Err(NodeError::Conflict(format!(
+                "sandbox {id} came as a {came} sandbox, not the {named} its spec names"
+            )));
+        }
+        if came == MICROVM
+            && let Err(why) = self.microvm().await
+        {
+            return Err(NodeError::Conflict(format!(
+                "sandbox {id} is a microvm, and this node cannot run one: {why}"
+            )));
+        }
         let uid_base = self.allocate_uids()?;
         let mut rec = self.new_record(spec, tmpl.version, uid_base);
-        rec.runtime = RuntimeKind::Namespace;
+        rec.runtime = came;
         let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
         let made = blocking(move || {
             let id = &rec2.spec.id;
             let dir = layout.sandbox_dir(id);
-            let rootfs = layout.sandbox_rootfs(id);
-            let from = place(&layout, subvols.as_ref(), id)?;
-            if subvols.is_subvolume(&rootfs) {
-                subvols.delete(&rootfs)?;
+            let (rootfs, resume) = (layout.sandbox_rootfs(id), dir.join(RESUME));
+            for sub in [&rootfs, &resume] {
+                if subvols.is_subvolume(sub) {
+                    subvols.delete(sub)?;
+                }
             }
-            subvols.snapshot(&from, &dir, "rootfs", false)?;
-            // Made durable right after (as a create's record is), not while it is down.
+            if came == MICROVM {
+                storage::clone_file_atomic(&from.join(SANDBOX_DISK), &dir.join(SANDBOX_DISK))?;
+                if from.join(VM_DIR).join(STATE_FILE).is_file() {
+                    // Its memory: its next start restores it (`restart`).
+                    subvols.snapshot(&from, &dir, RESUME, true)?;
+                }
+            } else {
+                subvols.snapshot(&from, &dir, "rootfs", false)?;
+            }
+            // Made durable right after (as a create's is), not while it is down.
             storage::write_json_atomic(&layout.sandbox_record(id), &rec2, false)?;
             Ok(())
         })

@@ -221,7 +221,14 @@ fn load_records(layout: &Layout, subvols: &dyn Subvolumes) -> Result<LoadedRecor
         }
         match storage::read_json::<SandboxRecord>(&rec_path) {
             Ok(rec) if rec.pool_member => members.push((name, rec)),
-            Ok(rec) if rec.spec.id == name => out.push(rec),
+            Ok(rec) if rec.spec.id == name => {
+                if rec.runtime == MICROVM
+                    && let Err(e) = snapshots::upgrade_vm_snapshots(layout, subvols, &name)
+                {
+                    tracing::error!(id = %name, error = %e, "could not move a microvm's snapshots into subvolumes");
+                }
+                out.push(rec)
+            }
             Ok(rec) => tracing::error!(path = %rec_path.display(), id = %rec.spec.id,
                 "record names another sandbox; leaving it alone"),
             Err(e) => tracing::error!(error = %e, "unreadable sandbox record; leaving it alone"),

@@ -20,8 +20,7 @@ impl Node {
         ids::validate_sandbox_id(id)?;
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
-        let entry = self.require_entry(id)?;
-        super::node_moves::refuse_microvm(entry.record.runtime, id, "replicating")?;
+        self.require_entry(id)?;
         let (layout, have, id2) = (self.layout.clone(), have.to_vec(), id.to_owned());
         let items = blocking(move || moves::replica_plan(&layout, &id2, &have)).await?;
         Ok(moves::send(items))

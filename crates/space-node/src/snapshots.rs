@@ -4,8 +4,15 @@
 //! ```text
 //! sandboxes/<id>/snapshots/<snap>/snapshot.json   written before the snapshot, so the
 //!                                                 snapshot's own commit makes it durable
-//! sandboxes/<id>/snapshots/<snap>/rootfs          read-only subvolume
+//! sandboxes/<id>/snapshots/<snap>/rootfs          read-only subvolume: the sandbox's
+//!                                                 rootfs, or a microvm's disk image
+//!                                                 (`disk.ext4`) and checkpoint (`vm/`)
 //! ```
+//!
+//! A microvm's snapshot is a subvolume too, so that `btrfs send` carries it to another node
+//! (moves and replicas) as it carries a namespace sandbox's, incremental against the one
+//! before it: the disk images of two snapshots share every extent the VM did not write in
+//! between, and a send against a parent sends only the others (decision 0038).
 //!
 //! A snapshot is consistent across the sandbox's processes: the sandbox's cgroup is frozen
 //! around `BTRFS_IOC_SNAP_CREATE_V2`, which itself flushes the source's dirty data and
@@ -25,7 +32,10 @@ use super::{Entry, Node, blocking, check_spec};
 use crate::api::{NodeError, SandboxSpec, SandboxStatus, SnapshotInfo, TemplateInfo};
 use crate::ids;
 use crate::state::now_unix_ms;
-use crate::storage::{self, Layout, StorageError, Subvolumes};
+use crate::storage::{
+    self, Layout, StorageError, Subvolumes, clone_file_atomic, filling, new_vm_subvolume,
+    seal_vm_subvolume,
+};
 
 const SNAPSHOTS: &str = "snapshots";
 const SNAPSHOT_RECORD: &str = "snapshot.json";
@@ -72,15 +82,54 @@ pub(crate) fn snapshot_rootfs(layout: &Layout, id: &str, snap: &str) -> PathBuf 
     snapshot_dir(layout, id, snap).join("rootfs")
 }
 
-/// A microvm sandbox's snapshot: a reflink copy of its disk image (decision 0014).
+/// A microvm sandbox's snapshot: a reflink copy of its disk image (decision 0014), in the
+/// snapshot's subvolume.
 pub(crate) fn snapshot_disk(layout: &Layout, id: &str, snap: &str) -> PathBuf {
-    snapshot_dir(layout, id, snap).join(super::SANDBOX_DISK)
+    snapshot_rootfs(layout, id, snap).join(super::SANDBOX_DISK)
 }
+
+/// Where a microvm checkpoint's VM state lies, in a subvolume next to its disk image.
+pub(crate) const VM_DIR: &str = "vm";
 
 /// A microvm checkpoint's VM state next to its disk image: `state`, `state.sha256` and
 /// `mem` (or the RAM in `state`), as `runtime::microvm::checkpoint` writes them.
 pub(crate) fn snapshot_vm_dir(layout: &Layout, id: &str, snap: &str) -> PathBuf {
-    snapshot_dir(layout, id, snap).join("vm")
+    snapshot_rootfs(layout, id, snap).join(VM_DIR)
+}
+
+/// Moves the microvm snapshots of sandbox `id` that a node before decision 0038 left as plain
+/// files (`snapshots/<snap>/disk.ext4`, `vm/`) into a read-only subvolume each, by reflink.
+/// Idempotent: a step cut short is redone from the old files, which go last.
+pub(crate) fn upgrade_vm_snapshots(
+    layout: &Layout,
+    subvols: &dyn Subvolumes,
+    id: &str,
+) -> Result<(), StorageError> {
+    let dir = snapshots_dir(layout, id);
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    for ent in rd.flatten() {
+        let (old_disk, old_vm) = (
+            ent.path().join(super::SANDBOX_DISK),
+            ent.path().join(VM_DIR),
+        );
+        if !old_disk.is_file() {
+            continue;
+        }
+        let sub = new_vm_subvolume(subvols, &ent.path(), "rootfs")?;
+        if let Ok(files) = std::fs::read_dir(&old_vm) {
+            storage::mkdir_private(&sub.join(VM_DIR))?;
+            for f in files.flatten() {
+                clone_file_atomic(&f.path(), &sub.join(VM_DIR).join(f.file_name()))?;
+            }
+        }
+        seal_vm_subvolume(subvols, &ent.path(), "rootfs", &old_disk)?;
+        storage::remove_tree(&old_vm)?;
+        std::fs::remove_file(&old_disk).map_err(|e| StorageError::io("remove", &old_disk, e))?;
+        tracing::info!(sandbox = id, snapshot = %ent.file_name().to_string_lossy(), "microvm snapshot moved into a subvolume");
+    }
+    Ok(())
 }
 
 /// What a snapshot holds: its rootfs subvolume, or for a microvm sandbox its disk image.
@@ -104,19 +153,6 @@ fn info_of(layout: &Layout, rec: &SnapshotRecord) -> SnapshotInfo {
     }
 }
 
-/// Reflinks `src` to `dst` through a temporary name (a crash leaves no half file at `dst`).
-fn clone_file_atomic(src: &Path, dst: &Path) -> Result<(), StorageError> {
-    let tmp = dst.with_extension("new");
-    match std::fs::remove_file(&tmp) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(StorageError::io("remove", &tmp, e)),
-    }
-    crate::runtime::microvm::clone_disk(src, &tmp)
-        .map_err(|e| StorageError::io("reflink", &tmp, e))?;
-    std::fs::rename(&tmp, dst).map_err(|e| StorageError::io("rename", &tmp, e))
-}
-
 fn internal(what: &str) -> impl FnOnce(crate::runtime::RuntimeError) -> NodeError + '_ {
     move |e| NodeError::Internal(format!("failed to {what}: {e}"))
 }
@@ -128,11 +164,13 @@ fn remove_snapshot_storage(
     id: &str,
     snap: &str,
 ) -> Result<(), StorageError> {
-    let rootfs = snapshot_rootfs(layout, id, snap);
-    if subvols.is_subvolume(&rootfs) {
-        subvols.delete(&rootfs)?;
+    let dir = snapshot_dir(layout, id, snap);
+    for sub in [dir.join("rootfs"), filling(&dir, "rootfs")] {
+        if subvols.is_subvolume(&sub) {
+            subvols.delete(&sub)?;
+        }
     }
-    storage::remove_tree(&snapshot_dir(layout, id, snap))
+    storage::remove_tree(&dir)
 }
 
 /// Deletes every snapshot of a sandbox (called before its dir is removed: read-only
@@ -163,9 +201,11 @@ pub(super) fn remove_sandbox_storage(
     subvols: &dyn Subvolumes,
     id: &str,
 ) -> Result<(), StorageError> {
-    let rootfs = layout.sandbox_rootfs(id);
-    if subvols.is_subvolume(&rootfs) {
-        subvols.delete(&rootfs)?;
+    let resume = layout.sandbox_dir(id).join(super::node_moves::RESUME);
+    for sub in [layout.sandbox_rootfs(id), resume] {
+        if subvols.is_subvolume(&sub) {
+            subvols.delete(&sub)?;
+        }
     }
     crate::moves::remove_moves(layout, subvols, id)?;
     remove_all_snapshots(layout, subvols, id)?;
@@ -339,8 +379,7 @@ impl Node {
         let vm = entry.record.runtime == super::MICROVM;
         let dir = snapshot_dir(&self.layout, id, snap);
         let rec_path = dir.join(SNAPSHOT_RECORD);
-        if (self.subvols.is_subvolume(&dir.join("rootfs"))
-            || snapshot_disk(&self.layout, id, snap).is_file())
+        if self.subvols.is_subvolume(&dir.join("rootfs"))
             && let Ok(rec) = storage::read_json::<SnapshotRecord>(&rec_path)
         {
             return Ok(info_of(&self.layout, &rec));
@@ -375,18 +414,20 @@ impl Node {
             storage::mkdir_private(&dir)?;
             // Written first: the snapshot ioctl commits the btrfs transaction, which makes
             // this record durable together with the snapshot, at no extra flush.
-            Ok(storage::write_json_atomic(
-                &dir.join(SNAPSHOT_RECORD),
-                &rec2,
-                false,
-            )?)
+            storage::write_json_atomic(&dir.join(SNAPSHOT_RECORD), &rec2, false)?;
+            if vm {
+                // Filled while the VM is stopped, then sealed.
+                new_vm_subvolume(subvols.as_ref(), &dir, "rootfs")?;
+            }
+            Ok(())
         })
         .await?;
         // Stop the sandbox: a microvm checkpoint stops the VM itself (device state and RAM
         // into `vm/`, the channel to the guest stays connected); else the freezer.
         let rt = self.rt(&entry.record);
         let stopped = if keep_memory {
-            rt.checkpoint(&name, &snapshot_vm_dir(&self.layout, id, snap), false)
+            let vm_dir = filling(&snapshot_dir(&self.layout, id, snap), "rootfs").join(VM_DIR);
+            rt.checkpoint(&name, &vm_dir, false)
                 .await
                 .map_err(internal("checkpoint the VM"))
         } else if freeze {
@@ -408,10 +449,8 @@ impl Node {
                     if vm {
                         // The VM is stopped: its image is consistent; a reflink is O(1).
                         let disk = layout.sandbox_dir(&id2).join(super::SANDBOX_DISK);
-                        Ok(clone_file_atomic(
-                            &disk,
-                            &snapshot_disk(&layout, &id2, &snap2),
-                        )?)
+                        let dir = snapshot_dir(&layout, &id2, &snap2);
+                        Ok(seal_vm_subvolume(subvols.as_ref(), &dir, "rootfs", &disk)?)
                     } else {
                         let dir = snapshot_dir(&layout, &id2, &snap2);
                         Ok(subvols.snapshot(&layout.sandbox_rootfs(&id2), &dir, "rootfs", true)?)
@@ -430,7 +469,21 @@ impl Node {
             }
         }
         if let Err(e) = res {
-            let _ = storage::remove_tree(&snapshot_dir(&self.layout, id, snap));
+            let (layout, subvols, id2, snap2) = (
+                self.layout.clone(),
+                self.subvols.clone(),
+                id.to_owned(),
+                snap.to_owned(),
+            );
+            let _ = blocking(move || {
+                Ok(remove_snapshot_storage(
+                    &layout,
+                    subvols.as_ref(),
+                    &id2,
+                    &snap2,
+                )?)
+            })
+            .await;
             return Err(e);
         }
         tracing::info!(
@@ -576,7 +629,7 @@ impl Node {
     /// snapshot's disk `snapshot_disk` instead (the failed guest may have written to the
     /// first), so the sandbox runs with the snapshot's files but fresh processes
     /// (`restored: false`).
-    async fn launch_from(
+    pub(super) async fn launch_from(
         &self,
         rec: &mut super::SandboxRecord,
         memory: Option<&Path>,

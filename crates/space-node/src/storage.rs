@@ -72,6 +72,58 @@ pub trait Subvolumes: Send + Sync + 'static {
     fn is_subvolume(&self, path: &Path) -> bool;
 }
 
+/// Reflinks `src` to `dst` through a temporary name (a crash leaves no half file at `dst`).
+pub(crate) fn clone_file_atomic(src: &Path, dst: &Path) -> Result<(), StorageError> {
+    let tmp = dst.with_extension("new");
+    match std::fs::remove_file(&tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(StorageError::io("remove", &tmp, e)),
+    }
+    crate::runtime::microvm::clone_disk(src, &tmp)
+        .map_err(|e| StorageError::io("reflink", &tmp, e))?;
+    std::fs::rename(&tmp, dst).map_err(|e| StorageError::io("rename", &tmp, e))
+}
+
+/// Where the microvm copy `name` in `dir` is filled (`<name>.new`) before it is sealed.
+pub(crate) fn filling(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.new"))
+}
+
+/// The writable subvolume a microvm copy (a snapshot's `rootfs`, a move's `base` or `final`)
+/// is filled in: [`filling`], an earlier one cut short deleted first. Only
+/// [`seal_vm_subvolume`] gives it its name, so a copy under its name is always whole.
+pub(crate) fn new_vm_subvolume(
+    subvols: &dyn Subvolumes,
+    dir: &Path,
+    name: &str,
+) -> Result<PathBuf, StorageError> {
+    let sub = filling(dir, name);
+    if subvols.is_subvolume(&sub) {
+        subvols.delete(&sub)?;
+    }
+    subvols.create(dir, &format!("{name}.new"))?;
+    Ok(sub)
+}
+
+/// Reflinks the VM's `disk` into the filled copy `name` in `dir` (made first when missing),
+/// makes it read-only and gives it its name.
+pub(crate) fn seal_vm_subvolume(
+    subvols: &dyn Subvolumes,
+    dir: &Path,
+    name: &str,
+    disk: &Path,
+) -> Result<(), StorageError> {
+    let sub = filling(dir, name);
+    if !subvols.is_subvolume(&sub) {
+        new_vm_subvolume(subvols, dir, name)?;
+    }
+    clone_file_atomic(disk, &sub.join(crate::node::SANDBOX_DISK))?;
+    subvols.set_readonly(&sub, true)?;
+    let done = dir.join(name);
+    std::fs::rename(&sub, &done).map_err(|e| StorageError::io("rename", &sub, e))
+}
+
 /// Real btrfs subvolumes through space-sys ioctls.
 #[derive(Debug, Default)]
 pub struct Btrfs;

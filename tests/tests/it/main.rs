@@ -31,3 +31,4 @@ mod snapshot_policy;
 mod snapshots;
 mod templates;
 mod top;
+mod vm_moves;

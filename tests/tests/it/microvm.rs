@@ -575,11 +575,20 @@ fn checkpoint_keeps_memory(ram: &str) {
     assert_eq!(out(&s, &id, "cat /tmp/mem"), "parent-now");
     s.space_ok(&["rm", &child]);
 
-    // A corrupted checkpoint: refused; the sandbox keeps running as it was.
+    // A corrupted checkpoint: refused; the sandbox keeps running as it was. (The snapshot
+    // is a read-only subvolume: made writable for the damage.)
     let qemu = s.inspect(&id)["init_pid"].as_u64().unwrap();
-    let state = s
+    let sub = s
         .data_dir()
-        .join(format!("volume/sandboxes/{id}/snapshots/{cp}/vm/state"));
+        .join(format!("volume/sandboxes/{id}/snapshots/{cp}/rootfs"));
+    let rw = std::process::Command::new("btrfs")
+        .args(["property", "set", "-ts"])
+        .arg(&sub)
+        .args(["ro", "false"])
+        .status()
+        .unwrap();
+    assert!(rw.success());
+    let state = sub.join("vm/state");
     let mut bytes = std::fs::read(&state).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;

@@ -48,13 +48,9 @@ fn wait_replicated(s: &Spaced, id: &str, snap: &str) -> Value {
 #[test]
 fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
     let (s, mut doomed, other, [own, lost_id, other_id]) = three_nodes();
-    // Refused, nothing made: too many replicas, a microvm, a malformed count.
+    // Refused, nothing made: too many replicas, a malformed count.
     for (args, says) in [
         (vec!["create", "--replicas", "2"], "at most 1"),
-        (
-            vec!["create", "--replicas", "1", "--runtime", "microvm"],
-            "namespace sandboxes only",
-        ),
         (vec!["create", "--replicas", "x"], "invalid"),
     ] {
         let out = s.space(&args);
