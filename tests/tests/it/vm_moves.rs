@@ -110,3 +110,64 @@ fn a_running_microvm_moves_with_its_memory_and_snapshots() {
         .join(&id)
         .exists()));
 }
+
+/// `SPACE_BENCH_N` (default 10) moves of a running microvm (256 MiB of RAM, a process, 64 MiB
+/// written on its disk) back and forth: downtime and what each step sent (the final step
+/// carries the VM's memory).
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn bench_vm_migration() {
+    let runs: usize = std::env::var("SPACE_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let s = Spaced::start_joined(&["--network", "off"], &["--warm-pool", "0:0"]).unwrap();
+    let other = s.join_node(&["--network", "off"]).unwrap();
+    wait_reported(&s, &node_id_of(&s));
+    wait_reported(&s, &node_id_of(&other));
+    let id = s.create(&["--runtime", "microvm", "--memory", "256"]);
+    out(
+        &s,
+        &id,
+        "head -c 67108864 /dev/urandom > /root/data && sync",
+    );
+    let pid = s
+        .space_ok(&[
+            "exec",
+            "-d",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "while :; do sleep 1; done",
+        ])
+        .trim()
+        .to_string();
+    let mut rows: Vec<[f64; 3]> = Vec::new();
+    for i in 0..runs {
+        let m: Value = serde_json::from_str(&s.space_ok(&["migrate", &id, "--json"])).unwrap();
+        assert_eq!(m["processes_restarted"], false, "{m}");
+        let row = ["downtime_ms", "base_bytes", "final_bytes"].map(|k| m[k].as_f64().unwrap());
+        eprintln!(
+            "move {i}: down {} ms, base {} B, final {} B",
+            row[0], row[1], row[2]
+        );
+        rows.push(row);
+    }
+    assert!(s.space_ok(&["ps", &id]).contains(&pid));
+    let pct = |k: usize, p: f64| {
+        let mut v: Vec<f64> = rows.iter().map(|r| r[k]).collect();
+        v.sort_by(f64::total_cmp);
+        v[((v.len() as f64 - 1.0) * p).round() as usize]
+    };
+    let mib = |b: f64| b / f64::from(1u32 << 20);
+    println!(
+        "running microvm downtime: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms ({runs} moves); \
+         sent while running p50 {:.1} MiB, while paused p50 {:.1} MiB",
+        pct(0, 0.5),
+        pct(0, 0.9),
+        pct(0, 0.99),
+        mib(pct(1, 0.5)),
+        mib(pct(2, 0.5))
+    );
+}
