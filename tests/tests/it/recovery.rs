@@ -267,3 +267,41 @@ fn a_second_spaced_on_a_held_run_dir_is_refused() {
     assert_eq!(s.sh(&id, "echo alive").1, "alive\n");
     assert_eq!(state_of(&s, &id), "running");
 }
+
+/// A node whose volume holds microvm snapshots in the layout before decision 0038 (plain
+/// files: `snapshots/<snap>/disk.ext4`, `vm/`) moves each into a read-only subvolume when it
+/// starts; a rollback to such a checkpoint brings its memory back, as before.
+#[test]
+fn microvm_snapshots_of_the_old_layout_are_moved_into_subvolumes_at_start() {
+    let mut s = Spaced::start_with(&["--warm-pool", "0:0"]).unwrap();
+    let id = s.create(&["--runtime", "microvm", "--memory", "256"]);
+    s.sh(&id, "echo at-checkpoint > /tmp/mem");
+    let cp = s
+        .space_ok(&["snapshot", &id, "--checkpoint"])
+        .trim()
+        .to_string();
+    s.sh(&id, "echo later > /tmp/mem");
+    s.stop().unwrap();
+    // Back to the old layout: the files out of the subvolume, the subvolume gone.
+    let dir = s
+        .data_dir()
+        .join(format!("volume/sandboxes/{id}/snapshots/{cp}"));
+    let sh = |script: &str| {
+        let st = std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir(&dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{script}");
+    };
+    sh("cp -a --reflink=always rootfs/disk.ext4 rootfs/vm . && btrfs -q subvolume delete rootfs");
+    assert!(dir.join("disk.ext4").is_file() && !dir.join("rootfs").exists());
+    s.spawn().unwrap();
+    assert!(dir.join("rootfs/disk.ext4").is_file(), "not upgraded");
+    assert!(dir.join("rootfs/vm/state").is_file());
+    assert!(!dir.join("disk.ext4").exists() && !dir.join("vm").exists());
+    s.space_ok(&["rollback", &id, &cp]);
+    assert_eq!(s.inspect(&id)["restored"], true);
+    assert_eq!(s.sh(&id, "cat /tmp/mem").1, "at-checkpoint\n");
+    s.space_ok(&["rm", &id]);
+}
