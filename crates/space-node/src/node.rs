@@ -950,49 +950,6 @@ impl Node {
         }
         self.free_uids(uid_base);
     }
-
-    /// Starts a stopped sandbox again on its kept rootfs (limits, env and hostname from
-    /// `spec`). On failure the sandbox stays stopped; nothing of its data is removed.
-    async fn restart(
-        &self,
-        spec: &SandboxSpec,
-        mut entry: Entry,
-    ) -> Result<SandboxStatus, NodeError> {
-        entry.record.spec = spec.clone();
-        entry.record.launched = None;
-        // A microvm that came from another node with its memory continues from it.
-        let resume = self.layout.sandbox_dir(&spec.id).join(node_moves::RESUME);
-        let memory = resume.join(snapshots::VM_DIR);
-        let (launched, client) = if entry.record.runtime == MICROVM
-            && memory.join(crate::runtime::microvm::STATE_FILE).is_file()
-        {
-            let disk = resume.join(SANDBOX_DISK);
-            self.launch_from(&mut entry.record, Some(&memory), &disk)
-                .await?
-        } else {
-            self.launch(&mut entry.record, None).await?
-        };
-        entry.record.launched = Some(launched);
-        entry.client = Some(client);
-        let status = self.status_of(&entry.record);
-        self.table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(spec.id.clone(), entry);
-        self.persist(&spec.id, false).await?;
-        let subvols = self.subvols.clone();
-        if subvols.is_subvolume(&resume) {
-            // Used: the VM's memory is its own now. Deleted after the answer (a subvolume's
-            // delete waits for a commit).
-            tokio::task::spawn_blocking(move || {
-                if let Err(e) = subvols.delete(&resume) {
-                    tracing::warn!(error = %e, "could not delete a used memory checkpoint");
-                }
-            });
-        }
-        tracing::info!(id = %spec.id, restored = status.restored, "stopped sandbox started again");
-        Ok(status)
-    }
 }
 
 /// Deletes a sandbox's rootfs (with nested subvolumes), its dir and its run dir.

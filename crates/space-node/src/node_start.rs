@@ -7,6 +7,9 @@
 //! checkpoint: a template's warm checkpoint is taken after its builder VM ran the start
 //! command and passed the ready check (vm_warm.rs), and a paused sandbox's own checkpoint
 //! holds its processes. A restore therefore runs only the ready command, to confirm.
+//!
+//! Also here: `restart`, which starts a stopped sandbox again, from the memory checkpoint it
+//! came with when it is a microvm moved or restored from another node (decision 0038).
 
 use std::time::{Duration, Instant};
 
@@ -15,8 +18,9 @@ use space_proto::ExecRequest;
 use space_proto::guest_client::GuestClient;
 use space_proto::process_event::Event;
 
-use super::Node;
+use super::{Entry, Node};
 use crate::api::TemplateDefaults;
+use crate::api::{NodeError, SandboxSpec, SandboxStatus};
 use crate::state::SandboxRecord;
 
 /// How long a ready command may take to succeed, unless the template says.
@@ -152,4 +156,52 @@ async fn run_once(
     }
     out.truncate(KEPT_OUTPUT);
     Ok((code, String::from_utf8_lossy(&out).into_owned()))
+}
+
+impl Node {
+    /// Starts a stopped sandbox again on its kept rootfs (limits, env and hostname from
+    /// `spec`). On failure the sandbox stays stopped; nothing of its data is removed.
+    pub(super) async fn restart(
+        &self,
+        spec: &SandboxSpec,
+        mut entry: Entry,
+    ) -> Result<SandboxStatus, NodeError> {
+        entry.record.spec = spec.clone();
+        entry.record.launched = None;
+        // A microvm that came from another node with its memory continues from it.
+        let resume = self
+            .layout
+            .sandbox_dir(&spec.id)
+            .join(super::node_moves::RESUME);
+        let memory = resume.join(super::snapshots::VM_DIR);
+        let (launched, client) = if entry.record.runtime == super::MICROVM
+            && memory.join(crate::runtime::microvm::STATE_FILE).is_file()
+        {
+            let disk = resume.join(super::SANDBOX_DISK);
+            self.launch_from(&mut entry.record, Some(&memory), &disk)
+                .await?
+        } else {
+            self.launch(&mut entry.record, None).await?
+        };
+        entry.record.launched = Some(launched);
+        entry.client = Some(client);
+        let status = self.status_of(&entry.record);
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(spec.id.clone(), entry);
+        self.persist(&spec.id, false).await?;
+        let subvols = self.subvols.clone();
+        if subvols.is_subvolume(&resume) {
+            // Used: the VM's memory is its own now. Deleted after the answer (a subvolume's
+            // delete waits for a commit).
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = subvols.delete(&resume) {
+                    tracing::warn!(error = %e, "could not delete a used memory checkpoint");
+                }
+            });
+        }
+        tracing::info!(id = %spec.id, restored = status.restored, "stopped sandbox started again");
+        Ok(status)
+    }
 }
