@@ -22,7 +22,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::dockerfile::{Command, Instruction, Step, parse};
 use crate::engine::{Engine, ExecReply, template_dto};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::templates::check_template_name;
 
 /// Internal templates (build steps, base images) carry this prefix; users cannot name one so.
@@ -46,20 +46,20 @@ pub struct BuildOptions {
     pub build_args: BTreeMap<String, String>,
 }
 
-fn parse_bool(k: &str, v: &str) -> AppResult<bool> {
+fn parse_bool(k: &str, v: &str) -> ControlResult<bool> {
     match v {
         "true" | "1" => Ok(true),
         "false" | "0" | "" => Ok(false),
-        _ => Err(AppError::invalid(format!(
+        _ => Err(ControlError::invalid(format!(
             "{k}={v:?}: expected true or false"
         ))),
     }
 }
 
 impl BuildOptions {
-    pub fn from_query(q: Option<&str>) -> AppResult<Self> {
+    pub fn from_query(q: Option<&str>) -> ControlResult<Self> {
         let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q.unwrap_or_default())
-            .map_err(|e| AppError::invalid(format!("bad query: {e}")))?;
+            .map_err(|e| ControlError::invalid(format!("bad query: {e}")))?;
         let mut o = BuildOptions {
             dockerfile: "Dockerfile".into(),
             ..Default::default()
@@ -75,7 +75,7 @@ impl BuildOptions {
                         "open" => Egress::Open,
                         "none" => Egress::None,
                         _ => {
-                            return Err(AppError::invalid(format!(
+                            return Err(ControlError::invalid(format!(
                                 "egress={v:?}: expected open or none"
                             )));
                         }
@@ -86,12 +86,16 @@ impl BuildOptions {
                         o.build_args.insert(n.to_string(), val.to_string());
                     }
                     _ => {
-                        return Err(AppError::invalid(format!(
+                        return Err(ControlError::invalid(format!(
                             "build_arg={v:?}: expected NAME=VALUE"
                         )));
                     }
                 },
-                _ => return Err(AppError::invalid(format!("unknown query parameter {k:?}"))),
+                _ => {
+                    return Err(ControlError::invalid(format!(
+                        "unknown query parameter {k:?}"
+                    )));
+                }
             }
         }
         Ok(o)
@@ -337,7 +341,7 @@ impl Build {
         &self,
         image: &str,
         all: &[space_node_api::TemplateInfo],
-    ) -> AppResult<(String, String, TemplateDefaults)> {
+    ) -> ControlResult<(String, String, TemplateDefaults)> {
         if let Some(t) = all.iter().find(|t| t.name == image) {
             return Ok((
                 t.name.clone(),
@@ -373,10 +377,10 @@ impl Build {
                 );
                 let (r, ()) = tokio::join!(pull, fwd);
                 r.map_err(|e| match e {
-                    space_node_api::NodeError::NotFound { .. } => AppError::not_found(format!(
+                    space_node_api::NodeError::NotFound { .. } => ControlError::not_found(format!(
                         "FROM {image}: no template {image} on the node, and no such image in its registry"
                     )),
-                    e => AppError::from(e),
+                    e => ControlError::from(e),
                 })?
             }
         };
@@ -387,7 +391,7 @@ impl Build {
         ))
     }
 
-    async fn run(self) -> AppResult<Template> {
+    async fn run(self) -> ControlResult<Template> {
         let t0 = Instant::now();
         // The node's templates when the build starts: the step cache is looked up in them.
         let all = self.engine.node.list_templates().await?;
@@ -508,9 +512,9 @@ impl Build {
                                 collect_copy(&ctx, &srcs, &dest, &workdir, chmod)
                             })
                             .await
-                            .map_err(AppError::internal)?
+                            .map_err(ControlError::internal)?
                             .map_err(|m| {
-                                AppError::invalid(format!("Dockerfile line {line}: {m}"))
+                                ControlError::invalid(format!("Dockerfile line {line}: {m}"))
                             })?;
                             let hash = collected.hash.clone();
                             copy = Some(collected);
@@ -568,7 +572,7 @@ impl Build {
         step: &Step,
         copy: Option<CopyPlan>,
         into: &str,
-    ) -> AppResult<()> {
+    ) -> ControlResult<()> {
         let sb = self
             .engine
             .create_sandbox(CreateSandbox {
@@ -598,7 +602,7 @@ impl Build {
         step: &Step,
         copy: Option<CopyPlan>,
         into: &str,
-    ) -> AppResult<()> {
+    ) -> ControlResult<()> {
         let line = step.line;
         if let Some(dir) = &st.defaults.workdir {
             self.mkdir(id, dir, "root").await?;
@@ -614,13 +618,13 @@ impl Build {
                     }
                 };
                 let (code, tail) = self.exec(id, argv, st, None).await.map_err(|e| {
-                    AppError::invalid(format!(
+                    ControlError::invalid(format!(
                         "Dockerfile line {line}: {}: {}",
                         step.text, e.message
                     ))
                 })?;
                 if code != 0 {
-                    return Err(AppError::invalid(format!(
+                    return Err(ControlError::invalid(format!(
                         "Dockerfile line {line}: {} failed with exit code {code}; its last output:\n{}",
                         step.text,
                         tail.join("\n")
@@ -664,7 +668,7 @@ impl Build {
                             .exec(id, vec!["rm".into(), "-f".into(), tmp], st, Some("root"))
                             .await;
                         if code != 0 {
-                            return Err(AppError::invalid(format!(
+                            return Err(ControlError::invalid(format!(
                                 "Dockerfile line {line}: ADD could not unpack its archive into {}: {}",
                                 f.dir,
                                 tail.join("\n")
@@ -708,7 +712,7 @@ impl Build {
         argv: Vec<String>,
         st: &BuildState,
         user: Option<&str>,
-    ) -> AppResult<(i32, Vec<String>)> {
+    ) -> ControlResult<(i32, Vec<String>)> {
         let req = ExecRequest {
             cmd: argv,
             env: st.args.clone(),
@@ -719,7 +723,7 @@ impl Build {
             ..Default::default()
         };
         let ExecReply::Events(mut events) = self.engine.exec(id, req).await? else {
-            return Err(AppError::internal("a build exec ran in the background"));
+            return Err(ControlError::internal("a build exec ran in the background"));
         };
         let mut tail: std::collections::VecDeque<String> = Default::default();
         let mut partial: Vec<u8> = Vec::new();
@@ -746,7 +750,7 @@ impl Build {
                     }
                 }
                 ev @ ExecEvent::Exit { .. } => status = ev.exit_status(),
-                ExecEvent::Error { message, .. } => return Err(AppError::unavailable(message)),
+                ExecEvent::Error { message, .. } => return Err(ControlError::unavailable(message)),
                 _ => {}
             }
         }
@@ -754,12 +758,12 @@ impl Build {
             emit(&partial, &mut tail);
         }
         let status = status.ok_or_else(|| {
-            AppError::unavailable("the step's process ended without an exit status")
+            ControlError::unavailable("the step's process ended without an exit status")
         })?;
         Ok((status, tail.into_iter().collect()))
     }
 
-    async fn mkdir(&self, id: &str, path: &str, user: &str) -> AppResult<()> {
+    async fn mkdir(&self, id: &str, path: &str, user: &str) -> ControlResult<()> {
         let mut guest = self.engine.guest(id).await?;
         match guest
             .make_dir(pb::MakeDirRequest {
@@ -784,7 +788,7 @@ impl Build {
         mode: u32,
         user: &str,
         data: Vec<u8>,
-    ) -> AppResult<()> {
+    ) -> ControlResult<()> {
         let mut guest = self.engine.guest(id).await?;
         let open = pb::WriteFileRequest {
             msg: Some(pb::write_file_request::Msg::Open(pb::WriteFileOpen {
@@ -818,7 +822,7 @@ impl Engine {
         opts: BuildOptions,
         content_length: Option<u64>,
         body: S,
-    ) -> AppResult<BoxStream<'static, TemplateLog>>
+    ) -> ControlResult<BoxStream<'static, TemplateLog>>
     where
         S: futures::Stream<Item = Result<bytes::Bytes, E>> + Send + Unpin + 'static,
         E: std::fmt::Display + Send + 'static,
@@ -838,33 +842,34 @@ impl Engine {
             dir.0.join("context"),
             opts.dockerfile.clone(),
         );
-        let dockerfile = tokio::task::spawn_blocking(move || -> AppResult<String> {
-            std::fs::create_dir_all(&ctx)
-                .map_err(|e| AppError::internal(format_args!("create {}: {e}", ctx.display())))?;
-            let f = std::fs::File::open(&tar_path).map_err(AppError::internal)?;
+        let dockerfile = tokio::task::spawn_blocking(move || -> ControlResult<String> {
+            std::fs::create_dir_all(&ctx).map_err(|e| {
+                ControlError::internal(format_args!("create {}: {e}", ctx.display()))
+            })?;
+            let f = std::fs::File::open(&tar_path).map_err(ControlError::internal)?;
             space_unpack::apply_layer(&ctx, f).map_err(|e| {
-                AppError::invalid(format!("the build context is not a valid tar archive: {e}"))
+                ControlError::invalid(format!("the build context is not a valid tar archive: {e}"))
             })?;
             let rel = context_rel(&df).ok_or_else(|| {
-                AppError::invalid(format!("dockerfile {df:?} is outside the build context"))
+                ControlError::invalid(format!("dockerfile {df:?} is outside the build context"))
             })?;
             let path = ctx.join(rel);
             let md = std::fs::symlink_metadata(&path).map_err(|_| {
-                AppError::invalid(format!("no Dockerfile {df:?} in the build context"))
+                ControlError::invalid(format!("no Dockerfile {df:?} in the build context"))
             })?;
             if !md.is_file() || md.len() > MAX_DOCKERFILE_BYTES {
-                return Err(AppError::invalid(format!(
+                return Err(ControlError::invalid(format!(
                     "Dockerfile {df:?} is not a regular file of at most 1 MiB"
                 )));
             }
             std::fs::read_to_string(&path)
-                .map_err(|e| AppError::invalid(format!("Dockerfile {df:?}: {e}")))
+                .map_err(|e| ControlError::invalid(format!("Dockerfile {df:?}: {e}")))
         })
         .await
-        .map_err(AppError::internal)??;
+        .map_err(ControlError::internal)??;
         drop(tar);
-        let steps =
-            parse(&dockerfile, &opts.build_args).map_err(|e| AppError::invalid(e.to_string()))?;
+        let steps = parse(&dockerfile, &opts.build_args)
+            .map_err(|e| ControlError::invalid(e.to_string()))?;
         self.check_name_free(name, opts.replace).await?;
         let (out, rx) = tokio::sync::mpsc::unbounded_channel();
         let build = Build {

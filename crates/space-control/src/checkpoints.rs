@@ -13,7 +13,7 @@ use space_proto as pb;
 use sqlx::Row;
 
 use crate::engine::Engine;
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::store::{Store, StoreError};
 
 /// The extra state of a checkpoint (table `checkpoints`, migration 0006).
@@ -136,12 +136,12 @@ pub fn decorate(s: &mut Snapshot, c: &Checkpoint) {
 impl Engine {
     /// What a checkpoint of a running sandbox keeps besides the disk: its running processes
     /// (asked of the guest before the freeze). Memory is not kept by the namespace runtime.
-    pub(crate) async fn checkpoint_state(&self, id: &str) -> AppResult<Checkpoint> {
+    pub(crate) async fn checkpoint_state(&self, id: &str) -> ControlResult<Checkpoint> {
         let mut guest = self.node.guest(id).await?;
         let reply = guest
             .list_processes(pb::ListProcessesRequest {})
             .await
-            .map_err(AppError::from)?
+            .map_err(ControlError::from)?
             .into_inner();
         Ok(Checkpoint {
             memory: false,

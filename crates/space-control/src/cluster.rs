@@ -28,7 +28,7 @@ use sqlx::Row;
 use tonic::{Request, Response, Status};
 
 use crate::auth::to_hex;
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::store::{Store, StoreError, now_ms};
 
 /// A token's lifetime unless asked otherwise, and the longest one may have.
@@ -290,19 +290,19 @@ impl Cluster {
 
 /// `POST /v1/nodes/tokens` and `DELETE /v1/nodes/{id}`, and the nodes the API lists.
 impl crate::engine::Engine {
-    fn cluster(&self) -> AppResult<&Arc<Cluster>> {
+    fn cluster(&self) -> ControlResult<&Arc<Cluster>> {
         self.cluster.as_ref().ok_or_else(|| {
-            AppError::conflict(
+            ControlError::conflict(
                 "this spaced drives one node of its own (in-process, or --node); nodes join a `spaced control` started without --node",
             )
         })
     }
 
     /// A one-time join token, valid `ttl`.
-    pub async fn create_join_token(&self, ttl: Duration) -> AppResult<space_api::JoinToken> {
+    pub async fn create_join_token(&self, ttl: Duration) -> ControlResult<space_api::JoinToken> {
         let cluster = self.cluster()?;
         if ttl.is_zero() || ttl > TOKEN_TTL_MAX {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "ttl_secs must be 1 to {}",
                 TOKEN_TTL_MAX.as_secs()
             )));
@@ -325,10 +325,10 @@ impl crate::engine::Engine {
 
     /// Removes node `id` from the cluster: its certificate is refused from now on, and the
     /// engine stops driving it (its sandboxes stay in the store, unseen).
-    pub async fn remove_node(&self, id: &str) -> AppResult<()> {
+    pub async fn remove_node(&self, id: &str) -> ControlResult<()> {
         self.cluster()?;
         if !self.store.remove_cluster_node(id).await? {
-            return Err(AppError::not_found(format!("node {id} not found")));
+            return Err(ControlError::not_found(format!("node {id} not found")));
         }
         // This replica stops at once; the others at their next reconcile pass.
         if let Some(nodes) = &self.cluster_nodes {
@@ -340,10 +340,10 @@ impl crate::engine::Engine {
 
     /// Starts (or with `draining` false, ends) a drain of node `id`: nothing new is placed
     /// on it. Answers the sandboxes still on it.
-    pub async fn drain_node(&self, id: &str, draining: bool) -> AppResult<space_api::Drain> {
+    pub async fn drain_node(&self, id: &str, draining: bool) -> ControlResult<space_api::Drain> {
         self.cluster()?;
         if !self.store.set_node_draining(id, draining).await? {
-            return Err(AppError::not_found(format!("node {id} not found")));
+            return Err(ControlError::not_found(format!("node {id} not found")));
         }
         if let Some(nodes) = &self.cluster_nodes {
             nodes.refresh().await?;
@@ -356,7 +356,7 @@ impl crate::engine::Engine {
         })
     }
 
-    pub(crate) async fn joined_nodes(&self) -> AppResult<Vec<NodeRow>> {
+    pub(crate) async fn joined_nodes(&self) -> ControlResult<Vec<NodeRow>> {
         Ok(self.store.list_cluster_nodes().await?)
     }
 }

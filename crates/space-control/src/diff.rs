@@ -6,7 +6,7 @@ use space_api::DiffEntry;
 use space_node_api::diff::ChangeKind;
 
 use crate::engine::Engine;
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 
 impl Engine {
     /// 404 for an unknown sandbox or snapshot, 400 for another sandbox's snapshot.
@@ -15,15 +15,19 @@ impl Engine {
         id: &str,
         from: Option<&str>,
         to: Option<&str>,
-    ) -> AppResult<Vec<DiffEntry>> {
+    ) -> ControlResult<Vec<DiffEntry>> {
         if self.store.get_sandbox(id).await?.is_none() {
-            return Err(AppError::not_found(format!("sandbox {id} not found")));
+            return Err(ControlError::not_found(format!("sandbox {id} not found")));
         }
         for snap in [from, to].into_iter().flatten() {
             match self.store.get_snapshot(snap).await? {
-                None => return Err(AppError::not_found(format!("snapshot {snap} not found"))),
+                None => {
+                    return Err(ControlError::not_found(format!(
+                        "snapshot {snap} not found"
+                    )));
+                }
                 Some(s) if s.sandbox_id != id => {
-                    return Err(AppError::invalid(format!(
+                    return Err(ControlError::invalid(format!(
                         "snapshot {snap} belongs to sandbox {}, not to {id}",
                         s.sandbox_id
                     )));

@@ -1,6 +1,8 @@
 //! The engine: one method per API action. The HTTP layer parses a request into typed
-//! arguments and calls exactly one of these; they return DTOs or an [`AppError`]. What a
-//! sandbox's lifecycle state allows is decided in [`check_lifecycle`], nowhere else.
+//! arguments and calls exactly one of these; they return DTOs or a [`ControlError`], a domain
+//! error whose [`ErrorKind`](crate::ErrorKind) callers match on (`http::error` decides its
+//! status). What a sandbox's lifecycle state allows is decided in [`check_lifecycle`],
+//! nowhere else.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -27,7 +29,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{Notify, OwnedMutexGuard};
 
 use crate::convert;
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::metrics::{Metrics, inc};
 use crate::store::{SandboxRow, SandboxSpecRecord, Store, now_ms};
 
@@ -115,14 +117,14 @@ pub enum Action {
 }
 
 /// The one place that says what each lifecycle state allows.
-pub fn check_lifecycle(row: &SandboxRow, action: Action) -> AppResult<()> {
+pub fn check_lifecycle(row: &SandboxRow, action: Action) -> ControlResult<()> {
     use SandboxState::*;
     match (action, row.state) {
         (Action::Delete, _) => Ok(()),
         (Action::Snapshot | Action::Fork, Running | Paused) => Ok(()),
         (Action::Rollback, Running | Paused | Stopped) => Ok(()),
         (Action::Snapshot | Action::Fork | Action::Rollback, _) => {
-            Err(AppError::conflict(format!(
+            Err(ControlError::conflict(format!(
                 "sandbox {} is {}; {} needs it running",
                 row.id,
                 row.state,
@@ -134,19 +136,19 @@ pub fn check_lifecycle(row: &SandboxRow, action: Action) -> AppResult<()> {
             )))
         }
         (Action::Guest, Running) => Ok(()),
-        (Action::Guest, Creating) => Err(AppError::conflict(format!(
+        (Action::Guest, Creating) => Err(ControlError::conflict(format!(
             "sandbox {} is still being created",
             row.id
         ))),
-        (Action::Guest, Deleting) => Err(AppError::conflict(format!(
+        (Action::Guest, Deleting) => Err(ControlError::conflict(format!(
             "sandbox {} is being deleted",
             row.id
         ))),
-        (Action::Guest, Paused) => Err(AppError::conflict(format!(
+        (Action::Guest, Paused) => Err(ControlError::conflict(format!(
             "sandbox {} is paused; resume it first",
             row.id
         ))),
-        (Action::Guest, Stopped | Failed | Lost) => Err(AppError::conflict(match &row.error {
+        (Action::Guest, Stopped | Failed | Lost) => Err(ControlError::conflict(match &row.error {
             Some(e) => format!("sandbox {} is {} ({e})", row.id, row.state),
             None if row.state == Stopped => {
                 format!("sandbox {} is stopped; resume starts it again", row.id)
@@ -220,40 +222,40 @@ pub(crate) fn new_sandbox_id() -> String {
         .collect()
 }
 
-fn check_id(id: &str) -> AppResult<()> {
+fn check_id(id: &str) -> ControlResult<()> {
     if is_valid_sandbox_id(id) {
         Ok(())
     } else {
-        Err(AppError::invalid(format!(
+        Err(ControlError::invalid(format!(
             "invalid sandbox id {id:?}: expected 20 characters of [a-z0-9]"
         )))
     }
 }
 
-fn check_path(what: &str, path: &str) -> AppResult<String> {
+fn check_path(what: &str, path: &str) -> ControlResult<String> {
     if path.is_empty() {
-        return Err(AppError::invalid(format!("{what} is required")));
+        return Err(ControlError::invalid(format!("{what} is required")));
     }
     if !path.starts_with('/') {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "{what} {path:?} must be an absolute path"
         )));
     }
     if path.contains('\0') || path.len() > 4096 {
-        return Err(AppError::invalid(format!("{what} is not a valid path")));
+        return Err(ControlError::invalid(format!("{what} is not a valid path")));
     }
     Ok(path.to_string())
 }
 
-fn check_env(env: &std::collections::BTreeMap<String, String>) -> AppResult<()> {
+fn check_env(env: &std::collections::BTreeMap<String, String>) -> ControlResult<()> {
     for (k, v) in env {
         if !is_valid_env_key(k) {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "invalid env key {k:?}: expected [A-Za-z_][A-Za-z0-9_]*"
             )));
         }
         if v.contains('\0') {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "env value of {k} contains a NUL byte"
             )));
         }
@@ -261,7 +263,7 @@ fn check_env(env: &std::collections::BTreeMap<String, String>) -> AppResult<()> 
     Ok(())
 }
 
-fn check_hostname(h: &str) -> AppResult<()> {
+fn check_hostname(h: &str) -> ControlResult<()> {
     let ok = !h.is_empty()
         && h.len() <= 63
         && !h.starts_with('-')
@@ -270,7 +272,7 @@ fn check_hostname(h: &str) -> AppResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(AppError::invalid(format!(
+        Err(ControlError::invalid(format!(
             "invalid hostname {h:?}: 1-63 characters of [A-Za-z0-9-], not starting or ending with '-'"
         )))
     }
@@ -278,7 +280,7 @@ fn check_hostname(h: &str) -> AppResult<()> {
 
 /// Applies defaults and checks every field of a create request (secrets are bound by the
 /// engine, which looks them up).
-pub fn validate_create(req: CreateSandbox, id: &str) -> AppResult<SandboxSpecRecord> {
+pub fn validate_create(req: CreateSandbox, id: &str) -> ControlResult<SandboxSpecRecord> {
     validate_create_with(req, id, space_api::Egress::Open)
 }
 
@@ -287,30 +289,30 @@ pub fn validate_create_with(
     req: CreateSandbox,
     id: &str,
     default_egress: space_api::Egress,
-) -> AppResult<SandboxSpecRecord> {
+) -> ControlResult<SandboxSpecRecord> {
     let network =
         crate::net::resolve_policy(&req.network.clone().unwrap_or_default(), default_egress)?;
     let template = req.template.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string());
     if !is_valid_template_name(&template) {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "invalid template name {template:?}"
         )));
     }
     let cpu = req.cpu.unwrap_or(DEFAULT_CPU);
     if !cpu.is_finite() || !(0.01..=64.0).contains(&cpu) {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "cpu must be between 0.01 and 64 cores, got {cpu}"
         )));
     }
     let memory_mib = req.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
     if !(16..=1_048_576).contains(&memory_mib) {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "memory_mib must be between 16 and 1048576, got {memory_mib}"
         )));
     }
     let pids = req.pids.unwrap_or(DEFAULT_PIDS);
     if !(8..=1_000_000).contains(&pids) {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "pids must be between 8 and 1000000, got {pids}"
         )));
     }
@@ -321,7 +323,7 @@ pub fn validate_create_with(
     if let Some(rt) = &req.runtime
         && !RUNTIMES.contains(&rt.as_str())
     {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "unknown runtime {rt:?}: expected one of {}",
             RUNTIMES.join(", ")
         )));
@@ -342,27 +344,27 @@ pub fn validate_create_with(
 }
 
 /// A `user` field: a name or numeric uid ("" for the sandbox's default user).
-fn check_user(user: Option<&str>) -> AppResult<String> {
+fn check_user(user: Option<&str>) -> ControlResult<String> {
     match user {
         None => Ok(String::new()),
-        Some(u) if u.is_empty() || u.len() > 256 || u.contains(['\0', ':', '/']) => {
-            Err(AppError::invalid("user must be a name or a numeric uid"))
-        }
+        Some(u) if u.is_empty() || u.len() > 256 || u.contains(['\0', ':', '/']) => Err(
+            ControlError::invalid("user must be a name or a numeric uid"),
+        ),
         Some(u) => Ok(u.to_string()),
     }
 }
 
 /// Metadata limits: 64 entries, keys of 1..=128 bytes, values up to 512 bytes, no NUL.
-fn check_metadata(m: &std::collections::BTreeMap<String, String>) -> AppResult<()> {
+fn check_metadata(m: &std::collections::BTreeMap<String, String>) -> ControlResult<()> {
     if m.len() > 64 {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "at most 64 metadata entries, got {}",
             m.len()
         )));
     }
     for (k, v) in m {
         if k.is_empty() || k.len() > 128 || v.len() > 512 || k.contains('\0') || v.contains('\0') {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "invalid metadata entry {k:?}: keys are 1..=128 bytes, values up to 512, no NUL"
             )));
         }
@@ -476,13 +478,15 @@ pub fn template_dto(t: &TemplateInfo) -> Template {
 }
 
 /// Parses an octal mode ("644", "0755", "0o600").
-fn parse_mode(mode: Option<&str>) -> AppResult<u32> {
+fn parse_mode(mode: Option<&str>) -> ControlResult<u32> {
     let Some(m) = mode else { return Ok(0) };
     let digits = m.trim_start_matches("0o");
     u32::from_str_radix(digits, 8)
         .ok()
         .filter(|v| *v <= 0o7777)
-        .ok_or_else(|| AppError::invalid(format!("invalid mode {m:?}: expected octal like 644")))
+        .ok_or_else(|| {
+            ControlError::invalid(format!("invalid mode {m:?}: expected octal like 644"))
+        })
 }
 
 fn is_terminal(ev: &ExecEvent) -> bool {
@@ -537,9 +541,9 @@ fn event_stream(
                 }
                 Err(status) => {
                     st.done = true;
-                    let e = AppError::from(status);
+                    let e = ControlError::from(status);
                     let ev = ExecEvent::Error {
-                        code: e.code.to_string(),
+                        code: e.code().to_string(),
                         message: e.message,
                     };
                     return Some((ev, st));
@@ -605,23 +609,23 @@ impl Engine {
         id: &str,
         state: SandboxState,
         error: Option<&str>,
-    ) -> AppResult<()> {
+    ) -> ControlResult<()> {
         tracing::info!(sandbox = id, state = %state, error, "sandbox status");
         self.store.set_status(id, state, error).await?;
         self.event(id, &state.to_string(), "ok", error.unwrap_or(""));
         Ok(())
     }
 
-    async fn load(&self, id: &str) -> AppResult<SandboxRow> {
+    async fn load(&self, id: &str) -> ControlResult<SandboxRow> {
         check_id(id)?;
         self.store
             .get_sandbox(id)
             .await?
-            .ok_or_else(|| AppError::not_found(format!("sandbox {id} not found")))
+            .ok_or_else(|| ControlError::not_found(format!("sandbox {id} not found")))
     }
 
     /// The guest client of a running sandbox (after the lifecycle check).
-    pub(crate) async fn guest(&self, id: &str) -> AppResult<GuestClient<GuestChannel>> {
+    pub(crate) async fn guest(&self, id: &str) -> ControlResult<GuestClient<GuestChannel>> {
         let row = self.load(id).await?;
         self.activity.touch(id);
         check_lifecycle(&row, Action::Guest)?;
@@ -632,7 +636,7 @@ impl Engine {
                 // explain the failure by the sandbox's current state.
                 self.wake_reconciler();
                 match self.store.get_sandbox(id).await {
-                    Ok(None) => Err(AppError::not_found(format!("sandbox {id} not found"))),
+                    Ok(None) => Err(ControlError::not_found(format!("sandbox {id} not found"))),
                     Ok(Some(row)) => check_lifecycle(&row, Action::Guest).and(Err(e.into())),
                     Err(_) => Err(e.into()),
                 }
@@ -643,7 +647,7 @@ impl Engine {
     /// Explains a failed guest call. Errors the guest chose (not found, bad argument...) pass
     /// through; a broken channel is explained by the sandbox's state, because the usual cause
     /// is a removal or stop racing the call: that is a 404 or 409, not a server fault.
-    async fn explain_guest_error(&self, id: &str, status: tonic::Status) -> AppError {
+    async fn explain_guest_error(&self, id: &str, status: tonic::Status) -> ControlError {
         use tonic::Code;
         if !matches!(
             status.code(),
@@ -652,7 +656,7 @@ impl Engine {
             return status.into();
         }
         match self.store.get_sandbox(id).await {
-            Ok(None) => AppError::not_found(format!("sandbox {id} not found")),
+            Ok(None) => ControlError::not_found(format!("sandbox {id} not found")),
             Ok(Some(row)) => match check_lifecycle(&row, Action::Guest) {
                 Err(e) => e,
                 Ok(()) => {
@@ -666,7 +670,7 @@ impl Engine {
 
     // ---- sandboxes ----
 
-    pub async fn create_sandbox(&self, req: CreateSandbox) -> AppResult<Sandbox> {
+    pub async fn create_sandbox(&self, req: CreateSandbox) -> ControlResult<Sandbox> {
         self.create_with_id(req, new_sandbox_id()).await
     }
 
@@ -676,7 +680,7 @@ impl Engine {
         &self,
         req: CreateSandbox,
         id: String,
-    ) -> AppResult<Sandbox> {
+    ) -> ControlResult<Sandbox> {
         let start = std::time::Instant::now();
         let now = now_ms();
         let lifecycle = crate::lifecycle::lifecycle_from_create(&req, &id, now)?;
@@ -773,8 +777,8 @@ impl Engine {
             }
             Err(e) => {
                 inc(&self.metrics.sandbox_create_errors);
-                let err = AppError::from(e);
-                if err.status.is_client_error() {
+                let err = ControlError::from(e);
+                if err.kind.is_caller_error() {
                     // Nothing was created (unknown template, bad argument): forget the row.
                     let _ = self.node.remove_sandbox(&id).await;
                     self.store.delete_sandbox(&id).await?;
@@ -793,7 +797,7 @@ impl Engine {
         }
     }
 
-    pub async fn get_sandbox(&self, id: &str) -> AppResult<Sandbox> {
+    pub async fn get_sandbox(&self, id: &str) -> ControlResult<Sandbox> {
         let row = self.load(id).await?;
         let status = match row.state {
             SandboxState::Running | SandboxState::Stopped | SandboxState::Paused => {
@@ -812,7 +816,7 @@ impl Engine {
         Ok(sb)
     }
 
-    pub async fn list_sandboxes(&self) -> AppResult<Vec<Sandbox>> {
+    pub async fn list_sandboxes(&self) -> ControlResult<Vec<Sandbox>> {
         let observed: HashMap<String, SandboxStatus> = match self.node.list_sandboxes().await {
             Ok(list) => list.into_iter().map(|s| (s.id.clone(), s)).collect(),
             Err(e) => {
@@ -836,7 +840,7 @@ impl Engine {
     }
 
     /// Deletion: mark (finalizer), remove on the node, forget the row.
-    pub async fn delete_sandbox(&self, id: &str) -> AppResult<()> {
+    pub async fn delete_sandbox(&self, id: &str) -> ControlResult<()> {
         check_id(id)?;
         let _guard = self.locks.lock(id).await;
         let row = self.load(id).await?;
@@ -850,7 +854,7 @@ impl Engine {
     }
 
     /// Second half of deletion (also run by the reconciler): idempotent.
-    pub(crate) async fn finalize_delete(&self, id: &str) -> AppResult<()> {
+    pub(crate) async fn finalize_delete(&self, id: &str) -> ControlResult<()> {
         self.node.remove_sandbox(id).await?;
         self.forget_replica(id).await?;
         self.store.forget_snapshots_of(id).await?;
@@ -865,13 +869,13 @@ impl Engine {
 
     // ---- exec and processes ----
 
-    pub async fn exec(&self, id: &str, req: ExecRequest) -> AppResult<ExecReply> {
+    pub async fn exec(&self, id: &str, req: ExecRequest) -> ControlResult<ExecReply> {
         let start = std::time::Instant::now();
         if req.cmd.is_empty() || req.cmd[0].is_empty() {
-            return Err(AppError::invalid("cmd must be a non-empty list"));
+            return Err(ControlError::invalid("cmd must be a non-empty list"));
         }
         if req.cmd.iter().any(|a| a.contains('\0')) {
-            return Err(AppError::invalid("cmd contains a NUL byte"));
+            return Err(ControlError::invalid("cmd contains a NUL byte"));
         }
         check_env(&req.env)?;
         if let Some(cwd) = &req.cwd {
@@ -906,7 +910,7 @@ impl Engine {
         };
         let first = first.and_then(convert::exec_event);
         if first.is_none() {
-            return Err(AppError::unavailable(
+            return Err(ControlError::unavailable(
                 "the guest ended the exec stream before the process started",
             ));
         }
@@ -916,7 +920,7 @@ impl Engine {
         ))
     }
 
-    pub async fn list_processes(&self, id: &str) -> AppResult<Vec<ProcessInfo>> {
+    pub async fn list_processes(&self, id: &str) -> ControlResult<Vec<ProcessInfo>> {
         let mut guest = self.guest(id).await?;
         let reply = guest
             .list_processes(pb::ListProcessesRequest {})
@@ -936,7 +940,7 @@ impl Engine {
         pid: u32,
         offset: u64,
         follow: bool,
-    ) -> AppResult<BoxStream<'static, ExecEvent>> {
+    ) -> ControlResult<BoxStream<'static, ExecEvent>> {
         let mut guest = self.guest(id).await?;
         let mut stream = guest
             .attach(pb::AttachRequest {
@@ -957,7 +961,7 @@ impl Engine {
         Ok(self.activity.track(id, event_stream(first, stream, false)))
     }
 
-    pub async fn write_stdin(&self, id: &str, pid: u32, data: Bytes) -> AppResult<()> {
+    pub async fn write_stdin(&self, id: &str, pid: u32, data: Bytes) -> ControlResult<()> {
         let mut guest = self.guest(id).await?;
         guest
             .write_stdin(pb::StdinRequest {
@@ -968,17 +972,17 @@ impl Engine {
         Ok(())
     }
 
-    pub async fn close_stdin(&self, id: &str, pid: u32) -> AppResult<()> {
+    pub async fn close_stdin(&self, id: &str, pid: u32) -> ControlResult<()> {
         let mut guest = self.guest(id).await?;
         guest.close_stdin(pb::PidRequest { pid }).await?;
         Ok(())
     }
 
-    pub async fn signal(&self, id: &str, pid: u32, req: SignalRequest) -> AppResult<()> {
+    pub async fn signal(&self, id: &str, pid: u32, req: SignalRequest) -> ControlResult<()> {
         let signal = req
             .signal
             .number()
-            .ok_or_else(|| AppError::invalid(format!("unknown signal {:?}", req.signal)))?;
+            .ok_or_else(|| ControlError::invalid(format!("unknown signal {:?}", req.signal)))?;
         let mut guest = self.guest(id).await?;
         guest
             .signal(pb::SignalRequest {
@@ -990,9 +994,9 @@ impl Engine {
         Ok(())
     }
 
-    pub async fn resize(&self, id: &str, pid: u32, rows: u16, cols: u16) -> AppResult<()> {
+    pub async fn resize(&self, id: &str, pid: u32, rows: u16, cols: u16) -> ControlResult<()> {
         if rows == 0 || cols == 0 {
-            return Err(AppError::invalid("rows and cols must be positive"));
+            return Err(ControlError::invalid("rows and cols must be positive"));
         }
         let mut guest = self.guest(id).await?;
         guest
@@ -1012,7 +1016,7 @@ impl Engine {
         &self,
         id: &str,
         path: &str,
-    ) -> AppResult<BoxStream<'static, Result<Bytes, AppError>>> {
+    ) -> ControlResult<BoxStream<'static, Result<Bytes, ControlError>>> {
         let path = check_path("path", path)?;
         let mut guest = self.guest(id).await?;
         let mut stream = guest
@@ -1033,7 +1037,7 @@ impl Engine {
                 Ok(None) => None,
                 Err(status) => {
                     tracing::warn!(status = ?status, "file read failed midway");
-                    Some((Err(AppError::from(status)), s))
+                    Some((Err(ControlError::from(status)), s))
                 }
             }
         });
@@ -1054,7 +1058,7 @@ impl Engine {
         metadata: std::collections::HashMap<String, String>,
         content_length: Option<u64>,
         body: S,
-    ) -> AppResult<EntryInfo>
+    ) -> ControlResult<EntryInfo>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
         E: std::fmt::Display + Send + 'static,
@@ -1092,7 +1096,7 @@ impl Engine {
         }
     }
 
-    pub async fn remove_file(&self, id: &str, q: PathQuery) -> AppResult<()> {
+    pub async fn remove_file(&self, id: &str, q: PathQuery) -> ControlResult<()> {
         let path = check_path("path", &q.path)?;
         let mut guest = self.guest(id).await?;
         guest
@@ -1112,7 +1116,7 @@ impl Engine {
         id: &str,
         path: &str,
         recursive: bool,
-    ) -> AppResult<BoxStream<'static, space_api::WatchEvent>> {
+    ) -> ControlResult<BoxStream<'static, space_api::WatchEvent>> {
         let path = check_path("path", path)?;
         let mut guest = self.guest(id).await?;
         let stream = match guest.watch(pb::WatchRequest { path, recursive }).await {
@@ -1125,14 +1129,14 @@ impl Engine {
             .boxed())
     }
 
-    pub async fn stat(&self, id: &str, path: &str) -> AppResult<EntryInfo> {
+    pub async fn stat(&self, id: &str, path: &str) -> ControlResult<EntryInfo> {
         let path = check_path("path", path)?;
         let mut guest = self.guest(id).await?;
         let e = guest.stat(pb::PathRequest { path }).await?.into_inner();
         Ok(convert::entry_info(e))
     }
 
-    pub async fn list_dir(&self, id: &str, q: PathQuery) -> AppResult<Vec<EntryInfo>> {
+    pub async fn list_dir(&self, id: &str, q: PathQuery) -> ControlResult<Vec<EntryInfo>> {
         let path = check_path("path", &q.path)?;
         let mut guest = self.guest(id).await?;
         let reply = guest
@@ -1145,10 +1149,12 @@ impl Engine {
         Ok(reply.entries.into_iter().map(convert::entry_info).collect())
     }
 
-    pub async fn mkdir(&self, id: &str, req: MakeDirRequest) -> AppResult<EntryInfo> {
+    pub async fn mkdir(&self, id: &str, req: MakeDirRequest) -> ControlResult<EntryInfo> {
         let path = check_path("path", &req.path)?;
         if req.mode.is_some_and(|m| m > 0o7777) {
-            return Err(AppError::invalid("mode must be permission bits (<= 07777)"));
+            return Err(ControlError::invalid(
+                "mode must be permission bits (<= 07777)",
+            ));
         }
         let user = check_user(req.user.as_deref())?;
         let mut guest = self.guest(id).await?;
@@ -1164,7 +1170,7 @@ impl Engine {
         Ok(convert::entry_info(e))
     }
 
-    pub async fn rename(&self, id: &str, req: RenameRequest) -> AppResult<EntryInfo> {
+    pub async fn rename(&self, id: &str, req: RenameRequest) -> ControlResult<EntryInfo> {
         let from = check_path("from", &req.from)?;
         let to = check_path("to", &req.to)?;
         let mut guest = self.guest(id).await?;
@@ -1181,7 +1187,7 @@ impl Engine {
 
     // ---- templates ----
 
-    pub async fn list_templates(&self) -> AppResult<Vec<Template>> {
+    pub async fn list_templates(&self) -> ControlResult<Vec<Template>> {
         let list = self.node.list_templates().await?;
         let settings = self.store.all_template_settings().await?;
         Ok(list
@@ -1207,7 +1213,7 @@ impl Engine {
         replace: bool,
         content_length: Option<u64>,
         body: S,
-    ) -> AppResult<Template>
+    ) -> ControlResult<Template>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
         E: std::fmt::Display + Send + 'static,
@@ -1233,7 +1239,7 @@ impl Engine {
         what: &str,
         content_length: Option<u64>,
         mut body: S,
-    ) -> AppResult<TempPath>
+    ) -> ControlResult<TempPath>
     where
         S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
         E: std::fmt::Display + Send + 'static,
@@ -1243,29 +1249,32 @@ impl Engine {
             return Err(too_large(limit));
         }
         let tmp_dir = self.cfg.data_dir.join("tmp");
-        tokio::fs::create_dir_all(&tmp_dir)
-            .await
-            .map_err(|e| AppError::internal(format_args!("create {}: {e}", tmp_dir.display())))?;
+        tokio::fs::create_dir_all(&tmp_dir).await.map_err(|e| {
+            ControlError::internal(format_args!("create {}: {e}", tmp_dir.display()))
+        })?;
         let tmp = TempPath(tmp_dir.join(format!("{what}-{}.tar", new_sandbox_id())));
         let mut file = tokio::fs::File::create(&tmp.0)
             .await
-            .map_err(|e| AppError::internal(format_args!("create {}: {e}", tmp.0.display())))?;
+            .map_err(|e| ControlError::internal(format_args!("create {}: {e}", tmp.0.display())))?;
         let mut total = 0u64;
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| AppError::invalid(format!("upload interrupted: {e}")))?;
+            let chunk =
+                chunk.map_err(|e| ControlError::invalid(format!("upload interrupted: {e}")))?;
             total += chunk.len() as u64;
             if total > limit {
                 return Err(too_large(limit));
             }
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| AppError::internal(format_args!("write {}: {e}", tmp.0.display())))?;
+            file.write_all(&chunk).await.map_err(|e| {
+                ControlError::internal(format_args!("write {}: {e}", tmp.0.display()))
+            })?;
         }
         file.flush()
             .await
-            .map_err(|e| AppError::internal(format_args!("write {}: {e}", tmp.0.display())))?;
+            .map_err(|e| ControlError::internal(format_args!("write {}: {e}", tmp.0.display())))?;
         if total == 0 {
-            return Err(AppError::invalid(format!("the {what} archive is empty")));
+            return Err(ControlError::invalid(format!(
+                "the {what} archive is empty"
+            )));
         }
         Ok(tmp)
     }
@@ -1274,14 +1283,14 @@ impl Engine {
 
     /// Prometheus text exposition: the control plane's [`Metrics`], sandboxes by state and
     /// the node's series (see `metrics`).
-    pub async fn metrics_text(&self) -> AppResult<String> {
+    pub async fn metrics_text(&self) -> ControlResult<String> {
         let sandboxes = self.store.count_by_state().await?;
         Ok(self.metrics.render(&sandboxes, &self.node.metrics().await))
     }
 }
 
-fn too_large(limit: u64) -> AppError {
-    AppError::too_large(format!("upload exceeds the limit of {limit} bytes"))
+fn too_large(limit: u64) -> ControlError {
+    ControlError::too_large(format!("upload exceeds the limit of {limit} bytes"))
 }
 
 /// Removes a file when dropped.
@@ -1299,7 +1308,7 @@ impl Drop for TempPath {
 fn upload_chunks<S, E>(
     body: S,
     limit: u64,
-    abort: tokio::sync::oneshot::Sender<AppError>,
+    abort: tokio::sync::oneshot::Sender<ControlError>,
 ) -> impl Stream<Item = Bytes> + Send + 'static
 where
     S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
@@ -1309,7 +1318,7 @@ where
         body: S,
         total: u64,
         buf: BytesMut,
-        abort: Option<tokio::sync::oneshot::Sender<AppError>>,
+        abort: Option<tokio::sync::oneshot::Sender<ControlError>>,
         ended: bool,
     }
     let st = St {
@@ -1340,7 +1349,7 @@ where
                         None
                     }
                 }
-                Some(Err(e)) => Some(AppError::invalid(format!("upload interrupted: {e}"))),
+                Some(Err(e)) => Some(ControlError::invalid(format!("upload interrupted: {e}"))),
                 None => {
                     st.ended = true;
                     None
@@ -1423,8 +1432,8 @@ mod tests {
         ];
         for req in bad {
             let e = validate_create(req.clone(), id).unwrap_err();
-            assert_eq!(e.status.as_u16(), 400, "{req:?}");
-            assert_eq!(e.code, "invalid_argument");
+            assert_eq!(e.http_status().as_u16(), 400, "{req:?}");
+            assert_eq!(e.code(), "invalid_argument");
         }
     }
 
@@ -1438,7 +1447,7 @@ mod tests {
         ] {
             let r = row("abcdefghij0123456789", state, 0);
             let e = check_lifecycle(&r, Action::Guest).unwrap_err();
-            assert_eq!(e.status.as_u16(), 409, "{state}");
+            assert_eq!(e.http_status().as_u16(), 409, "{state}");
             assert!(check_lifecycle(&r, Action::Delete).is_ok());
         }
         let r = row("abcdefghij0123456789", SandboxState::Running, 0);
@@ -1488,6 +1497,6 @@ mod tests {
         // The stream never ends once the limit is passed; the abort channel reports 413.
         let next = tokio::time::timeout(Duration::from_millis(50), s.next()).await;
         assert!(next.is_err(), "stream must not end");
-        assert_eq!(rx.await.unwrap().status.as_u16(), 413);
+        assert_eq!(rx.await.unwrap().http_status().as_u16(), 413);
     }
 }

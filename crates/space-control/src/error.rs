@@ -1,112 +1,147 @@
-//! The one error type of the HTTP layer. Clients see a stable code and a safe message;
-//! internal details go to the log.
+//! The control plane's domain error. Every engine operation returns a [`ControlError`]: a
+//! [`ErrorKind`] that callers match on, and a message safe to show a client. Internal details
+//! go to the log. What a kind means on the wire (an HTTP status, a Connect code) is decided
+//! by the transport that answers: `http::error` for the REST API, the E2B modules for theirs.
 
-use axum::Json;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use space_api::ErrorBody;
 use space_node_api::NodeError;
 
 use crate::store::StoreError;
 
-/// The code of an error response, kept in its extensions.
+/// What went wrong, as callers tell errors apart. Never match on the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The request is malformed or names something impossible.
+    InvalidArgument,
+    /// No credential, or not a valid one.
+    Unauthorized,
+    /// A valid credential that may not do this.
+    PermissionDenied,
+    /// The object does not exist (or is not the caller's to see).
+    NotFound,
+    /// The object exists but is in a state that forbids the operation.
+    Conflict,
+    /// A precondition the caller set (or the guest checked) does not hold.
+    FailedPrecondition,
+    /// A read beyond the end (an offset past what a file or stream holds).
+    OutOfRange,
+    /// A payload over its size limit.
+    PayloadTooLarge,
+    /// A node ran out of something (disk, slots, ids).
+    ResourceExhausted,
+    /// A dependency (the database, a node, a guest) is not answering now; retry.
+    Unavailable,
+    /// A server-side failure; the detail is in the log.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Whether the request itself is at fault (it names something that does not exist, or
+    /// is malformed, or comes at the wrong time): the same request again fails the same way.
+    /// The others are the server's or a dependency's, and a retry may succeed.
+    pub fn is_caller_error(self) -> bool {
+        !matches!(
+            self,
+            Self::ResourceExhausted | Self::Unavailable | Self::Internal
+        )
+    }
+
+    /// The stable code clients see in an error body.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::InvalidArgument => "invalid_argument",
+            Self::Unauthorized => "unauthorized",
+            Self::PermissionDenied => "permission_denied",
+            Self::NotFound => "not_found",
+            Self::Conflict => "conflict",
+            Self::FailedPrecondition => "failed_precondition",
+            Self::OutOfRange => "out_of_range",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::ResourceExhausted => "resource_exhausted",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// The code of an error response, kept in its extensions (for the audit trail and metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ErrorCode(pub &'static str);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AppError {
-    pub status: StatusCode,
-    pub code: &'static str,
+pub struct ControlError {
+    pub kind: ErrorKind,
     pub message: String,
 }
 
-impl std::fmt::Display for AppError {
+impl std::fmt::Display for ControlError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.message, self.code)
+        write!(f, "{} ({})", self.message, self.code())
     }
 }
 
-impl std::error::Error for AppError {}
+impl std::error::Error for ControlError {}
 
-pub type AppResult<T> = Result<T, AppError>;
+pub type ControlResult<T> = Result<T, ControlError>;
 
-impl AppError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+impl ControlError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Self {
-            status,
-            code,
+            kind,
             message: message.into(),
         }
     }
 
+    /// The stable code clients see ([`ErrorKind::code`]).
+    pub fn code(&self) -> &'static str {
+        self.kind.code()
+    }
+
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_argument", message)
+        Self::new(ErrorKind::InvalidArgument, message)
     }
 
     pub fn unauthorized(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+        Self::new(ErrorKind::Unauthorized, message)
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+        Self::new(ErrorKind::NotFound, message)
     }
 
     pub fn conflict(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::CONFLICT, "conflict", message)
+        Self::new(ErrorKind::Conflict, message)
     }
 
     pub fn too_large(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+        Self::new(ErrorKind::PayloadTooLarge, message)
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        Self::new(ErrorKind::Unavailable, message)
     }
 
     /// A server-side failure: `detail` is logged, the client sees a generic message.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!(error = %detail, "internal error");
         Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorKind::Internal,
             "internal error (details in the server log)",
         )
     }
 
     pub fn body(&self) -> ErrorBody {
-        ErrorBody::new(self.code, self.message.clone())
+        ErrorBody::new(self.code(), self.message.clone())
     }
 }
 
-impl IntoResponse for AppError {
-    fn into_response(self) -> Response {
-        let mut resp = (self.status, Json(self.body())).into_response();
-        // For the audit middleware (see `events`).
-        resp.extensions_mut().insert(ErrorCode(self.code));
-        if self.status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        // Every 503 is a wait (a database or guest not answering now): say when to try again.
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        resp
-    }
-}
-
-impl From<NodeError> for AppError {
+impl From<NodeError> for ControlError {
     fn from(e: NodeError) -> Self {
         match &e {
             NodeError::NotFound { .. } => Self::not_found(e.to_string()),
             NodeError::InvalidArgument(_) => Self::invalid(e.to_string()),
             NodeError::Conflict(_) | NodeError::WrongPhase { .. } => Self::conflict(e.to_string()),
-            NodeError::Exhausted(_) => Self::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                "resource_exhausted",
-                e.to_string(),
-            ),
+            NodeError::Exhausted(_) => Self::new(ErrorKind::ResourceExhausted, e.to_string()),
             NodeError::Unavailable { id, .. } => {
                 tracing::warn!(error = %e, "guest unavailable");
                 Self::unavailable(format!("the guest of sandbox {id} is not answering"))
@@ -119,7 +154,7 @@ impl From<NodeError> for AppError {
     }
 }
 
-impl From<tonic::Status> for AppError {
+impl From<tonic::Status> for ControlError {
     fn from(s: tonic::Status) -> Self {
         use tonic::Code;
         // A node agent's own answer to a guest call it forwards (the sandbox is not there,
@@ -132,14 +167,10 @@ impl From<tonic::Status> for AppError {
             Code::NotFound => Self::not_found(msg),
             Code::InvalidArgument => Self::invalid(msg),
             Code::AlreadyExists => Self::conflict(msg),
-            Code::FailedPrecondition => {
-                Self::new(StatusCode::PRECONDITION_FAILED, "failed_precondition", msg)
-            }
-            Code::OutOfRange => Self::new(StatusCode::RANGE_NOT_SATISFIABLE, "out_of_range", msg),
-            Code::PermissionDenied => Self::new(StatusCode::FORBIDDEN, "permission_denied", msg),
-            Code::ResourceExhausted => {
-                Self::new(StatusCode::INSUFFICIENT_STORAGE, "resource_exhausted", msg)
-            }
+            Code::FailedPrecondition => Self::new(ErrorKind::FailedPrecondition, msg),
+            Code::OutOfRange => Self::new(ErrorKind::OutOfRange, msg),
+            Code::PermissionDenied => Self::new(ErrorKind::PermissionDenied, msg),
+            Code::ResourceExhausted => Self::new(ErrorKind::ResourceExhausted, msg),
             Code::Unavailable => {
                 tracing::warn!(status = ?s, "guest unavailable");
                 Self::unavailable("the sandbox's guest is not answering")
@@ -149,7 +180,7 @@ impl From<tonic::Status> for AppError {
     }
 }
 
-impl From<StoreError> for AppError {
+impl From<StoreError> for ControlError {
     fn from(e: StoreError) -> Self {
         if e.is_unavailable() {
             tracing::warn!(error = %crate::error_chain(&e), "the database is not answering");
@@ -162,100 +193,83 @@ impl From<StoreError> for AppError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ErrorKind::*;
 
     #[test]
-    fn a_database_that_does_not_answer_is_a_503_to_retry() {
+    fn a_database_that_does_not_answer_is_unavailable() {
         let down = StoreError::Query {
             what: "x",
             source: sqlx::Error::PoolTimedOut,
         };
-        let e = AppError::from(down);
-        assert_eq!((e.status.as_u16(), e.code), (503, "unavailable"));
-        let resp = e.into_response();
-        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(ControlError::from(down).kind, Unavailable);
         let refused = StoreError::Query {
             what: "x",
             source: sqlx::Error::RowNotFound,
         };
-        let e = AppError::from(refused);
-        assert_eq!((e.status.as_u16(), e.code), (500, "internal"));
-        assert!(
-            e.into_response()
-                .headers()
-                .get(header::RETRY_AFTER)
-                .is_none()
-        );
+        let e = ControlError::from(refused);
+        assert_eq!((e.kind, e.code()), (Internal, "internal"));
     }
 
     #[test]
-    fn tonic_codes_map_to_statuses() {
+    fn tonic_codes_map_to_kinds() {
         let cases = [
-            (tonic::Code::NotFound, 404, "not_found"),
-            (tonic::Code::InvalidArgument, 400, "invalid_argument"),
-            (tonic::Code::AlreadyExists, 409, "conflict"),
-            (tonic::Code::FailedPrecondition, 412, "failed_precondition"),
-            (tonic::Code::OutOfRange, 416, "out_of_range"),
-            (tonic::Code::PermissionDenied, 403, "permission_denied"),
-            (tonic::Code::Unavailable, 503, "unavailable"),
-            (tonic::Code::ResourceExhausted, 507, "resource_exhausted"),
-            (tonic::Code::Internal, 500, "internal"),
-            (tonic::Code::Unknown, 500, "internal"),
+            (tonic::Code::NotFound, NotFound),
+            (tonic::Code::InvalidArgument, InvalidArgument),
+            (tonic::Code::AlreadyExists, Conflict),
+            (tonic::Code::FailedPrecondition, FailedPrecondition),
+            (tonic::Code::OutOfRange, OutOfRange),
+            (tonic::Code::PermissionDenied, PermissionDenied),
+            (tonic::Code::Unavailable, Unavailable),
+            (tonic::Code::ResourceExhausted, ResourceExhausted),
+            (tonic::Code::Internal, Internal),
+            (tonic::Code::Unknown, Internal),
         ];
-        for (code, status, name) in cases {
-            let e = AppError::from(tonic::Status::new(code, "secret detail /run/x"));
-            assert_eq!(e.status.as_u16(), status, "{code:?}");
-            assert_eq!(e.code, name, "{code:?}");
+        for (code, kind) in cases {
+            let e = ControlError::from(tonic::Status::new(code, "secret detail /run/x"));
+            assert_eq!(e.kind, kind, "{code:?}");
         }
         // Messages of client-facing codes pass through; internal ones do not.
-        let e = AppError::from(tonic::Status::not_found("no such file: /x"));
+        let e = ControlError::from(tonic::Status::not_found("no such file: /x"));
         assert_eq!(e.message, "no such file: /x");
-        let e = AppError::from(tonic::Status::internal("secret detail"));
+        let e = ControlError::from(tonic::Status::internal("secret detail"));
         assert!(!e.message.contains("secret"));
-        let e = AppError::from(tonic::Status::unavailable("socket /run/space/x"));
+        let e = ControlError::from(tonic::Status::unavailable("socket /run/space/x"));
         assert!(!e.message.contains("/run"));
     }
 
     #[test]
-    fn node_errors_map_to_statuses() {
-        let cases: Vec<(NodeError, u16, &str)> = vec![
+    fn node_errors_map_to_kinds_with_the_same_codes() {
+        let cases: Vec<(NodeError, ErrorKind)> = vec![
             (
                 NodeError::NotFound {
                     kind: "template",
                     id: "x".into(),
                 },
-                404,
-                "not_found",
+                NotFound,
             ),
-            (
-                NodeError::InvalidArgument("x".into()),
-                400,
-                "invalid_argument",
-            ),
-            (NodeError::Conflict("x".into()), 409, "conflict"),
+            (NodeError::InvalidArgument("x".into()), InvalidArgument),
+            (NodeError::Conflict("x".into()), Conflict),
             (
                 NodeError::WrongPhase {
                     id: "x".into(),
                     phase: space_node_api::Phase::Paused,
                 },
-                409,
-                "conflict",
+                Conflict,
             ),
-            (NodeError::Exhausted("x".into()), 507, "resource_exhausted"),
+            (NodeError::Exhausted("x".into()), ResourceExhausted),
             (
                 NodeError::Unavailable {
                     id: "x".into(),
                     reason: "gone".into(),
                 },
-                503,
-                "unavailable",
+                Unavailable,
             ),
-            (NodeError::Internal("/secret/path".into()), 500, "internal"),
+            (NodeError::Internal("/secret/path".into()), Internal),
         ];
-        for (e, status, code) in cases {
-            assert_eq!(e.code(), code);
-            let a = AppError::from(e);
-            assert_eq!(a.status.as_u16(), status);
-            assert_eq!(a.code, code);
+        for (e, kind) in cases {
+            let code = e.code();
+            let a = ControlError::from(e);
+            assert_eq!((a.kind, a.code()), (kind, code));
             assert!(!a.message.contains("/secret"));
         }
     }

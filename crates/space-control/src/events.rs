@@ -386,9 +386,9 @@ impl crate::Engine {
         &self,
         id: &str,
         q: space_api::EventQuery,
-    ) -> crate::AppResult<Vec<space_api::Event>> {
+    ) -> crate::ControlResult<Vec<space_api::Event>> {
         if !space_api::is_valid_sandbox_id(id) {
-            return Err(crate::AppError::invalid(format!(
+            return Err(crate::ControlError::invalid(format!(
                 "invalid sandbox id {id:?}: expected 20 characters of [a-z0-9]"
             )));
         }
@@ -399,7 +399,7 @@ impl crate::Engine {
             .list_events(id, q.after.unwrap_or(i64::MIN), limit)
             .await?;
         if rows.is_empty() && q.after.is_none() && self.store.get_sandbox(id).await?.is_none() {
-            return Err(crate::AppError::not_found(format!(
+            return Err(crate::ControlError::not_found(format!(
                 "sandbox {id} not found"
             )));
         }

@@ -9,7 +9,7 @@ use space_api::{CreateSandbox, Sandbox, SandboxState};
 
 use crate::auth::to_hex;
 use crate::engine::{Engine, new_sandbox_id, node_spec};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::store::{Store, StoreError, now_ms};
 
 /// How long a key is remembered.
@@ -87,9 +87,9 @@ impl Store {
 }
 
 /// A key as the header carries it: 1 to 255 visible ASCII characters.
-pub fn check_key(key: &str) -> AppResult<()> {
+pub fn check_key(key: &str) -> ControlResult<()> {
     if key.is_empty() || key.len() > KEY_MAX || !key.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "Idempotency-Key must be 1 to {KEY_MAX} visible ASCII characters"
         )));
     }
@@ -103,20 +103,20 @@ impl Engine {
         &self,
         req: CreateSandbox,
         key: Option<&str>,
-    ) -> AppResult<(Sandbox, bool)> {
+    ) -> ControlResult<(Sandbox, bool)> {
         let Some(key) = key else {
             return Ok((self.create_sandbox(req).await?, false));
         };
         check_key(key)?;
         let body = serde_json::to_vec(&req)
-            .map_err(|e| AppError::internal(format_args!("encode create: {e}")))?;
+            .map_err(|e| ControlError::internal(format_args!("encode create: {e}")))?;
         let sha = to_hex(&Sha256::digest(&body));
         let id = new_sandbox_id();
         match self.store.claim_idempotency_key(key, &id, &sha).await? {
             Claim::Fresh => match self.create_with_id(req, id).await {
                 Ok(sb) => Ok((sb, false)),
                 Err(e) => {
-                    if e.status.is_client_error() {
+                    if e.kind.is_caller_error() {
                         self.store.forget_idempotency_key(key).await?;
                     }
                     Err(e)
@@ -127,7 +127,7 @@ impl Engine {
                 request_sha256,
             } => {
                 if request_sha256 != sha {
-                    return Err(AppError::conflict(format!(
+                    return Err(ControlError::conflict(format!(
                         "Idempotency-Key {key:?} was used for a different create (sandbox \
                          {sandbox_id}); use a new key for a new request"
                     )));
@@ -139,7 +139,11 @@ impl Engine {
 
     /// A retry of a create whose key an earlier try took: that try's sandbox, its create
     /// finished here if the try stopped half-way.
-    async fn replay_create(&self, req: CreateSandbox, id: String) -> AppResult<(Sandbox, bool)> {
+    async fn replay_create(
+        &self,
+        req: CreateSandbox,
+        id: String,
+    ) -> ControlResult<(Sandbox, bool)> {
         if self.store.get_sandbox(&id).await?.is_none() {
             // The try stopped before its row: make it now, with the id it chose. A try
             // that is still alive may insert the row meanwhile; then it is a replay.
@@ -155,10 +159,10 @@ impl Engine {
 
     /// A row left `creating` by a try that stopped (its replica died, its client went
     /// away): the create is done again on the node (idempotent there) and recorded.
-    async fn finish_interrupted_create(&self, id: &str) -> AppResult<()> {
+    async fn finish_interrupted_create(&self, id: &str) -> ControlResult<()> {
         let _guard = self.locks.lock(id).await;
         let Some(row) = self.store.get_sandbox(id).await? else {
-            return Err(AppError::not_found(format!("sandbox {id} not found")));
+            return Err(ControlError::not_found(format!("sandbox {id} not found")));
         };
         if row.state != SandboxState::Creating {
             return Ok(());
@@ -174,8 +178,8 @@ impl Engine {
                 self.write_status(id, SandboxState::Running, None).await
             }
             Err(e) => {
-                let err = AppError::from(e);
-                if err.status.is_client_error() {
+                let err = ControlError::from(e);
+                if err.kind.is_caller_error() {
                     let msg = format!("create failed: {}", err.message);
                     self.write_status(id, SandboxState::Failed, Some(&msg))
                         .await?;

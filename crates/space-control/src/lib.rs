@@ -49,7 +49,7 @@ use space_node_api::NodeApi;
 
 pub use auth::Auth;
 pub use engine::{ControlConfig, Engine};
-pub use error::{AppError, AppResult};
+pub use error::{ControlError, ControlResult, ErrorKind};
 pub use http::{ROUTES, app};
 pub use store::Store;
 
@@ -71,7 +71,7 @@ impl AppState {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ControlError {
+pub enum OpenError {
     #[error("failed to create data directory {path}")]
     DataDir {
         path: PathBuf,
@@ -113,7 +113,7 @@ impl ControlPlane {
         cfg: ControlConfig,
         database_url: Option<&str>,
         node: Arc<dyn NodeApi>,
-    ) -> Result<Self, ControlError> {
+    ) -> Result<Self, OpenError> {
         Self::open_with(cfg, database_url, Some(node), None).await
     }
 
@@ -123,7 +123,7 @@ impl ControlPlane {
         cfg: ControlConfig,
         database_url: Option<&str>,
         cluster: Arc<cluster::Cluster>,
-    ) -> Result<Self, ControlError> {
+    ) -> Result<Self, OpenError> {
         Self::open_with(cfg, database_url, None, Some(cluster)).await
     }
 
@@ -132,8 +132,8 @@ impl ControlPlane {
         database_url: Option<&str>,
         node: Option<Arc<dyn NodeApi>>,
         cluster: Option<Arc<cluster::Cluster>>,
-    ) -> Result<Self, ControlError> {
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|source| ControlError::DataDir {
+    ) -> Result<Self, OpenError> {
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|source| OpenError::DataDir {
             path: cfg.data_dir.clone(),
             source,
         })?;
@@ -158,7 +158,7 @@ impl ControlPlane {
         let secrets_key = cfg.data_dir.join("secrets.key");
         let mut engine = Engine::new(store, node, cfg)?;
         if !engine.vault.key_opens_stored().await? {
-            return Err(ControlError::SecretsKey { path: secrets_key });
+            return Err(OpenError::SecretsKey { path: secrets_key });
         }
         engine.cluster = cluster;
         engine.cluster_nodes = nodes;
@@ -177,7 +177,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ControlError> {
+) -> Result<(), OpenError> {
     serve_with_tls(listener, None, state, shutdown).await
 }
 
@@ -187,7 +187,7 @@ pub async fn serve_with_tls(
     tls: Option<tls::TlsListener>,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ControlError> {
+) -> Result<(), OpenError> {
     let engine = state.engine.clone();
     let timeout = engine.config().shutdown_timeout;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -239,7 +239,7 @@ pub async fn serve_with_tls(
         tokio::time::sleep(timeout).await;
     };
     let result = tokio::select! {
-        r = server => r.map_err(ControlError::Serve),
+        r = server => r.map_err(OpenError::Serve),
         _ = grace => {
             tracing::warn!(?timeout, "open requests did not finish in time; closing them");
             Ok(())

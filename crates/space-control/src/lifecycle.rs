@@ -25,7 +25,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::engine::{Action, Engine, check_lifecycle};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::reconcile::Step;
 use crate::store::{SandboxRow, Store, StoreError, now_ms};
 
@@ -289,9 +289,9 @@ pub fn lifecycle_steps(
 
 // ---------------------------------------------------------------- engine
 
-fn check_secs(what: &str, v: u64) -> AppResult<i64> {
+fn check_secs(what: &str, v: u64) -> ControlResult<i64> {
     if v == 0 || v > MAX_SECS {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "{what} must be between 1 and {MAX_SECS} seconds, got {v}"
         )));
     }
@@ -303,7 +303,7 @@ pub fn lifecycle_from_create(
     req: &space_api::CreateSandbox,
     id: &str,
     now: i64,
-) -> AppResult<Option<LifecycleRow>> {
+) -> ControlResult<Option<LifecycleRow>> {
     let timeout_at = match req.timeout_secs {
         Some(v) => Some(now + check_secs("timeout_secs", v)?),
         None => None,
@@ -337,7 +337,7 @@ pub fn decorate(sb: &mut Sandbox, l: Option<&LifecycleRow>) {
 }
 
 impl Engine {
-    async fn lifecycle_or_default(&self, id: &str) -> AppResult<LifecycleRow> {
+    async fn lifecycle_or_default(&self, id: &str) -> ControlResult<LifecycleRow> {
         Ok(self
             .store
             .get_lifecycle(id)
@@ -366,14 +366,14 @@ impl Engine {
     }
 
     /// `POST /v1/sandboxes/{id}/pause`.
-    pub async fn pause_sandbox(&self, id: &str) -> AppResult<Sandbox> {
+    pub async fn pause_sandbox(&self, id: &str) -> ControlResult<Sandbox> {
         {
             let _guard = self.locks.lock(id).await;
             let row = self.load_checked(id).await?;
             match row.state {
                 SandboxState::Running => {}
                 SandboxState::Paused => {
-                    return Err(AppError::conflict(format!(
+                    return Err(ControlError::conflict(format!(
                         "sandbox {id} is already paused"
                     )));
                 }
@@ -388,19 +388,19 @@ impl Engine {
     /// pause): every process ends and the sandbox's memory and CPU are freed; its filesystem,
     /// snapshots and settings stay. The sandbox is `stopped` until `resume` starts it again
     /// on that filesystem, cold: the template's start command runs again.
-    pub async fn stop_sandbox(&self, id: &str) -> AppResult<Sandbox> {
+    pub async fn stop_sandbox(&self, id: &str) -> ControlResult<Sandbox> {
         {
             let _guard = self.locks.lock(id).await;
             let row = self.load_checked(id).await?;
             match row.state {
                 SandboxState::Running => {}
                 SandboxState::Stopped => {
-                    return Err(AppError::conflict(format!(
+                    return Err(ControlError::conflict(format!(
                         "sandbox {id} is already stopped"
                     )));
                 }
                 SandboxState::Paused => {
-                    return Err(AppError::conflict(format!(
+                    return Err(ControlError::conflict(format!(
                         "sandbox {id} is paused with its memory; resume it before a \
                          filesystem-only pause"
                     )));
@@ -413,14 +413,14 @@ impl Engine {
     }
 
     /// The stop itself, under the sandbox's lock.
-    async fn stop_locked(&self, id: &str) -> AppResult<()> {
+    async fn stop_locked(&self, id: &str) -> ControlResult<()> {
         self.node.stop_sandbox(id).await?;
         self.write_status(id, SandboxState::Stopped, None).await
     }
 
     /// `POST /v1/sandboxes/{id}/resume`: thaws a paused sandbox, or starts a stopped one
     /// again on its filesystem.
-    pub async fn resume_sandbox(&self, id: &str) -> AppResult<Sandbox> {
+    pub async fn resume_sandbox(&self, id: &str) -> ControlResult<Sandbox> {
         {
             let _guard = self.locks.lock(id).await;
             let row = self.load_checked(id).await?;
@@ -433,7 +433,7 @@ impl Engine {
                 return self.get_sandbox(id).await;
             }
             if row.state != SandboxState::Paused {
-                return Err(AppError::conflict(format!(
+                return Err(ControlError::conflict(format!(
                     "sandbox {id} is {}, not paused",
                     row.state
                 )));
@@ -460,7 +460,7 @@ impl Engine {
     }
 
     /// `POST /v1/sandboxes/{id}/timeout`: the only way to change a timeout after create.
-    pub async fn set_timeout(&self, id: &str, req: SetTimeout) -> AppResult<Sandbox> {
+    pub async fn set_timeout(&self, id: &str, req: SetTimeout) -> ControlResult<Sandbox> {
         let timeout_at = match req.timeout_secs {
             Some(v) => Some(now_ms() + check_secs("timeout_secs", v)?),
             None => None,
@@ -469,7 +469,9 @@ impl Engine {
             let _guard = self.locks.lock(id).await;
             let row = self.load_checked(id).await?;
             if row.state == SandboxState::Deleting || row.deleted_at.is_some() {
-                return Err(AppError::conflict(format!("sandbox {id} is being deleted")));
+                return Err(ControlError::conflict(format!(
+                    "sandbox {id} is being deleted"
+                )));
             }
             let mut l = self.lifecycle_or_default(id).await?;
             l.timeout_at = timeout_at;
@@ -492,7 +494,7 @@ impl Engine {
     /// A running sandbox's deadline is never shortened, and one without a deadline keeps
     /// none. `resumed`: the connect has just resumed the sandbox, which then gets a deadline
     /// of at least now + `secs` even if its pause had consumed the old one.
-    pub async fn extend_timeout(&self, id: &str, secs: u64, resumed: bool) -> AppResult<()> {
+    pub async fn extend_timeout(&self, id: &str, secs: u64, resumed: bool) -> ControlResult<()> {
         let add = check_secs("timeout", secs)?;
         {
             let _guard = self.locks.lock(id).await;
@@ -513,19 +515,19 @@ impl Engine {
         Ok(())
     }
 
-    pub(crate) async fn load_checked(&self, id: &str) -> AppResult<SandboxRow> {
+    pub(crate) async fn load_checked(&self, id: &str) -> ControlResult<SandboxRow> {
         if !space_api::is_valid_sandbox_id(id) {
-            return Err(AppError::invalid(format!("invalid sandbox id {id:?}")));
+            return Err(ControlError::invalid(format!("invalid sandbox id {id:?}")));
         }
         self.store
             .get_sandbox(id)
             .await?
-            .ok_or_else(|| AppError::not_found(format!("sandbox {id} not found")))
+            .ok_or_else(|| ControlError::not_found(format!("sandbox {id} not found")))
     }
 
     /// Freezes a running sandbox and records it (caller holds the lock, state is running).
     /// `consume_timeout`: the pause is the timeout's, which is cleared in the same write.
-    async fn pause_locked(&self, id: &str, consume_timeout: bool) -> AppResult<()> {
+    async fn pause_locked(&self, id: &str, consume_timeout: bool) -> ControlResult<()> {
         match self.node.pause_sandbox(id).await {
             Ok(_) => {}
             // Already frozen on the node (a crash between freeze and the store write).
@@ -549,7 +551,10 @@ impl Engine {
     }
 
     /// Reconcile step: the timeout expired -> apply `on_timeout` once, clear the deadline.
-    pub(crate) async fn ensure_timeout_enforced(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    pub(crate) async fn ensure_timeout_enforced(
+        &self,
+        row: Option<SandboxRow>,
+    ) -> ControlResult<()> {
         let Some(row) = row else { return Ok(()) };
         if row.deleted_at.is_some()
             || matches!(row.state, SandboxState::Deleting | SandboxState::Creating)
@@ -591,7 +596,7 @@ impl Engine {
     }
 
     /// Reconcile step: idle past `auto_pause_secs` -> pause.
-    pub(crate) async fn ensure_idle_paused(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    pub(crate) async fn ensure_idle_paused(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) = row.filter(|r| r.state == SandboxState::Running && r.deleted_at.is_none())
         else {
             return Ok(());
@@ -614,7 +619,7 @@ impl Engine {
 
     /// Reconcile step: the store says running/paused and the node the opposite (a crash
     /// between the node call and the store write): make the node follow the store.
-    pub(crate) async fn ensure_freeze_synced(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    pub(crate) async fn ensure_freeze_synced(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) = row else { return Ok(()) };
         let Some(status) = self.node.sandbox_status(&row.id).await? else {
             return Ok(());
@@ -633,7 +638,7 @@ impl Engine {
     }
 
     /// The lifecycle steps of one reconcile pass.
-    pub(crate) async fn lifecycle_pass(&self, desired: &[SandboxRow]) -> AppResult<Vec<Step>> {
+    pub(crate) async fn lifecycle_pass(&self, desired: &[SandboxRow]) -> ControlResult<Vec<Step>> {
         let lifecycle = self.store.list_lifecycle().await?;
         Ok(lifecycle_steps(
             desired,
@@ -738,7 +743,7 @@ mod tests {
             req(Some(MAX_SECS + 1), None),
         ] {
             assert_eq!(
-                lifecycle_from_create(&bad, A, 0).unwrap_err().code,
+                lifecycle_from_create(&bad, A, 0).unwrap_err().code(),
                 "invalid_argument"
             );
         }

@@ -22,7 +22,7 @@ use space_node_api::{NodeApi, NodeError, Phase, SandboxSpec};
 use space_rpc::RemoteNode;
 
 use crate::engine::{Engine, node_spec};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::scheduler::{Candidate, Need};
 
 /// A node id as the cluster makes them (lowercase letters and digits; `join::random_id`).
@@ -82,12 +82,12 @@ impl Ends {
 
 impl Engine {
     /// `POST /v1/sandboxes/{id}/migrate`.
-    pub async fn migrate_sandbox(&self, id: &str, req: MigrateRequest) -> AppResult<Migration> {
+    pub async fn migrate_sandbox(&self, id: &str, req: MigrateRequest) -> ControlResult<Migration> {
         if !space_api::is_valid_sandbox_id(id) {
-            return Err(AppError::invalid(format!("invalid sandbox id {id:?}")));
+            return Err(ControlError::invalid(format!("invalid sandbox id {id:?}")));
         }
         let nodes = self.cluster_nodes.clone().ok_or_else(|| {
-            AppError::conflict(
+            ControlError::conflict(
                 "this spaced runs all-in-one, with one node: there is nowhere to move a sandbox \
                  to (run `spaced control` with joined nodes; see decision 0034)",
             )
@@ -95,13 +95,13 @@ impl Engine {
         if let Some(to) = &req.to
             && !valid_node_id(to)
         {
-            return Err(AppError::invalid(format!("invalid node id {to:?}")));
+            return Err(ControlError::invalid(format!("invalid node id {to:?}")));
         }
         let guard = self.locks.lock(id).await;
         let row = self.load_checked(id).await?;
         // Held for the whole move: no replica's reconciler acts on the sandbox meanwhile.
         let Some(lease) = self.leases.sandbox(id).await? else {
-            return Err(AppError::conflict(format!(
+            return Err(ControlError::conflict(format!(
                 "another control-plane replica is working on sandbox {id}; try again shortly"
             )));
         };
@@ -111,7 +111,7 @@ impl Engine {
             SandboxState::Running | SandboxState::Paused | SandboxState::Stopped
         ) || row.deleted_at.is_some()
         {
-            return Err(AppError::conflict(format!(
+            return Err(ControlError::conflict(format!(
                 "sandbox {id} is {was}: only a running, paused or stopped sandbox moves"
             )));
         }
@@ -145,7 +145,7 @@ impl Engine {
             Ok(v) => v,
             Err(e) => {
                 ends.undo(adopted, paused_here).await;
-                let e = AppError::from(e);
+                let e = ControlError::from(e);
                 self.event(id, "migrate", "failed", &e.to_string());
                 return Err(e);
             }

@@ -11,7 +11,7 @@ use space_node_api::SandboxStatus;
 use space_node_api::net::{NetworkSpec, NetworkStatus, SecretBinding};
 
 use crate::engine::Engine;
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::reconcile::Step;
 use crate::store::{NetworkRecord, SandboxRow, SecretBindingRecord};
 
@@ -55,7 +55,7 @@ pub fn node_bindings(recs: &[SecretBindingRecord]) -> Vec<SecretBinding> {
 
 /// The policy a request asks for, with defaults: no `egress` means `allowlist` when rules
 /// are given, else `default`. Every rule is checked (400 naming the bad one).
-pub fn resolve_policy(req: &NetworkPolicy, default: Egress) -> AppResult<NetworkRecord> {
+pub fn resolve_policy(req: &NetworkPolicy, default: Egress) -> ControlResult<NetworkRecord> {
     let egress = req.egress.unwrap_or(if req.allow.is_empty() {
         default
     } else {
@@ -66,7 +66,7 @@ pub fn resolve_policy(req: &NetworkPolicy, default: Egress) -> AppResult<Network
         allow: req.allow.iter().map(|r| r.trim().to_string()).collect(),
     };
     space_node_api::policy::Policy::new(&node_network(&rec), &[])
-        .map_err(|e| AppError::invalid(e.to_string()))?;
+        .map_err(|e| ControlError::invalid(e.to_string()))?;
     Ok(rec)
 }
 
@@ -201,7 +201,7 @@ impl PortSigner {
 }
 
 /// Checks a `Host` header value before it goes into a URL: `name[:port]` or `[v6][:port]`.
-fn check_host(host: &str) -> AppResult<()> {
+fn check_host(host: &str) -> ControlResult<()> {
     let ok = !host.is_empty()
         && host.len() <= 255
         && host
@@ -210,7 +210,9 @@ fn check_host(host: &str) -> AppResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(AppError::invalid(format!("invalid Host header {host:?}")))
+        Err(ControlError::invalid(format!(
+            "invalid Host header {host:?}"
+        )))
     }
 }
 
@@ -220,9 +222,9 @@ impl Engine {
     /// `PUT /v1/sandboxes/{id}/network`: stores the new policy and applies it now when the
     /// sandbox runs or is paused (the node cuts connections it no longer allows).
     /// Every attempt is recorded as a `network` event (the rules asked for, and the result).
-    pub async fn set_network(&self, id: &str, req: NetworkPolicy) -> AppResult<Sandbox> {
+    pub async fn set_network(&self, id: &str, req: NetworkPolicy) -> ControlResult<Sandbox> {
         if !is_valid_sandbox_id(id) {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "invalid sandbox id {id:?}: expected 20 characters of [a-z0-9]"
             )));
         }
@@ -235,13 +237,17 @@ impl Engine {
             Ok(rec) => policy_detail(rec),
             Err(_) => policy_detail(&asked),
         };
-        let outcome = result.as_ref().map_or_else(|e| e.code, |_| "ok");
+        let outcome = result.as_ref().map_or_else(|e| e.code(), |_| "ok");
         self.event(id, "network", outcome, &detail);
         result?;
         self.get_sandbox(id).await
     }
 
-    async fn set_network_locked(&self, id: &str, req: NetworkPolicy) -> AppResult<NetworkRecord> {
+    async fn set_network_locked(
+        &self,
+        id: &str,
+        req: NetworkPolicy,
+    ) -> ControlResult<NetworkRecord> {
         let rec = resolve_policy(&req, self.cfg.default_egress)?;
         {
             let _guard = self.locks.lock(id).await;
@@ -249,16 +255,16 @@ impl Engine {
                 .store
                 .get_sandbox(id)
                 .await?
-                .ok_or_else(|| AppError::not_found(format!("sandbox {id} not found")))?;
+                .ok_or_else(|| ControlError::not_found(format!("sandbox {id} not found")))?;
             if row.state == SandboxState::Deleting || row.deleted_at.is_some() {
-                return Err(AppError::not_found(format!("sandbox {id} not found")));
+                return Err(ControlError::not_found(format!("sandbox {id} not found")));
             }
             let spec = node_network(&rec);
             self.node.validate_network(&spec).await?;
             let mut new_spec = row.spec.clone();
             new_spec.network = rec.clone();
             if !self.store.set_spec(id, &new_spec).await? {
-                return Err(AppError::not_found(format!("sandbox {id} not found")));
+                return Err(ControlError::not_found(format!("sandbox {id} not found")));
             }
             tracing::info!(sandbox = id, egress = %rec.egress, rules = rec.allow.len(), "egress policy set");
             if matches!(row.state, SandboxState::Running | SandboxState::Paused) {
@@ -278,7 +284,7 @@ impl Engine {
     }
 
     /// Re-applies the stored policy on the node (reconciler step).
-    pub(crate) async fn ensure_network_synced(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    pub(crate) async fn ensure_network_synced(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) = row.filter(|r| {
             matches!(r.state, SandboxState::Running | SandboxState::Paused)
                 && r.deleted_at.is_none()
@@ -302,15 +308,20 @@ impl Engine {
     }
 
     /// `POST /v1/sandboxes/{id}/ports`: the URL of `port`, on the host the client used.
-    pub async fn open_port(&self, id: &str, port: u32, host: Option<&str>) -> AppResult<PortInfo> {
+    pub async fn open_port(
+        &self,
+        id: &str,
+        port: u32,
+        host: Option<&str>,
+    ) -> ControlResult<PortInfo> {
         let port = u16::try_from(port)
             .ok()
             .filter(|p| *p != 0)
             .ok_or_else(|| {
-                AppError::invalid(format!("port must be between 1 and 65535, got {port}"))
+                ControlError::invalid(format!("port must be between 1 and 65535, got {port}"))
             })?;
         if !is_valid_sandbox_id(id) {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "invalid sandbox id {id:?}: expected 20 characters of [a-z0-9]"
             )));
         }
@@ -318,11 +329,11 @@ impl Engine {
             .store
             .get_sandbox(id)
             .await?
-            .ok_or_else(|| AppError::not_found(format!("sandbox {id} not found")))?;
+            .ok_or_else(|| ControlError::not_found(format!("sandbox {id} not found")))?;
         if row.state == SandboxState::Deleting || row.deleted_at.is_some() {
-            return Err(AppError::not_found(format!("sandbox {id} not found")));
+            return Err(ControlError::not_found(format!("sandbox {id} not found")));
         }
-        let host = host.ok_or_else(|| AppError::invalid("a Host header is required"))?;
+        let host = host.ok_or_else(|| ControlError::invalid("a Host header is required"))?;
         check_host(host)?;
         self.event(id, "port", "ok", &format!("port={port}"));
         Ok(PortInfo {
@@ -368,11 +379,11 @@ mod tests {
         ] {
             let e =
                 resolve_policy(&pol(Some(Egress::Allowlist), &[bad]), Egress::Open).unwrap_err();
-            assert_eq!(e.code, "invalid_argument", "{bad}");
+            assert_eq!(e.code(), "invalid_argument", "{bad}");
             assert!(e.message.contains(named), "{bad}: {}", e.message);
         }
         let e = resolve_policy(&pol(Some(Egress::None), &["x.com"]), Egress::Open).unwrap_err();
-        assert_eq!(e.code, "invalid_argument");
+        assert_eq!(e.code(), "invalid_argument");
     }
 
     #[test]

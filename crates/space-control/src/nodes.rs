@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use space_api::{ClusterStatus, Node, SandboxState};
 
 use crate::engine::Engine;
-use crate::error::AppResult;
+use crate::error::ControlResult;
 use crate::store::SandboxRow;
 
 /// Whether a sandbox in state `s` holds its limits on its node.
@@ -33,12 +33,12 @@ fn allocated(rows: &[SandboxRow]) -> (f64, u64) {
 }
 
 impl Engine {
-    pub async fn list_nodes(&self) -> AppResult<Vec<Node>> {
+    pub async fn list_nodes(&self) -> ControlResult<Vec<Node>> {
         let rows = self.store.list_sandboxes().await?;
         self.nodes_now(&rows).await
     }
 
-    async fn nodes_now(&self, rows: &[SandboxRow]) -> AppResult<Vec<Node>> {
+    async fn nodes_now(&self, rows: &[SandboxRow]) -> ControlResult<Vec<Node>> {
         if self.cluster.is_none() {
             return Ok(vec![self.local_node(rows).await]);
         }
@@ -109,7 +109,7 @@ impl Engine {
         }
     }
 
-    pub async fn cluster_status(&self) -> AppResult<ClusterStatus> {
+    pub async fn cluster_status(&self) -> ControlResult<ClusterStatus> {
         let rows = self.store.list_sandboxes().await?;
         let nodes = self.nodes_now(&rows).await?;
         let mut sandboxes = BTreeMap::new();

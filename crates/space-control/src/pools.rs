@@ -18,7 +18,7 @@ use crate::engine::{Engine, MICROVM, RUNTIME_NAME, RUNTIMES};
 fn runtime_of(cfg: &PoolConfig) -> &'static str {
     if cfg.microvm { MICROVM } else { RUNTIME_NAME }
 }
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::store::{Store, StoreError, now_ms};
 
 /// A template's requested pool sizes, as stored.
@@ -114,11 +114,11 @@ pub fn pool_dto(s: PoolStatus) -> Pool {
     }
 }
 
-pub(crate) fn check_template(name: &str) -> AppResult<()> {
+pub(crate) fn check_template(name: &str) -> ControlResult<()> {
     if is_valid_template_name(name) {
         Ok(())
     } else {
-        Err(AppError::invalid(format!(
+        Err(ControlError::invalid(format!(
             "invalid template name {name:?}: expected [a-z0-9][a-z0-9._-]{{0,62}}"
         )))
     }
@@ -126,17 +126,17 @@ pub(crate) fn check_template(name: &str) -> AppResult<()> {
 
 /// Checks a request's sizes and runtime; `max` defaults to `min`, the runtime to
 /// `default_runtime` (the template's, else the node's).
-pub fn validate_set_pool(req: &SetPool, default_runtime: &str) -> AppResult<PoolConfig> {
+pub fn validate_set_pool(req: &SetPool, default_runtime: &str) -> ControlResult<PoolConfig> {
     let max = req.max.unwrap_or(req.min);
     if req.min > max {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "min ({}) must not exceed max ({max})",
             req.min
         )));
     }
     let runtime = req.runtime.as_deref().unwrap_or(default_runtime);
     if !RUNTIMES.contains(&runtime) {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "unknown runtime {runtime:?}: expected one of {}",
             RUNTIMES.join(", ")
         )));
@@ -149,12 +149,12 @@ pub fn validate_set_pool(req: &SetPool, default_runtime: &str) -> AppResult<Pool
 }
 
 impl Engine {
-    async fn require_template(&self, template: &str) -> AppResult<()> {
+    async fn require_template(&self, template: &str) -> ControlResult<()> {
         let known = self.node.list_templates().await?;
         if known.iter().any(|t| t.name == template) {
             Ok(())
         } else {
-            Err(AppError::not_found(format!(
+            Err(ControlError::not_found(format!(
                 "template {template} not found"
             )))
         }
@@ -162,7 +162,7 @@ impl Engine {
 
     /// Sets a template's pool on the node and stores the requested sizes. The answer is the
     /// node's view: sizes clamped to its capacity, with a `warning` when they were.
-    pub async fn set_pool(&self, template: &str, req: SetPool) -> AppResult<Pool> {
+    pub async fn set_pool(&self, template: &str, req: SetPool) -> ControlResult<Pool> {
         check_template(template)?;
         let cfg = validate_set_pool(&req, &self.default_runtime_of(template).await?)?;
         // One writer of pools at a time: a PUT never races the start-up restore.
@@ -201,7 +201,7 @@ impl Engine {
     /// A template's pool as the node reports it; a stored pool the node does not report
     /// (e.g. it failed to apply at start) is shown with its requested sizes and nothing
     /// ready.
-    pub async fn get_pool(&self, template: &str) -> AppResult<Pool> {
+    pub async fn get_pool(&self, template: &str) -> ControlResult<Pool> {
         check_template(template)?;
         if let Some(s) = self
             .node
@@ -222,7 +222,7 @@ impl Engine {
             });
         }
         self.require_template(template).await?;
-        Err(AppError::not_found(format!(
+        Err(ControlError::not_found(format!(
             "template {template} has no warm pool"
         )))
     }
@@ -343,7 +343,10 @@ mod tests {
         assert_eq!(ok(0, None).unwrap(), cfg(0, 0));
         assert_eq!(ok(2, Some(9)).unwrap(), cfg(2, 9));
         let e = ok(5, Some(3)).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.code), (400, "invalid_argument"));
+        assert_eq!(
+            (e.http_status().as_u16(), e.code()),
+            (400, "invalid_argument")
+        );
         assert!(
             e.message.contains("min (5)") && e.message.contains("max (3)"),
             "{e}"
@@ -359,7 +362,7 @@ mod tests {
             )
         };
         let e = with(Some("firecracker"), "namespace").unwrap_err();
-        assert_eq!(e.status.as_u16(), 400);
+        assert_eq!(e.http_status().as_u16(), 400);
         assert!(
             e.message.contains("firecracker") && e.message.contains("microvm"),
             "{e}"
@@ -371,7 +374,7 @@ mod tests {
         assert!(check_template("py3.12-slim").is_ok());
         for bad in ["", "Bad", "../x", ".x", &"a".repeat(64)] {
             assert_eq!(
-                check_template(bad).unwrap_err().status.as_u16(),
+                check_template(bad).unwrap_err().http_status().as_u16(),
                 400,
                 "{bad}"
             );

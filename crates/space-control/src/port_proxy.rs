@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use space_node_api::NodeError;
 
 use crate::AppState;
-use crate::error::AppError;
+use crate::error::ControlError;
 
 /// Paths the proxy serves, in OpenAPI form (registered with any method; not in `ROUTES`,
 /// whose entries each name one method).
@@ -37,11 +37,11 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 
 fn bad_token() -> Response {
-    AppError::not_found("no such port URL").into_response()
+    ControlError::not_found("no such port URL").into_response()
 }
 
 fn unavailable(msg: impl Into<String>) -> Response {
-    AppError::new(StatusCode::BAD_GATEWAY, "unavailable", msg).into_response()
+    crate::http::error::response(StatusCode::BAD_GATEWAY, "unavailable", msg)
 }
 
 /// Splits `/p/{token}[/{rest}]` into the token and the upstream path-and-query.
@@ -132,7 +132,7 @@ pub(crate) async fn forward(
 ) -> Response {
     let id = id.to_owned();
     let Ok(upstream_uri) = path.parse::<Uri>() else {
-        return AppError::invalid("invalid request path").into_response();
+        return ControlError::invalid("invalid request path").into_response();
     };
     match s.engine.store.get_sandbox(&id).await {
         Ok(Some(row)) if row.deleted_at.is_none() => {
@@ -141,7 +141,7 @@ pub(crate) async fn forward(
             }
         }
         Ok(_) => return bad_token(),
-        Err(e) => return AppError::from(e).into_response(),
+        Err(e) => return ControlError::from(e).into_response(),
     }
     s.engine.activity.touch(&id);
     let stream = match s.engine.node.connect_port(&id, port).await {

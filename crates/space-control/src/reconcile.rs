@@ -14,7 +14,7 @@ use space_node_api::{Phase, SandboxStatus};
 use tracing::Instrument;
 
 use crate::engine::{Engine, node_spec};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult, ErrorKind};
 use crate::store::{SandboxRow, now_ms};
 
 pub const ERROR_INIT_EXITED: &str = "init exited";
@@ -125,9 +125,13 @@ pub fn reconcile(
 }
 
 /// Backoff after the `attempts`-th consecutive failure of a step on one sandbox.
-pub fn error_policy(err: &AppError, attempts: u32) -> Duration {
+pub fn error_policy(err: &ControlError, attempts: u32) -> Duration {
     // The guest or node being briefly unavailable heals fast; anything else backs off more.
-    let base = if err.code == "unavailable" { 500 } else { 1000 };
+    let base = if err.kind == ErrorKind::Unavailable {
+        500
+    } else {
+        1000
+    };
     let exp = attempts.saturating_sub(1).min(6);
     Duration::from_millis(base << exp).min(Duration::from_secs(60))
 }
@@ -145,7 +149,7 @@ impl Backoff {
             .is_none_or(|(_, not_before)| now >= *not_before)
     }
 
-    fn failed(&mut self, id: &str, err: &AppError, now: Instant) -> Duration {
+    fn failed(&mut self, id: &str, err: &ControlError, now: Instant) -> Duration {
         let entry = self.failures.entry(id.to_string()).or_insert((0, now));
         entry.0 += 1;
         let delay = error_policy(err, entry.0);
@@ -161,7 +165,7 @@ impl Backoff {
 impl Engine {
     /// One reconcile pass: observe the node, then read desired state (in this order, so a
     /// sandbox created in between always has its row), then apply each step.
-    pub async fn reconcile_once(&self, backoff: &mut Backoff) -> AppResult<usize> {
+    pub async fn reconcile_once(&self, backoff: &mut Backoff) -> ControlResult<usize> {
         self.metrics
             .reconcile_runs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -227,7 +231,7 @@ impl Engine {
 
     /// Applies one step under the sandbox's lock and its lease: a step whose sandbox another
     /// replica holds (its own step, a move) is left for a later pass.
-    pub async fn apply(&self, step: &Step) -> AppResult<()> {
+    pub async fn apply(&self, step: &Step) -> ControlResult<()> {
         let id = step.id();
         let _guard = self.locks.lock(id).await;
         let Some(_lease) = self.leases.sandbox(id).await? else {
@@ -257,7 +261,7 @@ impl Engine {
         }
     }
 
-    async fn ensure_deleted(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    async fn ensure_deleted(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) = row else { return Ok(()) };
         if row.state != SandboxState::Deleting && row.deleted_at.is_none() {
             return Ok(());
@@ -265,7 +269,7 @@ impl Engine {
         self.finalize_delete(&row.id).await
     }
 
-    async fn ensure_lost(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    async fn ensure_lost(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) = row.filter(|r| {
             matches!(
                 r.state,
@@ -281,7 +285,7 @@ impl Engine {
             .await
     }
 
-    async fn ensure_created(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    async fn ensure_created(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) = row.filter(|r| r.state == SandboxState::Creating) else {
             return Ok(());
         };
@@ -316,8 +320,8 @@ impl Engine {
                     .await
             }
             Err(e) => {
-                let err = AppError::from(e);
-                if err.status.is_client_error() {
+                let err = ControlError::from(e);
+                if err.kind.is_caller_error() {
                     let msg = format!("create failed: {}", err.message);
                     self.write_status(&row.id, SandboxState::Failed, Some(&msg))
                         .await
@@ -328,7 +332,7 @@ impl Engine {
         }
     }
 
-    async fn ensure_failed_cleaned(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    async fn ensure_failed_cleaned(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) = row.filter(|r| r.state == SandboxState::Failed) else {
             return Ok(());
         };
@@ -336,7 +340,7 @@ impl Engine {
         Ok(())
     }
 
-    async fn ensure_orphan_removed(&self, id: &str, row: Option<SandboxRow>) -> AppResult<()> {
+    async fn ensure_orphan_removed(&self, id: &str, row: Option<SandboxRow>) -> ControlResult<()> {
         if row.is_some() {
             return Ok(());
         }
@@ -529,12 +533,12 @@ mod tests {
 
     #[test]
     fn error_policy_backs_off_exponentially_with_a_cap() {
-        let e = AppError::internal("x");
+        let e = ControlError::internal("x");
         assert_eq!(error_policy(&e, 1), Duration::from_secs(1));
         assert_eq!(error_policy(&e, 2), Duration::from_secs(2));
         assert_eq!(error_policy(&e, 3), Duration::from_secs(4));
         assert_eq!(error_policy(&e, 100), Duration::from_secs(60));
-        let u = AppError::unavailable("x");
+        let u = ControlError::unavailable("x");
         assert_eq!(error_policy(&u, 1), Duration::from_millis(500));
 
         let mut b = Backoff::default();

@@ -11,7 +11,7 @@ use space_api::SandboxState;
 use space_node_api::Phase;
 
 use crate::engine::{Engine, node_spec};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::store::{SandboxRow, now_ms};
 
 /// Restarts allowed within [`RESTART_WINDOW_MS`] before the sandbox is marked failed.
@@ -84,7 +84,7 @@ impl Restarts {
 impl Engine {
     /// Step `MarkStopped`: the row says running (or paused) but the init is gone. Restart it
     /// (see the module docs). Idempotent: re-checks the node first.
-    pub(crate) async fn ensure_recovered(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    pub(crate) async fn ensure_recovered(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) =
             row.filter(|r| matches!(r.state, SandboxState::Running | SandboxState::Paused))
         else {
@@ -153,11 +153,11 @@ impl Engine {
                 Ok(())
             }
             Err(e) => {
-                let err = AppError::from(e);
+                let err = ControlError::from(e);
                 self.event(
                     id,
                     "recover_failed",
-                    err.code,
+                    err.code(),
                     &format!("restart from {from}: {}", err.message),
                 );
                 Err(err)

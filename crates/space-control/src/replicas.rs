@@ -20,7 +20,7 @@ use space_node_api::{NodeApi, NodeError, Phase};
 use sqlx::Row;
 
 use crate::engine::{Engine, node_spec};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::reconcile::Step;
 use crate::scheduler::Need;
 use crate::store::{SandboxRow, Store, StoreError, now_ms};
@@ -176,7 +176,7 @@ impl Engine {
         &self,
         rows: &[SandboxRow],
         observed: &space_node_api::Observation,
-    ) -> AppResult<Vec<Step>> {
+    ) -> ControlResult<Vec<Step>> {
         let Some(nodes) = &self.cluster_nodes else {
             return Ok(Vec::new());
         };
@@ -232,7 +232,7 @@ impl Engine {
     }
 
     /// `Replicate`: brings the sandbox's replica up to its snapshots.
-    pub(crate) async fn ensure_replicated(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    pub(crate) async fn ensure_replicated(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let (Some(row), Some(nodes)) = (row, self.cluster_nodes.as_ref()) else {
             return Ok(());
         };
@@ -296,7 +296,7 @@ impl Engine {
             dst.receive_replica(id, parts).await?
         };
         let Some(newest) = want.iter().rev().find(|s| got.snapshots.contains(s)) else {
-            return Err(AppError::from(NodeError::Internal(format!(
+            return Err(ControlError::from(NodeError::Internal(format!(
                 "node {node_id} kept none of sandbox {id}'s snapshots"
             ))));
         };
@@ -347,7 +347,7 @@ impl Engine {
 
     /// `Restore`: the sandbox's node is lost. Restored on its replica's node from the newest
     /// snapshot there when it has one; else marked lost.
-    pub(crate) async fn ensure_restored(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    pub(crate) async fn ensure_restored(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let (Some(row), Some(nodes)) = (row, self.cluster_nodes.as_ref()) else {
             return Ok(());
         };
@@ -378,7 +378,7 @@ impl Engine {
             // The claim moves first: from here on the sandbox belongs to the replica's node,
             // and a restore cut short is finished by the next pass.
             if !nodes.move_claim(id, &target, &Need::of(&spec)).await? {
-                return Err(AppError::from(NodeError::Exhausted(format!(
+                return Err(ControlError::from(NodeError::Exhausted(format!(
                     "node {} has no room to restore sandbox {id} on now",
                     r.node_id
                 ))));
@@ -444,7 +444,7 @@ impl Engine {
             }
             Err(e) => {
                 // Restored, stopped: `resume` starts it.
-                let e = AppError::from(e);
+                let e = ControlError::from(e);
                 self.event(
                     id,
                     "restore",
@@ -458,7 +458,7 @@ impl Engine {
     }
 
     /// `RemoveStray`: node `node` holds sandbox `id`, which the store places elsewhere.
-    pub(crate) async fn ensure_stray_removed(&self, id: &str, node: &str) -> AppResult<()> {
+    pub(crate) async fn ensure_stray_removed(&self, id: &str, node: &str) -> ControlResult<()> {
         let Some(nodes) = &self.cluster_nodes else {
             return Ok(());
         };
@@ -483,7 +483,7 @@ impl Engine {
     }
 
     /// `Found`: a lost sandbox whose node came back with it.
-    pub(crate) async fn ensure_found(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    pub(crate) async fn ensure_found(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) = row.filter(|r| r.state == SandboxState::Lost) else {
             return Ok(());
         };
@@ -500,7 +500,7 @@ impl Engine {
     }
 
     /// On delete: the replica goes too, where its node answers.
-    pub(crate) async fn forget_replica(&self, id: &str) -> AppResult<()> {
+    pub(crate) async fn forget_replica(&self, id: &str) -> ControlResult<()> {
         if let Some(r) = self.store.get_replica(id).await? {
             self.drop_old_replica(&r).await;
             self.store.delete_replica(id).await?;
@@ -509,7 +509,7 @@ impl Engine {
     }
 
     /// The replica of a sandbox, for its DTO.
-    pub(crate) async fn replica_of(&self, id: &str) -> AppResult<Option<ReplicaStatus>> {
+    pub(crate) async fn replica_of(&self, id: &str) -> ControlResult<Option<ReplicaStatus>> {
         Ok(self.store.get_replica(id).await?.map(|r| r.dto()))
     }
 }

@@ -28,7 +28,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::engine::Engine;
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::store::{SecretBindingRecord, Store, StoreError, now_ms};
 
 /// Length of the key files (`secrets.key`, `ports.key`).
@@ -134,11 +134,11 @@ impl SecretCipher {
     }
 
     /// (nonce, ciphertext + tag) of `value`, bound to `name`.
-    pub fn seal(&self, name: &str, value: &[u8]) -> AppResult<([u8; 12], Vec<u8>)> {
+    pub fn seal(&self, name: &str, value: &[u8]) -> ControlResult<([u8; 12], Vec<u8>)> {
         let mut nonce = [0u8; aead::NONCE_LEN];
         self.rng
             .fill(&mut nonce)
-            .map_err(|_| AppError::internal("the system random generator failed"))?;
+            .map_err(|_| ControlError::internal("the system random generator failed"))?;
         let mut buf = value.to_vec();
         self.key
             .seal_in_place_append_tag(
@@ -146,7 +146,7 @@ impl SecretCipher {
                 Aad::from(name.as_bytes()),
                 &mut buf,
             )
-            .map_err(|_| AppError::internal("sealing a secret failed"))?;
+            .map_err(|_| ControlError::internal("sealing a secret failed"))?;
         Ok((nonce, buf))
     }
 
@@ -164,11 +164,11 @@ impl SecretCipher {
 
 // ---------------------------------------------------------------- validation (pure)
 
-pub fn check_name(name: &str) -> AppResult<()> {
+pub fn check_name(name: &str) -> ControlResult<()> {
     if is_valid_secret_name(name) {
         Ok(())
     } else {
-        Err(AppError::invalid(format!(
+        Err(ControlError::invalid(format!(
             "invalid secret name {name:?}: expected [A-Za-z_][A-Za-z0-9_.-]{{0,63}}"
         )))
     }
@@ -176,9 +176,9 @@ pub fn check_name(name: &str) -> AppResult<()> {
 
 /// `Name: template`: a token header name, a template holding `{}` exactly once, no control
 /// characters (CR, LF, NUL...).
-pub fn check_header(header: &str) -> AppResult<()> {
+pub fn check_header(header: &str) -> ControlResult<()> {
     let bad = |why: &str| {
-        Err(AppError::invalid(format!(
+        Err(ControlError::invalid(format!(
             "invalid header {header:?}: {why}"
         )))
     };
@@ -205,42 +205,44 @@ pub fn check_header(header: &str) -> AppResult<()> {
     Ok(())
 }
 
-pub fn check_value(value: &str) -> AppResult<()> {
+pub fn check_value(value: &str) -> ControlResult<()> {
     if value.is_empty() || value.len() > MAX_SECRET_BYTES {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "the secret value must have 1 to {MAX_SECRET_BYTES} bytes, got {}",
             value.len()
         )));
     }
     if value.contains(['\r', '\n', '\0']) {
-        return Err(AppError::invalid(
+        return Err(ControlError::invalid(
             "the secret value must not contain CR, LF or NUL",
         ));
     }
     Ok(())
 }
 
-pub fn check_hosts(hosts: &[String]) -> AppResult<()> {
+pub fn check_hosts(hosts: &[String]) -> ControlResult<()> {
     if hosts.is_empty() {
-        return Err(AppError::invalid(
+        return Err(ControlError::invalid(
             "a secret needs at least one host it may be sent to",
         ));
     }
     if hosts.len() > 64 {
-        return Err(AppError::invalid("at most 64 hosts per secret"));
+        return Err(ControlError::invalid("at most 64 hosts per secret"));
     }
     for h in hosts {
         space_node_api::policy::parse_host_pattern(h)
-            .map_err(|e| AppError::invalid(e.to_string()))?;
+            .map_err(|e| ControlError::invalid(e.to_string()))?;
     }
     Ok(())
 }
 
 /// A secret's metadata (E2B's limits): at most 32 entries, keys 1..=128 bytes, values up to
 /// 1024, 8192 bytes in all, no control characters.
-pub fn check_metadata(m: &BTreeMap<String, String>) -> AppResult<()> {
+pub fn check_metadata(m: &BTreeMap<String, String>) -> ControlResult<()> {
     if m.len() > 32 {
-        return Err(AppError::invalid("at most 32 metadata entries per secret"));
+        return Err(ControlError::invalid(
+            "at most 32 metadata entries per secret",
+        ));
     }
     let mut total = 0;
     for (k, v) in m {
@@ -250,14 +252,14 @@ pub fn check_metadata(m: &BTreeMap<String, String>) -> AppResult<()> {
             || v.len() > 1024
             || k.chars().chain(v.chars()).any(char::is_control)
         {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "invalid metadata entry {k:?}: keys are 1..=128 bytes, values up to 1024, no \
                  control characters"
             )));
         }
     }
     if total > 8192 {
-        return Err(AppError::invalid(
+        return Err(ControlError::invalid(
             "a secret's metadata holds at most 8192 bytes",
         ));
     }
@@ -265,7 +267,7 @@ pub fn check_metadata(m: &BTreeMap<String, String>) -> AppResult<()> {
 }
 
 /// Checks a whole `PUT /v1/secrets/{name}`.
-pub fn validate_put(name: &str, req: &PutSecret) -> AppResult<()> {
+pub fn validate_put(name: &str, req: &PutSecret) -> ControlResult<()> {
     check_name(name)?;
     check_hosts(&req.hosts)?;
     check_header(&req.header)?;
@@ -491,7 +493,7 @@ impl SecretVault {
         Some(value)
     }
 
-    pub async fn put(&self, name: &str, req: &PutSecret) -> AppResult<SecretInfo> {
+    pub async fn put(&self, name: &str, req: &PutSecret) -> ControlResult<SecretInfo> {
         validate_put(name, req)?;
         let old = self.store.get_secret(name).await?;
         let metadata = old.as_ref().map(|o| o.metadata.clone()).unwrap_or_default();
@@ -518,7 +520,7 @@ impl SecretVault {
         header: String,
         metadata: BTreeMap<String, String>,
         old: Option<SecretRow>,
-    ) -> AppResult<SecretRow> {
+    ) -> ControlResult<SecretRow> {
         let (nonce, ciphertext) = self.cipher.seal(name, value.as_bytes())?;
         let now = now_ms();
         let row = SecretRow {
@@ -544,12 +546,14 @@ impl SecretVault {
         name: &str,
         value: &str,
         metadata: BTreeMap<String, String>,
-    ) -> AppResult<SecretInfo> {
+    ) -> ControlResult<SecretInfo> {
         check_name(name)?;
         check_value(value)?;
         check_metadata(&metadata)?;
         if self.store.get_secret(name).await?.is_some() {
-            return Err(AppError::conflict(format!("secret {name} already exists")));
+            return Err(ControlError::conflict(format!(
+                "secret {name} already exists"
+            )));
         }
         let row = self
             .write(name, value, Vec::new(), String::new(), metadata, None)
@@ -565,7 +569,7 @@ impl SecretVault {
         name: &str,
         value: &str,
         metadata: Option<BTreeMap<String, String>>,
-    ) -> AppResult<SecretInfo> {
+    ) -> ControlResult<SecretInfo> {
         check_name(name)?;
         check_value(value)?;
         if let Some(m) = &metadata {
@@ -575,7 +579,7 @@ impl SecretVault {
             .store
             .get_secret(name)
             .await?
-            .ok_or_else(|| AppError::not_found(format!("secret {name} not found")))?;
+            .ok_or_else(|| ControlError::not_found(format!("secret {name} not found")))?;
         let (hosts, header) = (old.hosts.clone(), old.header.clone());
         let metadata = metadata.unwrap_or_else(|| old.metadata.clone());
         let row = self
@@ -585,16 +589,16 @@ impl SecretVault {
         Ok(SecretInfo::from(&row))
     }
 
-    pub async fn get(&self, name: &str) -> AppResult<SecretInfo> {
+    pub async fn get(&self, name: &str) -> ControlResult<SecretInfo> {
         check_name(name)?;
         self.store
             .get_secret(name)
             .await?
             .map(|r| SecretInfo::from(&r))
-            .ok_or_else(|| AppError::not_found(format!("secret {name} not found")))
+            .ok_or_else(|| ControlError::not_found(format!("secret {name} not found")))
     }
 
-    pub async fn list(&self) -> AppResult<Vec<SecretInfo>> {
+    pub async fn list(&self) -> ControlResult<Vec<SecretInfo>> {
         Ok(self
             .store
             .list_secrets()
@@ -604,12 +608,12 @@ impl SecretVault {
             .collect())
     }
 
-    pub async fn delete(&self, name: &str) -> AppResult<()> {
+    pub async fn delete(&self, name: &str) -> ControlResult<()> {
         check_name(name)?;
         let existed = self.store.delete_secret(name).await?;
         self.cache().remove(name);
         if !existed {
-            return Err(AppError::not_found(format!("secret {name} not found")));
+            return Err(ControlError::not_found(format!("secret {name} not found")));
         }
         tracing::info!(secret = name, "secret deleted");
         Ok(())
@@ -621,30 +625,32 @@ impl SecretVault {
         &self,
         names: &[String],
         env: &std::collections::BTreeMap<String, String>,
-    ) -> AppResult<Vec<SecretBindingRecord>> {
+    ) -> ControlResult<Vec<SecretBindingRecord>> {
         if names.len() > 64 {
-            return Err(AppError::invalid("at most 64 secrets per sandbox"));
+            return Err(ControlError::invalid("at most 64 secrets per sandbox"));
         }
         let mut out: Vec<SecretBindingRecord> = Vec::with_capacity(names.len());
         for name in names {
             check_name(name)?;
             if out.iter().any(|b| &b.name == name) {
-                return Err(AppError::invalid(format!("secret {name} is listed twice")));
+                return Err(ControlError::invalid(format!(
+                    "secret {name} is listed twice"
+                )));
             }
             if env.contains_key(name) {
-                return Err(AppError::invalid(format!(
+                return Err(ControlError::invalid(format!(
                     "env var {name} is already set; secret {name} would replace it"
                 )));
             }
             if !is_valid_env_key(name) {
-                return Err(AppError::invalid(format!(
+                return Err(ControlError::invalid(format!(
                     "secret {name} cannot be an environment variable (letters, digits and _ \
                      only); name it in secret_headers instead"
                 )));
             }
             let row = self.existing(name).await?;
             if row.hosts.is_empty() {
-                return Err(AppError::invalid(format!(
+                return Err(ControlError::invalid(format!(
                     "secret {name} has no hosts of its own (it was made through E2B's API): \
                      name it in secret_headers, or give it hosts and a header with \
                      PUT /v1/secrets/{name}"
@@ -663,11 +669,11 @@ impl SecretVault {
 
     /// The secret `name` for a binding (400, not 404, when it does not exist: the request
     /// that names it is what is wrong).
-    async fn existing(&self, name: &str) -> AppResult<SecretRow> {
+    async fn existing(&self, name: &str) -> ControlResult<SecretRow> {
         self.store
             .get_secret(name)
             .await?
-            .ok_or_else(|| AppError::invalid(format!("secret {name} not found")))
+            .ok_or_else(|| ControlError::invalid(format!("secret {name} not found")))
     }
 
     /// The bindings of a new sandbox's `secret_headers`: headers the proxy sets (`inject`),
@@ -677,9 +683,9 @@ impl SecretVault {
         &self,
         headers: &[SecretHeader],
         taken: usize,
-    ) -> AppResult<Vec<SecretBindingRecord>> {
+    ) -> ControlResult<Vec<SecretBindingRecord>> {
         if headers.len() + taken > 64 {
-            return Err(AppError::invalid("at most 64 secrets per sandbox"));
+            return Err(ControlError::invalid("at most 64 secrets per sandbox"));
         }
         let mut out: Vec<SecretBindingRecord> = Vec::with_capacity(headers.len());
         for h in headers {
@@ -688,7 +694,7 @@ impl SecretVault {
             check_header(&h.header)?;
             let row = self.existing(&h.secret).await?;
             if let Some(host) = h.hosts.iter().find(|host| !host_allowed(&row.hosts, host)) {
-                return Err(AppError::invalid(format!(
+                return Err(ControlError::invalid(format!(
                     "secret {} may only be sent to {}, not to {host}",
                     h.secret,
                     row.hosts.join(", ")
@@ -701,7 +707,7 @@ impl SecretVault {
                     && b.hosts.iter().any(|x| h.hosts.contains(x))
             });
             if let Some(b) = clash {
-                return Err(AppError::invalid(format!(
+                return Err(ControlError::invalid(format!(
                     "two headers named {} for the same host ({} and {})",
                     name_of(&h.header),
                     b.name,
@@ -807,7 +813,7 @@ mod tests {
             "Authorization: \0{}",
         ] {
             let e = check_header(bad).unwrap_err();
-            assert_eq!(e.code, "invalid_argument", "{bad:?}");
+            assert_eq!(e.code(), "invalid_argument", "{bad:?}");
         }
     }
 
@@ -833,7 +839,7 @@ mod tests {
             vec!["api.x.com".to_string(), "com".to_string()],
         ] {
             let e = check_hosts(&bad).unwrap_err();
-            assert_eq!(e.code, "invalid_argument", "{bad:?}");
+            assert_eq!(e.code(), "invalid_argument", "{bad:?}");
         }
         let e = check_hosts(&["*.com".to_string()]).unwrap_err();
         assert!(e.message.contains("*.com"), "{}", e.message);
@@ -887,8 +893,8 @@ mod tests {
         assert_eq!(vault.list().await.unwrap().len(), 1);
         vault.delete("K").await.unwrap();
         assert!(vault.secret_value("K").await.is_none());
-        assert_eq!(vault.delete("K").await.unwrap_err().code, "not_found");
-        assert_eq!(vault.get("K").await.unwrap_err().code, "not_found");
+        assert_eq!(vault.delete("K").await.unwrap_err().code(), "not_found");
+        assert_eq!(vault.get("K").await.unwrap_err().code(), "not_found");
 
         // A vault with another key cannot open what this one sealed.
         vault.put("K", &put("v")).await.unwrap();
@@ -924,12 +930,12 @@ mod tests {
         assert!(b[0].placeholder.starts_with(PLACEHOLDER_PREFIX));
         let e = vault.bind(&["NOPE".into()], &env).await.unwrap_err();
         assert_eq!(e.message, "secret NOPE not found");
-        assert_eq!(e.status.as_u16(), 400);
+        assert_eq!(e.http_status().as_u16(), 400);
         let e = vault
             .bind(&["K".into(), "K".into()], &env)
             .await
             .unwrap_err();
-        assert_eq!(e.code, "invalid_argument");
+        assert_eq!(e.code(), "invalid_argument");
         let env = std::collections::BTreeMap::from([("K".to_string(), "x".to_string())]);
         let e = vault.bind(&["K".into()], &env).await.unwrap_err();
         assert!(e.message.contains("env var K"), "{}", e.message);
@@ -953,7 +959,7 @@ mod tests {
             .create_unbound("api-key", "v", BTreeMap::new())
             .await
             .unwrap_err();
-        assert_eq!(e.status.as_u16(), 409);
+        assert_eq!(e.http_status().as_u16(), 409);
         let i = vault.update_value("api-key", "v2", None).await.unwrap();
         assert_eq!((i.version, i.metadata), (2, meta));
         assert_eq!(vault.value("api-key").await.as_deref(), Some("v2"));
@@ -967,9 +973,8 @@ mod tests {
                 .update_value("nope", "v", None)
                 .await
                 .unwrap_err()
-                .status
-                .as_u16(),
-            404
+                .kind,
+            crate::ErrorKind::NotFound
         );
         let too_many: BTreeMap<String, String> = (0..33)
             .map(|i| (format!("k{i}"), "v".to_string()))

@@ -21,7 +21,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::engine::Engine;
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::reconcile::Step;
 use crate::snapshots::SnapshotRow;
 use crate::store::{SandboxRow, Store, StoreError, now_ms};
@@ -164,18 +164,18 @@ impl Store {
 // ---------------------------------------------------------------- pure parts
 
 /// Checks a policy's numbers.
-pub fn validate(p: &SnapshotPolicy) -> AppResult<()> {
+pub fn validate(p: &SnapshotPolicy) -> ControlResult<()> {
     if let Some(v) = p.every_secs
         && !(1..=MAX_EVERY_SECS).contains(&v)
     {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "every_secs must be between 1 and {MAX_EVERY_SECS}, got {v}"
         )));
     }
     if let Some(k) = p.keep_last
         && !(1..=MAX_KEEP_LAST).contains(&k)
     {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "keep_last must be between 1 and {MAX_KEEP_LAST}, got {k}"
         )));
     }
@@ -187,7 +187,7 @@ pub fn policy_from_create(
     req: &space_api::CreateSandbox,
     id: &str,
     now: i64,
-) -> AppResult<Option<PolicyRow>> {
+) -> ControlResult<Option<PolicyRow>> {
     let Some(p) = &req.snapshot_policy else {
         return Ok(None);
     };
@@ -269,7 +269,7 @@ impl Engine {
     }
 
     /// Sets `auto` on the automatic ones of a sandbox's snapshot DTOs.
-    pub(crate) async fn mark_auto(&self, id: &str, list: &mut [Snapshot]) -> AppResult<()> {
+    pub(crate) async fn mark_auto(&self, id: &str, list: &mut [Snapshot]) -> ControlResult<()> {
         let auto = self.store.auto_snapshot_ids(id).await?;
         list.iter_mut().for_each(|s| s.auto = auto.contains(&s.id));
         Ok(())
@@ -281,9 +281,9 @@ impl Engine {
         &self,
         id: &str,
         policy: SnapshotPolicy,
-    ) -> AppResult<Sandbox> {
+    ) -> ControlResult<Sandbox> {
         if !space_api::is_valid_sandbox_id(id) {
-            return Err(AppError::invalid(format!("invalid sandbox id {id:?}")));
+            return Err(ControlError::invalid(format!("invalid sandbox id {id:?}")));
         }
         validate(&policy)?;
         {
@@ -292,9 +292,11 @@ impl Engine {
                 .store
                 .get_sandbox(id)
                 .await?
-                .ok_or_else(|| AppError::not_found(format!("sandbox {id} not found")))?;
+                .ok_or_else(|| ControlError::not_found(format!("sandbox {id} not found")))?;
             if row.state == SandboxState::Deleting || row.deleted_at.is_some() {
-                return Err(AppError::conflict(format!("sandbox {id} is being deleted")));
+                return Err(ControlError::conflict(format!(
+                    "sandbox {id} is being deleted"
+                )));
             }
             if policy.is_empty() {
                 sqlx_delete_policy_only(&self.store, id).await?;
@@ -323,7 +325,7 @@ impl Engine {
         row: &SandboxRow,
         policy: &SnapshotPolicy,
         reason: &str,
-    ) -> AppResult<()> {
+    ) -> ControlResult<()> {
         let snap = self.snapshot_locked(row, None).await?;
         self.store
             .mark_auto_snapshot(&snap.id, &row.id, reason)
@@ -333,7 +335,7 @@ impl Engine {
     }
 
     /// Deletes what [`retention`] picks (caller holds the lock).
-    async fn apply_retention(&self, id: &str, policy: &SnapshotPolicy) -> AppResult<()> {
+    async fn apply_retention(&self, id: &str, policy: &SnapshotPolicy) -> ControlResult<()> {
         if policy.keep_last.is_none() {
             return Ok(());
         }
@@ -350,7 +352,7 @@ impl Engine {
     }
 
     /// Whether the sandbox's files changed since its head snapshot (true without a head).
-    async fn changed_since_head(&self, id: &str) -> AppResult<bool> {
+    async fn changed_since_head(&self, id: &str) -> ControlResult<bool> {
         let Some(head) = self.store.snapshot_head(id).await? else {
             return Ok(true);
         };
@@ -365,7 +367,7 @@ impl Engine {
 
     /// Reconcile step: the periodic check is due -> snapshot when changed, then restart the
     /// period.
-    pub(crate) async fn ensure_auto_snapshot(&self, row: Option<SandboxRow>) -> AppResult<()> {
+    pub(crate) async fn ensure_auto_snapshot(&self, row: Option<SandboxRow>) -> ControlResult<()> {
         let Some(row) = row.filter(|r| r.state == SandboxState::Running && r.deleted_at.is_none())
         else {
             return Ok(());
@@ -423,7 +425,7 @@ impl Engine {
     pub(crate) async fn snapshot_policy_pass(
         &self,
         desired: &[SandboxRow],
-    ) -> AppResult<Vec<Step>> {
+    ) -> ControlResult<Vec<Step>> {
         let policies = self.store.list_snapshot_policies().await?;
         let known: HashSet<&str> = desired.iter().map(|r| r.id.as_str()).collect();
         for id in policies.keys().filter(|id| !known.contains(id.as_str())) {
@@ -599,7 +601,7 @@ mod tests {
             pol(None, Some(0)),
             pol(None, Some(MAX_KEEP_LAST + 1)),
         ] {
-            assert_eq!(validate(&bad).unwrap_err().code, "invalid_argument");
+            assert_eq!(validate(&bad).unwrap_err().code(), "invalid_argument");
         }
         let req = space_api::CreateSandbox {
             snapshot_policy: Some(pol(Some(5), None)),

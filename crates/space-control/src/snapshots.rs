@@ -18,7 +18,7 @@ use sqlx::any::AnyRow;
 
 use crate::checkpoints::Checkpoint;
 use crate::engine::{Action, Engine, check_lifecycle, node_spec, sandbox_dto};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::store::{SandboxRow, Store, StoreError, now_ms};
 
 /// Longest label accepted.
@@ -195,35 +195,35 @@ fn new_id() -> String {
         .collect()
 }
 
-fn check_ids(id: &str, snap: Option<&str>) -> AppResult<()> {
+fn check_ids(id: &str, snap: Option<&str>) -> ControlResult<()> {
     if !is_valid_sandbox_id(id) {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "invalid sandbox id {id:?}: expected 20 characters of [a-z0-9]"
         )));
     }
     if let Some(s) = snap
         && !is_valid_sandbox_id(s)
     {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "invalid snapshot id {s:?}: expected 20 characters of [a-z0-9]"
         )));
     }
     Ok(())
 }
 
-pub fn validate_label(label: &str) -> AppResult<()> {
+pub fn validate_label(label: &str) -> ControlResult<()> {
     if label.is_empty() || label.len() > MAX_LABEL_LEN || label.chars().any(char::is_control) {
-        return Err(AppError::invalid(format!(
+        return Err(ControlError::invalid(format!(
             "label must be 1..={MAX_LABEL_LEN} bytes without control characters"
         )));
     }
     Ok(())
 }
 
-pub fn validate_fork_count(count: Option<u32>) -> AppResult<u32> {
+pub fn validate_fork_count(count: Option<u32>) -> ControlResult<u32> {
     match count.unwrap_or(1) {
         n @ 1..=MAX_FORK_COUNT => Ok(n),
-        n => Err(AppError::invalid(format!(
+        n => Err(ControlError::invalid(format!(
             "count must be 1..={MAX_FORK_COUNT}, got {n}"
         ))),
     }
@@ -247,19 +247,21 @@ pub fn snapshot_dto(r: &SnapshotRow, size: Option<u64>) -> Snapshot {
 }
 
 impl Engine {
-    async fn load_row(&self, id: &str) -> AppResult<SandboxRow> {
+    async fn load_row(&self, id: &str) -> ControlResult<SandboxRow> {
         self.store
             .get_sandbox(id)
             .await?
-            .ok_or_else(|| AppError::not_found(format!("sandbox {id} not found")))
+            .ok_or_else(|| ControlError::not_found(format!("sandbox {id} not found")))
     }
 
     /// The snapshot `snap` of sandbox `id`: 404 when it does not exist (any more), 400 when
     /// it belongs to another sandbox.
-    async fn own_snapshot(&self, id: &str, snap: &str) -> AppResult<SnapshotRow> {
+    async fn own_snapshot(&self, id: &str, snap: &str) -> ControlResult<SnapshotRow> {
         match self.store.get_snapshot(snap).await? {
-            None => Err(AppError::not_found(format!("snapshot {snap} not found"))),
-            Some(s) if s.sandbox_id != id => Err(AppError::invalid(format!(
+            None => Err(ControlError::not_found(format!(
+                "snapshot {snap} not found"
+            ))),
+            Some(s) if s.sandbox_id != id => Err(ControlError::invalid(format!(
                 "snapshot {snap} belongs to sandbox {}, not to {id}",
                 s.sandbox_id
             ))),
@@ -272,7 +274,7 @@ impl Engine {
         &self,
         row: &SandboxRow,
         label: Option<String>,
-    ) -> AppResult<SnapshotRow> {
+    ) -> ControlResult<SnapshotRow> {
         self.snapshot_locked_as(row, label, None)
             .await
             .map(|(s, _)| s)
@@ -285,7 +287,7 @@ impl Engine {
         row: &SandboxRow,
         label: Option<String>,
         checkpoint: Option<&Checkpoint>,
-    ) -> AppResult<(SnapshotRow, Option<Checkpoint>)> {
+    ) -> ControlResult<(SnapshotRow, Option<Checkpoint>)> {
         let start = std::time::Instant::now();
         let id = &row.id;
         let snap = new_id();
@@ -334,7 +336,7 @@ impl Engine {
         Ok((srow, checkpoint.cloned()))
     }
 
-    pub async fn create_snapshot(&self, id: &str, req: CreateSnapshot) -> AppResult<Snapshot> {
+    pub async fn create_snapshot(&self, id: &str, req: CreateSnapshot) -> ControlResult<Snapshot> {
         check_ids(id, None)?;
         if let Some(l) = &req.label {
             validate_label(l)?;
@@ -346,7 +348,7 @@ impl Engine {
             SnapshotKind::Disk => None,
             SnapshotKind::Checkpoint => {
                 if row.state != SandboxState::Running {
-                    return Err(AppError::conflict(format!(
+                    return Err(ControlError::conflict(format!(
                         "sandbox {id} is {}: a checkpoint needs it running (its process list \
                          comes from the guest)",
                         row.state
@@ -365,7 +367,7 @@ impl Engine {
         Ok(dto)
     }
 
-    pub async fn list_snapshots(&self, id: &str) -> AppResult<Vec<Snapshot>> {
+    pub async fn list_snapshots(&self, id: &str) -> ControlResult<Vec<Snapshot>> {
         check_ids(id, None)?;
         self.load_row(id).await?;
         let rows = self.store.list_snapshots(id).await?;
@@ -390,14 +392,14 @@ impl Engine {
         Ok(out)
     }
 
-    pub async fn delete_snapshot(&self, id: &str, snap: &str) -> AppResult<()> {
+    pub async fn delete_snapshot(&self, id: &str, snap: &str) -> ControlResult<()> {
         check_ids(id, Some(snap))?;
         let _guard = self.locks.lock(id).await;
         self.load_row(id).await?;
         match self.store.get_snapshot(snap).await? {
             Some(s) if s.sandbox_id == id => {}
             _ => {
-                return Err(AppError::not_found(format!(
+                return Err(ControlError::not_found(format!(
                     "snapshot {snap} of sandbox {id} not found"
                 )));
             }
@@ -413,7 +415,7 @@ impl Engine {
         &self,
         name: &str,
         req: TemplateFromSnapshot,
-    ) -> AppResult<Template> {
+    ) -> ControlResult<Template> {
         crate::templates::check_template_name(name)?;
         check_ids(&req.sandbox, Some(&req.snapshot))?;
         let _guard = self.locks.lock(&req.sandbox).await;
@@ -433,7 +435,7 @@ impl Engine {
         Ok(crate::engine::template_dto(&info))
     }
 
-    pub async fn rollback(&self, id: &str, req: RollbackRequest) -> AppResult<Sandbox> {
+    pub async fn rollback(&self, id: &str, req: RollbackRequest) -> ControlResult<Sandbox> {
         check_ids(id, Some(&req.snapshot))?;
         let _guard = self.locks.lock(id).await;
         let row = self.load_row(id).await?;
@@ -463,7 +465,7 @@ impl Engine {
         Ok(sandbox_dto(&row, Some(&status)))
     }
 
-    pub async fn fork(&self, id: &str, req: ForkRequest) -> AppResult<Vec<Sandbox>> {
+    pub async fn fork(&self, id: &str, req: ForkRequest) -> ControlResult<Vec<Sandbox>> {
         check_ids(id, req.snapshot.as_deref())?;
         let count = validate_fork_count(req.count)?;
         let _guard = self.locks.lock(id).await;
@@ -489,7 +491,7 @@ impl Engine {
         Ok(out)
     }
 
-    async fn fork_one(&self, source: &SandboxRow, snap: &str) -> AppResult<Sandbox> {
+    async fn fork_one(&self, source: &SandboxRow, snap: &str) -> ControlResult<Sandbox> {
         let id = new_id();
         let mut spec = source.spec.clone();
         spec.hostname = id.clone();
@@ -523,7 +525,7 @@ impl Engine {
                 Ok(sandbox_dto(&row, Some(&status)))
             }
             Err(e) => {
-                let err = AppError::from(e);
+                let err = ControlError::from(e);
                 let _ = self.node.remove_sandbox(&id).await;
                 self.store.delete_sandbox(&id).await?;
                 self.locks.forget(&id);
@@ -538,12 +540,14 @@ impl Engine {
 /// An optional JSON object body: empty means the default.
 pub(crate) fn optional_body<T: serde::de::DeserializeOwned + Default>(
     bytes: &[u8],
-) -> AppResult<T> {
+) -> ControlResult<T> {
     match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
         None => Ok(T::default()),
         Some(b'{') => serde_json::from_slice(bytes)
-            .map_err(|e| AppError::invalid(format!("invalid JSON body: {e}"))),
-        Some(_) => Err(AppError::invalid("the request body must be a JSON object")),
+            .map_err(|e| ControlError::invalid(format!("invalid JSON body: {e}"))),
+        Some(_) => Err(ControlError::invalid(
+            "the request body must be a JSON object",
+        )),
     }
 }
 

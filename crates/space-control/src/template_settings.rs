@@ -9,7 +9,7 @@ use space_api::{MAX_REPLICAS, SetTemplateSettings, Template};
 use sqlx::Row;
 
 use crate::engine::{Engine, RUNTIMES, template_dto};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 use crate::store::{Store, StoreError, now_ms};
 
 fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
@@ -95,7 +95,7 @@ impl Store {
 impl Engine {
     /// The runtime a create of `template` that names none gets: the template's, else the
     /// node's default.
-    pub(crate) async fn default_runtime_of(&self, template: &str) -> AppResult<String> {
+    pub(crate) async fn default_runtime_of(&self, template: &str) -> ControlResult<String> {
         Ok(self
             .store
             .template_settings(template)
@@ -106,15 +106,15 @@ impl Engine {
 
     /// Checks a number of replicas asked for (a create's or a template's): at most
     /// [`MAX_REPLICAS`], and only where there are other nodes to keep them.
-    pub(crate) fn check_replicas(&self, replicas: u32) -> AppResult<()> {
+    pub(crate) fn check_replicas(&self, replicas: u32) -> ControlResult<()> {
         if replicas > MAX_REPLICAS {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "replicas {replicas}: at most {MAX_REPLICAS} replica is kept for now \
                  (decision 0037)"
             )));
         }
         if replicas > 0 && self.cluster_nodes.is_none() {
-            return Err(AppError::invalid(
+            return Err(ControlError::invalid(
                 "replicas need a cluster: this spaced runs all-in-one, with one node, and a \
                  replica is kept on another node (run `spaced control` with joined nodes; \
                  decision 0037)",
@@ -128,12 +128,12 @@ impl Engine {
         &self,
         name: &str,
         req: SetTemplateSettings,
-    ) -> AppResult<Template> {
+    ) -> ControlResult<Template> {
         crate::pools::check_template(name)?;
         if let Some(r) = &req.runtime
             && !RUNTIMES.contains(&r.as_str())
         {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "unknown runtime {r:?}: expected one of {} (or null for the node's default)",
                 RUNTIMES.join(", ")
             )));
@@ -145,7 +145,9 @@ impl Engine {
             .filter(|t| t.name == name)
             .max_by_key(|t| t.version)
         else {
-            return Err(AppError::not_found(format!("template {name} not found")));
+            return Err(ControlError::not_found(format!(
+                "template {name} not found"
+            )));
         };
         let settings = TemplateSettings {
             runtime: req.runtime,

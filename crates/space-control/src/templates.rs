@@ -9,7 +9,7 @@ use space_api::{PullTemplate, TemplateLog, is_valid_template_name};
 use space_node_api::{PullSpec, TemplateEvent, TemplateSource};
 
 use crate::engine::{Engine, template_dto};
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 
 /// Longest start or ready command accepted.
 const MAX_COMMAND_LEN: usize = 16 * 1024;
@@ -37,16 +37,16 @@ fn shell_join(argv: &[String]) -> String {
 const MAX_REFERENCE_LEN: usize = 512;
 
 /// A name a user may give a template: valid, and not the builder's own prefix.
-pub(crate) fn check_template_name(name: &str) -> AppResult<()> {
+pub(crate) fn check_template_name(name: &str) -> ControlResult<()> {
     if name.starts_with(crate::build::BUILD_PREFIX) {
-        Err(AppError::invalid(format!(
+        Err(ControlError::invalid(format!(
             "template names starting with {} are the builder's own",
             crate::build::BUILD_PREFIX
         )))
     } else if is_valid_template_name(name) {
         Ok(())
     } else {
-        Err(AppError::invalid(format!(
+        Err(ControlError::invalid(format!(
             "invalid template name {name:?}: expected [a-z0-9][a-z0-9._-]{{0,62}}"
         )))
     }
@@ -54,7 +54,7 @@ pub(crate) fn check_template_name(name: &str) -> AppResult<()> {
 
 impl Engine {
     /// Refuses a name that is taken unless `replace` (then a new version is made).
-    pub(crate) async fn check_name_free(&self, name: &str, replace: bool) -> AppResult<()> {
+    pub(crate) async fn check_name_free(&self, name: &str, replace: bool) -> ControlResult<()> {
         if !replace
             && self
                 .node
@@ -63,7 +63,7 @@ impl Engine {
                 .iter()
                 .any(|t| t.name == name)
         {
-            return Err(AppError::conflict(format!(
+            return Err(ControlError::conflict(format!(
                 "template {name} exists: pass replace (--replace) to make a new version of it"
             )));
         }
@@ -75,22 +75,22 @@ impl Engine {
         &self,
         name: &str,
         req: PullTemplate,
-    ) -> AppResult<BoxStream<'static, TemplateLog>> {
+    ) -> ControlResult<BoxStream<'static, TemplateLog>> {
         check_template_name(name)?;
         let reference = req.reference.trim();
         if reference.is_empty() {
-            return Err(AppError::invalid(
+            return Err(ControlError::invalid(
                 "reference is empty: name an image, e.g. python:3.12-slim",
             ));
         }
         if reference.len() > MAX_REFERENCE_LEN || reference.chars().any(char::is_whitespace) {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "{:?} is not an image reference",
                 req.reference
             )));
         }
         if req.password.is_some() && req.username.is_none() {
-            return Err(AppError::invalid("a password needs a username"));
+            return Err(ControlError::invalid("a password needs a username"));
         }
         self.check_name_free(name, req.replace).await?;
         let source = TemplateSource::Registry(PullSpec {
@@ -127,7 +127,7 @@ impl Engine {
                     template: template_dto(&info),
                 },
                 Err(e) => TemplateLog::Error {
-                    error: AppError::from(e).body().error,
+                    error: ControlError::from(e).body().error,
                 },
             });
         });
@@ -145,14 +145,16 @@ fn log_line(ev: TemplateEvent) -> TemplateLog {
 
 impl Engine {
     /// Every version of a template (internal ones are not shown: 404).
-    pub async fn get_template(&self, name: &str) -> AppResult<space_api::TemplateDetail> {
+    pub async fn get_template(&self, name: &str) -> ControlResult<space_api::TemplateDetail> {
         let versions = if name.starts_with(crate::build::BUILD_PREFIX) {
             Vec::new()
         } else {
             self.node.template_versions(name).await?
         };
         if versions.is_empty() {
-            return Err(AppError::not_found(format!("template {name} not found")));
+            return Err(ControlError::not_found(format!(
+                "template {name} not found"
+            )));
         }
         let settings = self.store.template_settings(name).await?;
         let runtime = settings.runtime;
@@ -177,15 +179,17 @@ impl Engine {
         &self,
         name: &str,
         req: space_api::SetTemplateStart,
-    ) -> AppResult<space_api::Template> {
+    ) -> ControlResult<space_api::Template> {
         check_template_name(name)?;
         let Some(latest) = self.node.template_versions(name).await?.pop() else {
-            return Err(AppError::not_found(format!("template {name} not found")));
+            return Err(ControlError::not_found(format!(
+                "template {name} not found"
+            )));
         };
         let mut d = latest.defaults.clone();
-        let check = |what: &str, v: &str| -> AppResult<()> {
+        let check = |what: &str, v: &str| -> ControlResult<()> {
             if v.len() > MAX_COMMAND_LEN || v.contains('\0') {
-                return Err(AppError::invalid(format!(
+                return Err(ControlError::invalid(format!(
                     "{what} must be at most {MAX_COMMAND_LEN} bytes with no NUL"
                 )));
             }
@@ -199,7 +203,7 @@ impl Engine {
                     let argv: Vec<String> =
                         d.entrypoint.iter().chain(d.cmd.iter()).cloned().collect();
                     if argv.is_empty() {
-                        return Err(AppError::invalid(format!(
+                        return Err(ControlError::invalid(format!(
                             "start_cmd \"image\": template {name} has no image ENTRYPOINT or CMD"
                         )));
                     }
@@ -214,7 +218,7 @@ impl Engine {
         }
         if let Some(t) = req.ready_timeout_secs {
             if !(1..=MAX_READY_TIMEOUT_SECS).contains(&t) {
-                return Err(AppError::invalid(format!(
+                return Err(ControlError::invalid(format!(
                     "ready_timeout_secs must be 1..={MAX_READY_TIMEOUT_SECS}"
                 )));
             }
@@ -238,7 +242,7 @@ impl Engine {
         &self,
         name: &str,
         version: Option<u32>,
-    ) -> AppResult<space_api::TemplateRemoved> {
+    ) -> ControlResult<space_api::TemplateRemoved> {
         check_template_name(name)?;
         let versions = self.node.remove_template(name, version).await?;
         if self.node.template_versions(name).await?.is_empty() {

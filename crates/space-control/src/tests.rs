@@ -2396,6 +2396,6 @@ async fn a_replica_with_another_secrets_key_refuses_to_start() {
     assert!(reopen().await.is_ok());
     std::fs::write(data_dir.join("secrets.key"), [7u8; 32]).unwrap();
     let e = reopen().await.err().expect("refused");
-    assert!(matches!(e, crate::ControlError::SecretsKey { .. }), "{e}");
+    assert!(matches!(e, crate::OpenError::SecretsKey { .. }), "{e}");
     assert!(e.to_string().contains("same secrets.key"), "{e}");
 }

@@ -6,7 +6,7 @@ use space_api::{MetricSample, SandboxMetrics, rfc3339_from_unix_ms};
 use space_node_api::{SandboxUsage, UsageSample};
 
 use crate::engine::Engine;
-use crate::error::{AppError, AppResult};
+use crate::error::{ControlError, ControlResult};
 
 impl Engine {
     /// The samples taken in `[since_ms, until_ms]`. 404 for an unknown sandbox.
@@ -15,10 +15,10 @@ impl Engine {
         id: &str,
         since_ms: Option<i64>,
         until_ms: Option<i64>,
-    ) -> AppResult<SandboxMetrics> {
+    ) -> ControlResult<SandboxMetrics> {
         let row = match self.store.get_sandbox(id).await? {
             Some(r) if r.deleted_at.is_none() => r,
-            _ => return Err(AppError::not_found(format!("sandbox {id} not found"))),
+            _ => return Err(ControlError::not_found(format!("sandbox {id} not found"))),
         };
         let usage = self.node.sandbox_usage(id).await?;
         let mut m = metrics_of(&usage, row.spec.cpu, row.created_at, since_ms, until_ms);
@@ -78,10 +78,10 @@ pub fn metrics_of(
 }
 
 /// A query bound: RFC 3339, or 400 naming the field.
-pub(crate) fn bound(name: &str, v: Option<&str>) -> AppResult<Option<i64>> {
+pub(crate) fn bound(name: &str, v: Option<&str>) -> ControlResult<Option<i64>> {
     v.map(|s| {
         space_api::unix_ms_from_rfc3339(s).ok_or_else(|| {
-            AppError::invalid(format!(
+            ControlError::invalid(format!(
                 "{name} must be an RFC 3339 UTC time such as 2026-01-02T03:04:05Z, got {s:?}"
             ))
         })

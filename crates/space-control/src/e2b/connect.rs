@@ -18,7 +18,7 @@ use futures::stream::{BoxStream, Stream, StreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::{AppError, ErrorCode};
+use crate::error::{ControlError, ErrorCode, ErrorKind};
 
 /// Flag of a compressed envelope (refused).
 pub const COMPRESSED: u8 = 0x01;
@@ -43,6 +43,7 @@ pub enum Code {
     ResourceExhausted,
     FailedPrecondition,
     Aborted,
+    OutOfRange,
     Unimplemented,
     Internal,
     Unavailable,
@@ -62,6 +63,7 @@ impl Code {
             Code::ResourceExhausted => "resource_exhausted",
             Code::FailedPrecondition => "failed_precondition",
             Code::Aborted => "aborted",
+            Code::OutOfRange => "out_of_range",
             Code::Unimplemented => "unimplemented",
             Code::Internal => "internal",
             Code::Unavailable => "unavailable",
@@ -74,7 +76,9 @@ impl Code {
         match self {
             Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             Code::Unknown | Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            Code::InvalidArgument | Code::FailedPrecondition => StatusCode::BAD_REQUEST,
+            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+                StatusCode::BAD_REQUEST
+            }
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
@@ -111,20 +115,18 @@ impl ConnectError {
     }
 }
 
-impl From<AppError> for ConnectError {
-    fn from(e: AppError) -> Self {
-        let code = match (e.status.as_u16(), e.code) {
-            (_, "already_exists") => Code::AlreadyExists,
-            (400, _) => Code::InvalidArgument,
-            (401, _) => Code::Unauthenticated,
-            (403, _) => Code::PermissionDenied,
-            (404, _) => Code::NotFound,
-            (409, _) => Code::FailedPrecondition,
-            (413 | 429 | 507, _) => Code::ResourceExhausted,
-            (501, _) => Code::Unimplemented,
-            (503, _) => Code::Unavailable,
-            (504, _) => Code::DeadlineExceeded,
-            _ => Code::Internal,
+impl From<ControlError> for ConnectError {
+    fn from(e: ControlError) -> Self {
+        let code = match e.kind {
+            ErrorKind::InvalidArgument => Code::InvalidArgument,
+            ErrorKind::Unauthorized => Code::Unauthenticated,
+            ErrorKind::PermissionDenied => Code::PermissionDenied,
+            ErrorKind::NotFound => Code::NotFound,
+            ErrorKind::Conflict | ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+            ErrorKind::OutOfRange => Code::OutOfRange,
+            ErrorKind::PayloadTooLarge | ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+            ErrorKind::Unavailable => Code::Unavailable,
+            ErrorKind::Internal => Code::Internal,
         };
         Self::new(code, e.message)
     }
@@ -205,7 +207,7 @@ pub fn unary_request<T: DeserializeOwned>(
 pub fn unary_reply<T: Serialize>(msg: &T) -> Response {
     match serde_json::to_vec(msg) {
         Ok(json) => ([(header::CONTENT_TYPE, UNARY_CONTENT_TYPE)], json).into_response(),
-        Err(e) => ConnectError::from(AppError::internal(e)).into_response(),
+        Err(e) => ConnectError::from(ControlError::internal(e)).into_response(),
     }
 }
 
@@ -354,7 +356,7 @@ where
         let frame = match messages.next().await {
             Some(Ok(msg)) => match serde_json::to_vec(&msg) {
                 Ok(json) => return Some((envelope(0, &json), Some(messages))),
-                Err(e) => end_of_stream(Some(&ConnectError::from(AppError::internal(e)))),
+                Err(e) => end_of_stream(Some(&ConnectError::from(ControlError::internal(e)))),
             },
             Some(Err(e)) => end_of_stream(Some(&e)),
             None => end_of_stream(None),
@@ -457,12 +459,12 @@ mod tests {
 
     #[test]
     fn errors_map_to_connect_codes_and_statuses() {
-        let e = ConnectError::from(AppError::not_found("x"));
+        let e = ConnectError::from(ControlError::not_found("x"));
         assert_eq!(
             (e.code, e.code.http_status()),
             (Code::NotFound, StatusCode::NOT_FOUND)
         );
-        let e = ConnectError::from(AppError::conflict("x"));
+        let e = ConnectError::from(ControlError::conflict("x"));
         assert_eq!(e.code, Code::FailedPrecondition);
         let end = end_of_stream(Some(&e));
         assert_eq!(end[0], END_STREAM);

@@ -20,7 +20,7 @@ use space_api::{CreateSandbox, OnTimeout, Sandbox, SandboxState, SetTimeout};
 
 use super::{E2bError, secrets};
 use crate::AppState;
-use crate::error::AppError;
+use crate::error::{ControlError, ErrorKind};
 use crate::http::{ApiJson, ApiPath, ApiQuery};
 
 pub(super) type E2bResult<T> = Result<T, E2bError>;
@@ -204,7 +204,7 @@ fn info_of(s: &AppState, sb: &Sandbox, token: Option<String>) -> E2bInfo {
 
 /// A 400 in E2B's shape.
 pub(super) fn invalid(message: impl Into<String>) -> E2bError {
-    E2bError(AppError::invalid(message))
+    E2bError(ControlError::invalid(message))
 }
 
 /// Whether E2B sees the sandbox as paused (frozen, or stopped by a filesystem-only pause):
@@ -215,7 +215,9 @@ fn paused(s: SandboxState) -> bool {
 
 /// A missing sandbox in E2B's words (the SDKs match "not found").
 fn not_found(id: &str) -> E2bError {
-    E2bError(AppError::not_found(format!("sandbox \"{id}\" not found")))
+    E2bError(ControlError::not_found(format!(
+        "sandbox \"{id}\" not found"
+    )))
 }
 
 /// The sandbox `id`, or E2B's 404 (also for a malformed id and one being deleted).
@@ -226,7 +228,7 @@ async fn load(s: &AppState, id: &str) -> E2bResult<Sandbox> {
     match s.engine.get_sandbox(id).await {
         Ok(sb) if e2b_state(sb.state).is_some() => Ok(sb),
         Ok(_) => Err(not_found(id)),
-        Err(e) if e.status == StatusCode::NOT_FOUND => Err(not_found(id)),
+        Err(e) if e.kind == ErrorKind::NotFound => Err(not_found(id)),
         Err(e) => Err(e.into()),
     }
 }
@@ -390,7 +392,7 @@ async fn kill(
     load(&s, &p.id).await?;
     match s.engine.delete_sandbox(&p.id).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
-        Err(e) if e.status == StatusCode::NOT_FOUND => Err(not_found(&p.id)),
+        Err(e) if e.kind == ErrorKind::NotFound => Err(not_found(&p.id)),
         Err(e) => Err(e.into()),
     }
 }
@@ -501,7 +503,7 @@ async fn connect(
         match s.engine.resume_sandbox(&p.id).await {
             Ok(_) => {}
             // Resumed by someone else meanwhile: connect to it as it runs.
-            Err(e) if e.status == StatusCode::CONFLICT => {}
+            Err(e) if e.kind == ErrorKind::Conflict => {}
             Err(e) => return Err(e.into()),
         }
     }
@@ -532,7 +534,7 @@ async fn pause(
     let req: PauseBody = optional_body(&body)?;
     let sb = load(&s, &p.id).await?;
     if paused(sb.state) {
-        return Err(E2bError(AppError::conflict(format!(
+        return Err(E2bError(ControlError::conflict(format!(
             "sandbox \"{}\" is already paused",
             p.id
         ))));
@@ -554,7 +556,7 @@ async fn resume(
     let req: ConnectBody = optional_body(&body)?;
     let sb = load(&s, &p.id).await?;
     if !paused(sb.state) {
-        return Err(E2bError(AppError::conflict(format!(
+        return Err(E2bError(ControlError::conflict(format!(
             "sandbox \"{}\" is already running",
             p.id
         ))));
@@ -625,7 +627,7 @@ async fn fork(
         out.push(match s.engine.set_timeout(&f.id, timeout).await {
             Ok(_) => serde_json::json!({"sandbox": sandbox_reply(&s, f)}),
             Err(e) => serde_json::json!({
-                "error": {"code": e.status.as_u16(), "message": e.message},
+                "error": {"code": e.http_status().as_u16(), "message": e.message},
             }),
         });
     }
@@ -760,7 +762,7 @@ async fn delete_snapshot(
         .into_iter()
         .find(|t| t.name == p.id);
     match template {
-        None => Err(E2bError(AppError::not_found(format!(
+        None => Err(E2bError(ControlError::not_found(format!(
             "snapshot \"{}\" not found",
             p.id
         )))),

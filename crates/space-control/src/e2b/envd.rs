@@ -179,7 +179,7 @@ async fn admit(
     let row = match state.engine.store().get_sandbox(id).await {
         Ok(Some(row)) if row.deleted_at.is_none() && row.state != SandboxState::Deleting => row,
         Ok(_) => return Err(super::sandbox_gone(id)),
-        Err(e) => return Err(ConnectError::from(crate::AppError::from(e)).into_response()),
+        Err(e) => return Err(ConnectError::from(crate::ControlError::from(e)).into_response()),
     };
     if matches!(row.state, SandboxState::Paused | SandboxState::Stopped) {
         return Err(plain_error(
@@ -545,10 +545,10 @@ async fn start_process(
     };
     // Audited as the native exec is: the action, never the command line (it may hold secrets).
     let reply = s.engine.exec(&ctx.id, exec).await;
-    let result = reply.as_ref().map_or_else(|e| e.code, |_| "ok");
+    let result = reply.as_ref().map_or_else(|e| e.code(), |_| "ok");
     s.engine.event(&ctx.id, "exec", result, "via envd");
     let ExecReply::Events(events) = reply? else {
-        return Err(ConnectError::from(crate::AppError::internal(
+        return Err(ConnectError::from(crate::ControlError::internal(
             "a foreground exec answered as a background one",
         )));
     };

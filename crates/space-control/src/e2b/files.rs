@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use axum::body::Body;
 use axum::extract::{Extension, FromRequest, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use futures::TryStreamExt;
@@ -24,20 +24,20 @@ use super::connect::{Code, ConnectError};
 use super::envd::{EnvdCtx, unary_call};
 use super::pb::filesystem as pb;
 use crate::AppState;
-use crate::error::AppError;
+use crate::error::{ControlError, ErrorKind};
 
 /// `path` as the engine takes it: absolute, a relative one joined to the user's home.
-pub(crate) fn resolve(path: &str, user: Option<&str>) -> Result<String, AppError> {
+pub(crate) fn resolve(path: &str, user: Option<&str>) -> Result<String, ControlError> {
     if path.starts_with('/') {
         return Ok(path.to_string());
     }
     if path.contains('\0') {
-        return Err(AppError::invalid("path contains a NUL byte"));
+        return Err(ControlError::invalid("path contains a NUL byte"));
     }
     let home = match user.unwrap_or(DEFAULT_USER) {
         "root" => "/root".to_string(),
         u if !u.is_empty() && !u.contains(['/', '\0']) => format!("/home/{u}"),
-        u => return Err(AppError::invalid(format!("invalid user {u:?}"))),
+        u => return Err(ControlError::invalid(format!("invalid user {u:?}"))),
     };
     Ok(if path.is_empty() || path == "." {
         home
@@ -156,7 +156,7 @@ pub(crate) async fn make_dir(
                     format!("{path} already exists"),
                 ));
             }
-            Err(e) if e.status == StatusCode::NOT_FOUND => {}
+            Err(e) if e.kind == ErrorKind::NotFound => {}
             Err(e) => return Err(e.into()),
         }
         let e = s
@@ -236,7 +236,7 @@ pub(crate) async fn remove(
         };
         match s.engine.remove_file(&ctx.id, q).await {
             Ok(()) => Ok(pb::RemoveResponse {}),
-            Err(e) if e.status == StatusCode::NOT_FOUND => Ok(pb::RemoveResponse {}),
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(pb::RemoveResponse {}),
             Err(e) => Err(e.into()),
         }
     })
@@ -259,9 +259,9 @@ pub(crate) struct FilesQuery {
 }
 
 impl FilesQuery {
-    pub(crate) fn parse(query: Option<&str>) -> Result<Self, AppError> {
+    pub(crate) fn parse(query: Option<&str>) -> Result<Self, ControlError> {
         serde_urlencoded::from_str(query.unwrap_or(""))
-            .map_err(|e| AppError::invalid(format!("invalid query: {e}")))
+            .map_err(|e| ControlError::invalid(format!("invalid query: {e}")))
     }
 
     pub(crate) fn has_signature(&self) -> bool {
@@ -310,13 +310,8 @@ impl FilesQuery {
 }
 
 /// `/files` errors in envd's shape: `{"code": <status>, "message": ...}`.
-fn files_error(e: AppError) -> Response {
-    let status = if e.code == "resource_exhausted" {
-        StatusCode::INSUFFICIENT_STORAGE
-    } else {
-        e.status
-    };
-    super::E2bError(AppError { status, ..e }).into_response()
+fn files_error(e: ControlError) -> Response {
+    super::E2bError(e).into_response()
 }
 
 pub(crate) async fn download(
@@ -329,11 +324,11 @@ pub(crate) async fn download(
         let path = q
             .path
             .as_deref()
-            .ok_or_else(|| AppError::invalid("path is required"))?;
+            .ok_or_else(|| ControlError::invalid("path is required"))?;
         let path = resolve(path, q.user(&ctx))?;
         let stream = s.engine.read_file(&ctx.id, &path).await?;
         let name = path.rsplit('/').next().unwrap_or("file").replace('"', "");
-        Ok::<_, AppError>(
+        Ok::<_, ControlError>(
             (
                 [
                     (header::CONTENT_TYPE, "application/octet-stream".to_string()),
@@ -367,14 +362,14 @@ const METADATA_HEADER_PREFIX: &str = "x-metadata-";
 
 /// An upload's `X-Metadata-<key>: value` headers, by key (header names arrive lowercased,
 /// as the daemon stores the keys). The daemon checks keys and values.
-fn upload_metadata(headers: &HeaderMap) -> Result<HashMap<String, String>, AppError> {
+fn upload_metadata(headers: &HeaderMap) -> Result<HashMap<String, String>, ControlError> {
     let mut out = HashMap::new();
     for (name, value) in headers {
         let Some(key) = name.as_str().strip_prefix(METADATA_HEADER_PREFIX) else {
             continue;
         };
         let value = value.to_str().map_err(|_| {
-            AppError::invalid(format!(
+            ControlError::invalid(format!(
                 "metadata {key:?}: the value must be printable ASCII"
             ))
         })?;
@@ -402,18 +397,22 @@ pub(crate) async fn upload(
         if content_type.starts_with("multipart/form-data") {
             let mut form = axum::extract::Multipart::from_request(req, &())
                 .await
-                .map_err(|e| AppError::invalid(format!("invalid multipart body: {e}")))?;
+                .map_err(|e| ControlError::invalid(format!("invalid multipart body: {e}")))?;
             let mut parts = 0;
             while let Some(field) = form
                 .next_field()
                 .await
-                .map_err(|e| AppError::invalid(format!("invalid multipart body: {e}")))?
+                .map_err(|e| ControlError::invalid(format!("invalid multipart body: {e}")))?
             {
                 parts += 1;
                 let name = match (&q.path, field.file_name()) {
                     (Some(p), _) if parts == 1 => p.clone(),
                     (_, Some(f)) => f.to_string(),
-                    _ => return Err(AppError::invalid("a part has no file name and no ?path=")),
+                    _ => {
+                        return Err(ControlError::invalid(
+                            "a part has no file name and no ?path=",
+                        ));
+                    }
                 };
                 let path = resolve(&name, user.as_deref())?;
                 // A part borrows the form: it is pumped into the write as it arrives.
@@ -436,20 +435,20 @@ pub(crate) async fn upload(
                 written.push(entry?);
             }
             if written.is_empty() {
-                return Err(AppError::invalid("the multipart body has no file"));
+                return Err(ControlError::invalid("the multipart body has no file"));
             }
         } else if content_type.is_empty() || content_type.starts_with("application/octet-stream") {
             let path = q
                 .path
                 .as_deref()
-                .ok_or_else(|| AppError::invalid("an octet-stream upload needs ?path="))?;
+                .ok_or_else(|| ControlError::invalid("an octet-stream upload needs ?path="))?;
             let path = resolve(path, user.as_deref())?;
             let gzipped = match req.headers().get(header::CONTENT_ENCODING) {
                 None => false,
                 Some(v) if v.as_bytes().eq_ignore_ascii_case(b"gzip") => true,
                 Some(v) if v.as_bytes().eq_ignore_ascii_case(b"identity") => false,
                 Some(v) => {
-                    return Err(AppError::invalid(format!(
+                    return Err(ControlError::invalid(format!(
                         "Content-Encoding {v:?} is not supported: gzip or identity"
                     )));
                 }
@@ -480,7 +479,7 @@ pub(crate) async fn upload(
             };
             written.push(entry);
         } else {
-            return Err(AppError::invalid(format!(
+            return Err(ControlError::invalid(format!(
                 "uploads take multipart/form-data or application/octet-stream, not {content_type:?}"
             )));
         }
@@ -498,7 +497,7 @@ async fn write<S>(
     metadata: HashMap<String, String>,
     length: Option<u64>,
     data: S,
-) -> Result<Written, AppError>
+) -> Result<Written, ControlError>
 where
     S: futures::Stream<Item = Result<bytes::Bytes, String>> + Send + 'static,
 {

@@ -23,7 +23,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use crate::error::{AppError, ErrorCode};
+use crate::error::{ControlError, ErrorCode};
 
 /// The envd version space answers with. The SDKs gate features on it: 0.3.0 stdin, 0.4.0
 /// the default user, 0.5.2 close_stdin, 0.5.7 octet-stream uploads, 0.6.2 file metadata
@@ -51,12 +51,12 @@ pub fn is_control_path(path: &str) -> bool {
         || path.starts_with("/secrets/")
 }
 
-/// An [`AppError`] answered in E2B's shape: `{"code": <HTTP status>, "message": ...}`.
+/// An [`ControlError`] answered in E2B's shape: `{"code": <HTTP status>, "message": ...}`.
 #[derive(Debug)]
-pub struct E2bError(pub AppError);
+pub struct E2bError(pub ControlError);
 
-impl From<AppError> for E2bError {
-    fn from(e: AppError) -> Self {
+impl From<ControlError> for E2bError {
+    fn from(e: ControlError) -> Self {
         Self(e)
     }
 }
@@ -69,13 +69,13 @@ impl From<crate::store::StoreError> for E2bError {
 
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
-        let status = self.0.status;
+        let status = self.0.http_status();
         let body = serde_json::json!({
             "code": status.as_u16(),
             "message": self.0.message,
         });
         let mut resp = (status, Json(body)).into_response();
-        resp.extensions_mut().insert(ErrorCode(self.0.code));
+        resp.extensions_mut().insert(ErrorCode(self.0.code()));
         resp
     }
 }

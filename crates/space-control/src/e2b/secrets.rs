@@ -20,7 +20,7 @@ use space_api::{SecretHeader, SecretInfo};
 use super::E2bError;
 use super::control::{E2bResult, MAX_PAGE, invalid, page_reply};
 use crate::AppState;
-use crate::error::AppError;
+use crate::error::{ControlError, ErrorKind};
 use crate::http::{ApiJson, ApiPath, ApiQuery};
 
 /// How a header value names a secret: `${e2b.secrets.NAME}`.
@@ -149,12 +149,14 @@ pub(super) struct SecretQuery {
 
 /// A missing secret in E2B's words.
 fn secret_not_found(id: &str) -> E2bError {
-    E2bError(AppError::not_found(format!("secret \"{id}\" not found")))
+    E2bError(ControlError::not_found(format!(
+        "secret \"{id}\" not found"
+    )))
 }
 
 /// The vault's 404 (and a malformed name, which no secret has) in E2B's words.
-fn or_not_found(id: &str, e: AppError) -> E2bError {
-    if e.status == StatusCode::NOT_FOUND || !space_api::is_valid_secret_name(id) {
+fn or_not_found(id: &str, e: ControlError) -> E2bError {
+    if e.kind == ErrorKind::NotFound || !space_api::is_valid_secret_name(id) {
         secret_not_found(id)
     } else {
         E2bError(e)

@@ -12,28 +12,30 @@ use futures::stream::BoxStream;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::AppError;
+use crate::error::ControlError;
 
 /// A JSON body (any content type), limited by `DefaultBodyLimit`.
 pub struct ApiJson<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
-    type Rejection = AppError;
+    type Rejection = ControlError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, ControlError> {
         let bytes = Bytes::from_request(req, state)
             .await
             .map_err(body_rejection)?;
         if bytes.is_empty() {
-            return Err(AppError::invalid("a JSON request body is required"));
+            return Err(ControlError::invalid("a JSON request body is required"));
         }
         // serde would also accept a struct written as an array; the API takes objects only.
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(AppError::invalid("the request body must be a JSON object"));
+            return Err(ControlError::invalid(
+                "the request body must be a JSON object",
+            ));
         }
         serde_json::from_slice(&bytes)
             .map(ApiJson)
-            .map_err(|e| AppError::invalid(format!("invalid JSON body: {e}")))
+            .map_err(|e| ControlError::invalid(format!("invalid JSON body: {e}")))
     }
 }
 
@@ -41,9 +43,9 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
 pub struct ApiBytes(pub Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for ApiBytes {
-    type Rejection = AppError;
+    type Rejection = ControlError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, AppError> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, ControlError> {
         Bytes::from_request(req, state)
             .await
             .map(ApiBytes)
@@ -51,11 +53,11 @@ impl<S: Send + Sync> FromRequest<S> for ApiBytes {
     }
 }
 
-fn body_rejection(r: axum::extract::rejection::BytesRejection) -> AppError {
+fn body_rejection(r: axum::extract::rejection::BytesRejection) -> ControlError {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        AppError::too_large("request body exceeds the size limit")
+        ControlError::too_large("request body exceeds the size limit")
     } else {
-        AppError::invalid(format!("cannot read the request body: {}", r.body_text()))
+        ControlError::invalid(format!("cannot read the request body: {}", r.body_text()))
     }
 }
 
@@ -63,13 +65,13 @@ fn body_rejection(r: axum::extract::rejection::BytesRejection) -> AppError {
 pub struct ApiQuery<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
-    type Rejection = AppError;
+    type Rejection = ControlError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ControlError> {
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| ApiQuery(q.0))
-            .map_err(|r| AppError::invalid(format!("invalid query: {}", r.body_text())))
+            .map_err(|r| ControlError::invalid(format!("invalid query: {}", r.body_text())))
     }
 }
 
@@ -77,13 +79,13 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
 pub struct ApiPath<T>(pub T);
 
 impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
-    type Rejection = AppError;
+    type Rejection = ControlError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, AppError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ControlError> {
         Path::<T>::from_request_parts(parts, state)
             .await
             .map(|p| ApiPath(p.0))
-            .map_err(|r| AppError::invalid(format!("invalid path: {}", r.body_text())))
+            .map_err(|r| ControlError::invalid(format!("invalid path: {}", r.body_text())))
     }
 }
 

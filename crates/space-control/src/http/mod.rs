@@ -3,6 +3,7 @@
 //! rejection into the JSON error body are a leaf ([`extract`]): domain modules never import
 //! this layer, it imports them.
 
+pub mod error;
 mod extract;
 mod files;
 mod network;
@@ -26,7 +27,7 @@ use tracing::Instrument;
 pub(crate) use extract::{ApiJson, ApiPath, ApiQuery, IdPath, NamePath, ndjson};
 
 use crate::AppState;
-use crate::error::{AppError, ErrorCode};
+use crate::error::{ControlError, ErrorCode};
 
 /// Every route of the API: (method, path). `app()` registers exactly these, and a test
 /// checks them against `api/openapi.yaml`.
@@ -209,16 +210,16 @@ async fn close_after_unread_body(req: Request, next: Next) -> Response {
     resp
 }
 
-async fn not_found(req: Request) -> AppError {
-    AppError::not_found(format!(
+async fn not_found(req: Request) -> ControlError {
+    ControlError::not_found(format!(
         "no route for {} {}",
         req.method(),
         req.uri().path()
     ))
 }
 
-async fn method_not_allowed(req: Request) -> AppError {
-    AppError::new(
+async fn method_not_allowed(req: Request) -> Response {
+    error::response(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
         format!(
@@ -236,7 +237,7 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         return next.run(req).await;
     }
     let Some(key) = state.auth.verify_request(req.headers()) else {
-        let err = AppError::unauthorized(
+        let err = ControlError::unauthorized(
             "missing or invalid API key (Authorization: Bearer <key>, or X-API-KEY)",
         );
         if crate::e2b::is_control_path(req.uri().path()) {
@@ -273,4 +274,4 @@ async fn trace(State(state): State<AppState>, req: Request, next: Next) -> Respo
     .await
 }
 
-type HResult<T> = Result<T, AppError>;
+type HResult<T> = Result<T, ControlError>;

@@ -12,14 +12,14 @@ use space_api::Sandbox;
 
 use super::extract::*;
 use crate::AppState;
-use crate::error::AppError;
+use crate::error::ControlError;
 use axum::http::header;
 
 pub(crate) async fn set_network(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
     ApiJson(req): ApiJson<NetworkPolicy>,
-) -> Result<Json<Sandbox>, AppError> {
+) -> Result<Json<Sandbox>, ControlError> {
     Ok(Json(s.engine.set_network(&p.id, req).await?))
 }
 
@@ -29,7 +29,7 @@ pub(crate) async fn open_port(
     uri: Uri,
     headers: HeaderMap,
     ApiJson(req): ApiJson<PortRequest>,
-) -> Result<Json<PortInfo>, AppError> {
+) -> Result<Json<PortInfo>, ControlError> {
     // HTTP/1.1 sends Host; HTTP/2 the URI's authority.
     let host = headers
         .get(header::HOST)

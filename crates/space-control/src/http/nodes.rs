@@ -51,8 +51,9 @@ pub(crate) async fn migrate(
     let req: MigrateRequest = if body.iter().all(u8::is_ascii_whitespace) {
         MigrateRequest::default()
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| crate::error::AppError::invalid(format!("invalid migrate request: {e}")))?
+        serde_json::from_slice(&body).map_err(|e| {
+            crate::error::ControlError::invalid(format!("invalid migrate request: {e}"))
+        })?
     };
     Ok(Json(s.engine.migrate_sandbox(&p.id, req).await?))
 }

@@ -9,9 +9,9 @@ use space_api::SetPool;
 
 use super::extract::*;
 use crate::AppState;
-use crate::error::AppError;
+use crate::error::ControlError;
 
-pub(crate) async fn list_pools(State(s): State<AppState>) -> Result<Json<PoolList>, AppError> {
+pub(crate) async fn list_pools(State(s): State<AppState>) -> Result<Json<PoolList>, ControlError> {
     Ok(Json(PoolList {
         pools: s.engine.list_pools().await,
     }))
@@ -20,7 +20,7 @@ pub(crate) async fn list_pools(State(s): State<AppState>) -> Result<Json<PoolLis
 pub(crate) async fn get_pool(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<NamePath>,
-) -> Result<Json<Pool>, AppError> {
+) -> Result<Json<Pool>, ControlError> {
     Ok(Json(s.engine.get_pool(&p.name).await?))
 }
 
@@ -28,6 +28,6 @@ pub(crate) async fn set_pool(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<NamePath>,
     ApiJson(req): ApiJson<SetPool>,
-) -> Result<Json<Pool>, AppError> {
+) -> Result<Json<Pool>, ControlError> {
     Ok(Json(s.engine.set_pool(&p.name, req).await?))
 }

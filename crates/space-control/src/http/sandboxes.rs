@@ -16,7 +16,7 @@ use space_api::SnapshotPolicy;
 use super::HResult;
 use super::extract::*;
 use crate::AppState;
-use crate::error::AppError;
+use crate::error::ControlError;
 use crate::usage::bound;
 
 /// `POST /v1/sandboxes`: 201 with the new sandbox; with an `Idempotency-Key` an earlier
@@ -26,13 +26,12 @@ pub(crate) async fn create_sandbox(
     headers: axum::http::HeaderMap,
     ApiJson(req): ApiJson<space_api::CreateSandbox>,
 ) -> HResult<Response> {
-    let key =
-        match headers.get("idempotency-key") {
-            None => None,
-            Some(v) => Some(v.to_str().map_err(|_| {
-                AppError::invalid("Idempotency-Key must be visible ASCII characters")
-            })?),
-        };
+    let key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ControlError::invalid("Idempotency-Key must be visible ASCII characters")
+        })?),
+    };
     let (sb, replayed) = s.engine.create_sandbox_keyed(req, key).await?;
     Ok(if replayed {
         (StatusCode::OK, [("idempotent-replayed", "true")], Json(sb)).into_response()
@@ -66,12 +65,12 @@ pub(crate) async fn pause(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
     body: axum::body::Bytes,
-) -> Result<Json<Sandbox>, AppError> {
+) -> Result<Json<Sandbox>, ControlError> {
     let req: space_api::PauseRequest = if body.iter().all(u8::is_ascii_whitespace) {
         Default::default()
     } else {
         serde_json::from_slice(&body)
-            .map_err(|e| AppError::invalid(format!("invalid pause request: {e}")))?
+            .map_err(|e| ControlError::invalid(format!("invalid pause request: {e}")))?
     };
     Ok(Json(if req.memory == Some(false) {
         s.engine.stop_sandbox(&p.id).await?
@@ -83,7 +82,7 @@ pub(crate) async fn pause(
 pub(crate) async fn resume(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
-) -> Result<Json<Sandbox>, AppError> {
+) -> Result<Json<Sandbox>, ControlError> {
     Ok(Json(s.engine.resume_sandbox(&p.id).await?))
 }
 
@@ -91,7 +90,7 @@ pub(crate) async fn set_timeout(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
     ApiJson(req): ApiJson<SetTimeout>,
-) -> Result<Json<Sandbox>, AppError> {
+) -> Result<Json<Sandbox>, ControlError> {
     Ok(Json(s.engine.set_timeout(&p.id, req).await?))
 }
 
@@ -99,7 +98,7 @@ pub(crate) async fn set_snapshot_policy(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
     ApiJson(req): ApiJson<SnapshotPolicy>,
-) -> Result<Json<Sandbox>, AppError> {
+) -> Result<Json<Sandbox>, ControlError> {
     Ok(Json(s.engine.set_snapshot_policy(&p.id, req).await?))
 }
 
@@ -108,7 +107,7 @@ pub(crate) async fn list_events(
     axum::extract::State(state): axum::extract::State<crate::AppState>,
     axum::extract::Path(id): axum::extract::Path<String>,
     crate::http::ApiQuery(q): crate::http::ApiQuery<space_api::EventQuery>,
-) -> Result<axum::Json<space_api::EventList>, crate::AppError> {
+) -> Result<axum::Json<space_api::EventList>, crate::ControlError> {
     let events = state.engine.list_events(&id, q).await?;
     Ok(axum::Json(space_api::EventList { events }))
 }
@@ -117,7 +116,7 @@ pub(crate) async fn metrics(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
     ApiQuery(q): ApiQuery<MetricsQuery>,
-) -> Result<Json<SandboxMetrics>, AppError> {
+) -> Result<Json<SandboxMetrics>, ControlError> {
     let since = bound("since", q.since.as_deref())?;
     let until = bound("until", q.until.as_deref())?;
     Ok(Json(s.engine.sandbox_metrics(&p.id, since, until).await?))

@@ -11,7 +11,7 @@ use space_api::SecretList;
 
 use super::extract::*;
 use crate::AppState;
-use crate::error::AppError;
+use crate::error::ControlError;
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -19,7 +19,9 @@ pub(crate) struct SecretPath {
     name: String,
 }
 
-pub(crate) async fn list_secrets(State(s): State<AppState>) -> Result<Json<SecretList>, AppError> {
+pub(crate) async fn list_secrets(
+    State(s): State<AppState>,
+) -> Result<Json<SecretList>, ControlError> {
     Ok(Json(SecretList {
         secrets: s.engine.vault.list().await?,
     }))
@@ -28,7 +30,7 @@ pub(crate) async fn list_secrets(State(s): State<AppState>) -> Result<Json<Secre
 pub(crate) async fn get_secret(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<SecretPath>,
-) -> Result<Json<SecretInfo>, AppError> {
+) -> Result<Json<SecretInfo>, ControlError> {
     Ok(Json(s.engine.vault.get(&p.name).await?))
 }
 
@@ -36,14 +38,14 @@ pub(crate) async fn put_secret(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<SecretPath>,
     ApiJson(req): ApiJson<PutSecret>,
-) -> Result<Json<SecretInfo>, AppError> {
+) -> Result<Json<SecretInfo>, ControlError> {
     Ok(Json(s.engine.vault.put(&p.name, &req).await?))
 }
 
 pub(crate) async fn delete_secret(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<SecretPath>,
-) -> Result<Response, AppError> {
+) -> Result<Response, ControlError> {
     s.engine.vault.delete(&p.name).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -15,7 +15,7 @@ use space_api::SnapshotList;
 
 use super::extract::*;
 use crate::AppState;
-use crate::error::AppError;
+use crate::error::ControlError;
 use crate::snapshots::optional_body;
 use serde::Deserialize;
 
@@ -41,7 +41,7 @@ pub(crate) async fn create_snapshot(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
     ApiBytes(body): ApiBytes,
-) -> Result<Response, AppError> {
+) -> Result<Response, ControlError> {
     let req: CreateSnapshot = optional_body(&body)?;
     let snap = s.engine.create_snapshot(&p.id, req).await?;
     Ok((StatusCode::CREATED, Json(snap)).into_response())
@@ -50,7 +50,7 @@ pub(crate) async fn create_snapshot(
 pub(crate) async fn list_snapshots(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
-) -> Result<Json<SnapshotList>, AppError> {
+) -> Result<Json<SnapshotList>, ControlError> {
     Ok(Json(SnapshotList {
         snapshots: s.engine.list_snapshots(&p.id).await?,
     }))
@@ -59,7 +59,7 @@ pub(crate) async fn list_snapshots(
 pub(crate) async fn delete_snapshot(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<SnapPath>,
-) -> Result<StatusCode, AppError> {
+) -> Result<StatusCode, ControlError> {
     s.engine.delete_snapshot(&p.id, &p.snap).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -68,7 +68,7 @@ pub(crate) async fn rollback(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
     ApiJson(req): ApiJson<RollbackRequest>,
-) -> Result<Json<Sandbox>, AppError> {
+) -> Result<Json<Sandbox>, ControlError> {
     Ok(Json(s.engine.rollback(&p.id, req).await?))
 }
 
@@ -76,7 +76,7 @@ pub(crate) async fn fork(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
     ApiBytes(body): ApiBytes,
-) -> Result<Response, AppError> {
+) -> Result<Response, ControlError> {
     let req: ForkRequest = optional_body(&body)?;
     let sandboxes = s.engine.fork(&p.id, req).await?;
     Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })).into_response())
@@ -86,7 +86,7 @@ pub(crate) async fn diff(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<DiffPath>,
     ApiQuery(q): ApiQuery<DiffQuery>,
-) -> Result<Json<DiffList>, AppError> {
+) -> Result<Json<DiffList>, ControlError> {
     let changes = s
         .engine
         .diff(&p.id, q.from.as_deref(), q.to.as_deref())

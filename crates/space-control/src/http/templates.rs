@@ -20,7 +20,7 @@ use super::HResult;
 use super::extract::*;
 use crate::AppState;
 use crate::build::BuildOptions;
-use crate::error::AppError;
+use crate::error::ControlError;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,14 +64,14 @@ pub(crate) async fn set_template_settings(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<NamePath>,
     ApiJson(req): ApiJson<SetTemplateSettings>,
-) -> Result<Json<Template>, AppError> {
+) -> Result<Json<Template>, ControlError> {
     Ok(Json(s.engine.set_template_settings(&p.name, req).await?))
 }
 
 pub(crate) async fn get_template(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<NamePath>,
-) -> Result<axum::Json<space_api::TemplateDetail>, AppError> {
+) -> Result<axum::Json<space_api::TemplateDetail>, ControlError> {
     Ok(axum::Json(s.engine.get_template(&p.name).await?))
 }
 
@@ -79,7 +79,7 @@ pub(crate) async fn remove_template(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<NamePath>,
     crate::http::ApiQuery(q): crate::http::ApiQuery<RemoveQuery>,
-) -> Result<axum::Json<space_api::TemplateRemoved>, AppError> {
+) -> Result<axum::Json<space_api::TemplateRemoved>, ControlError> {
     Ok(axum::Json(
         s.engine.remove_template(&p.name, q.version).await?,
     ))
@@ -89,7 +89,7 @@ pub(crate) async fn set_template_start(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<NamePath>,
     ApiJson(req): ApiJson<space_api::SetTemplateStart>,
-) -> Result<axum::Json<space_api::Template>, AppError> {
+) -> Result<axum::Json<space_api::Template>, ControlError> {
     Ok(axum::Json(s.engine.set_template_start(&p.name, req).await?))
 }
 
@@ -97,7 +97,7 @@ pub(crate) async fn pull_template(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<NamePath>,
     ApiJson(req): ApiJson<PullTemplate>,
-) -> Result<Response, AppError> {
+) -> Result<Response, ControlError> {
     Ok(crate::http::ndjson(
         s.engine.pull_template(&p.name, req).await?,
     ))
@@ -109,7 +109,7 @@ pub(crate) async fn build_template(
     RawQuery(q): RawQuery,
     headers: HeaderMap,
     body: Body,
-) -> Result<Response, AppError> {
+) -> Result<Response, ControlError> {
     let opts = BuildOptions::from_query(q.as_deref())?;
     let len = headers
         .get(axum::http::header::CONTENT_LENGTH)
@@ -126,7 +126,7 @@ pub(crate) async fn template_from_snapshot(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<crate::http::NamePath>,
     ApiJson(req): ApiJson<TemplateFromSnapshot>,
-) -> Result<Response, AppError> {
+) -> Result<Response, ControlError> {
     let t = s.engine.template_from_snapshot(&p.name, req).await?;
     Ok((StatusCode::CREATED, Json(t)).into_response())
 }
