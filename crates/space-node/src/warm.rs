@@ -1,7 +1,7 @@
 //! Warm pools (decision 0013): per template, sandboxes built ahead of time and handed out on
 //! create after a personalization step. This module is the bookkeeping only (sizes, targets,
 //! hits and misses, what the refill should do next); the node builds, hands out and destroys
-//! the members (`node_pool.rs`). Generic over the member type so it is tested without a kernel.
+//! the members (`node/pools.rs`). Generic over the member type so it is tested without a kernel.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;

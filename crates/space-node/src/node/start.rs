@@ -169,10 +169,7 @@ impl Node {
         entry.record.spec = spec.clone();
         entry.record.launched = None;
         // A microvm that came from another node with its memory continues from it.
-        let resume = self
-            .layout
-            .sandbox_dir(&spec.id)
-            .join(super::node_moves::RESUME);
+        let resume = self.layout.sandbox_dir(&spec.id).join(super::moves::RESUME);
         let memory = resume.join(super::snapshots::VM_DIR);
         let (launched, client) = if entry.record.runtime == super::MICROVM
             && memory.join(crate::runtime::microvm::STATE_FILE).is_file()

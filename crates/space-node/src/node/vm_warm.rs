@@ -28,7 +28,7 @@ use rand::Rng;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::node_start::StartSettings;
+use super::start::StartSettings;
 use super::{Node, NodeError, SANDBOX_DISK, blocking, template_disk, template_env, vm_identity};
 use crate::api::{Limits, TemplateInfo};
 use crate::ids::hex;
@@ -331,7 +331,7 @@ impl Node {
 async fn vm_warm_loop(weak: Weak<Node>, mut rx: mpsc::UnboundedReceiver<(TemplateInfo, Limits)>) {
     while let Some((tmpl, limits)) = rx.recv().await {
         let Some(node) = weak.upgrade() else { return };
-        if node.pool_closing.load(std::sync::atomic::Ordering::SeqCst) {
+        if node.pools.is_closing() {
             return;
         }
         match node.make_template_checkpoint(&tmpl, &limits).await {

@@ -193,18 +193,16 @@ pub struct Node {
     microvm: tokio::sync::OnceCell<Result<Arc<dyn Runtime>, String>>,
     connector: Arc<dyn GuestConnector>,
     templates: Arc<TemplateStore>,
-    /// Unpacked image layers (`node_images.rs`).
+    /// Unpacked image layers (`images.rs`).
     layers: Arc<crate::oci::LayerCache>,
     table: Mutex<HashMap<String, Entry>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     uids: Mutex<UidAllocator>,
     network: Option<Arc<Network>>,
-    /// Warm pools of ready sandboxes, per template (decision 0013; `node_pool.rs`).
-    pools: crate::warm::Pools<Entry>,
-    pool_wake: Arc<tokio::sync::Notify>,
-    pool_closing: std::sync::atomic::AtomicBool,
-    /// Templates whose pool holds microvm sandboxes (the others: the namespace runtime's).
-    pool_microvm: Mutex<std::collections::HashSet<String>>,
+    /// Warm pools of ready sandboxes, per template (decision 0013; `pools.rs`).
+    pools: pools::PoolService,
+    /// Every sandbox's snapshot tree (`snapshots.rs`).
+    snapshots: snapshots::SnapshotStore,
     /// Templates' warm microvm checkpoints being made (`vm_warm.rs`).
     vm_warm: vm_warm::VmWarm,
     /// Recent cgroup samples per sandbox (`usage.rs`).
@@ -331,6 +329,7 @@ impl Node {
         let node = Arc::new(Node {
             uids: Mutex::new(UidAllocator::new(cfg.uid_base_start, cfg.uid_count)?),
             cfg,
+            snapshots: snapshots::SnapshotStore::new(layout.clone(), parts.subvols.clone()),
             layout,
             subvols: parts.subvols,
             runtime: parts.runtime,
@@ -345,9 +344,6 @@ impl Node {
             locks: Mutex::new(HashMap::new()),
             network: parts.network,
             pools: Default::default(),
-            pool_wake: Arc::new(tokio::sync::Notify::new()),
-            pool_closing: Default::default(),
-            pool_microvm: Default::default(),
             vm_warm: Default::default(),
             usage: Default::default(),
             opened_unix_ms: now_unix_ms(),
@@ -709,7 +705,7 @@ impl Node {
         };
         // Every boot runs the template's start command and waits for its ready command; a
         // restore (its VM ran the start command before the checkpoint) only waits for the
-        // ready command (node_start.rs).
+        // ready command (`start.rs`).
         let connected = match connected {
             Ok(client) => self
                 .start_and_wait_ready(rec, &client, from.is_some())
@@ -1439,37 +1435,26 @@ impl NodeApi for Node {
     }
 }
 
-#[path = "usage.rs"]
 mod usage;
 
-#[path = "snapshots.rs"]
 mod snapshots;
 use snapshots::remove_sandbox_storage;
 
-#[path = "diff_node.rs"]
-mod diff_node;
+mod diff;
 
-#[path = "node_pool.rs"]
-mod node_pool;
+mod pools;
 
-#[path = "node_recover.rs"]
-mod node_recover;
+mod recover;
 
-#[path = "vm_warm.rs"]
 mod vm_warm;
 
-#[path = "node_images.rs"]
-mod node_images;
+mod images;
 
-#[path = "node_start.rs"]
-mod node_start;
+mod start;
 
-#[path = "node_moves.rs"]
-mod node_moves;
+mod moves;
 
-#[path = "node_replicas.rs"]
-mod node_replicas;
+mod replicas;
 
 #[cfg(test)]
-#[path = "node_tests.rs"]
 mod tests;

@@ -21,10 +21,10 @@
 //! included): the control plane then sees the create as failed, never a half-personalized
 //! sandbox.
 
-use std::collections::HashMap;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use crate::api::GuestChannel;
 use futures::StreamExt;
@@ -64,6 +64,127 @@ fn meminfo_bytes(key: &str) -> Option<u64> {
         .find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// The node's warm pools as a service that owns their state: the members and their
+/// bookkeeping ([`warm::Pools`]), which templates' pools hold microvms, the refill's wake-up
+/// and its stop flag. The node asks it for members and work, and does the building and
+/// destroying itself (they need its runtime, storage and network).
+#[derive(Default)]
+pub(super) struct PoolService {
+    members: warm::Pools<Entry>,
+    /// Templates whose pool holds microvm sandboxes (the others: the namespace runtime's).
+    microvm: Mutex<HashSet<String>>,
+    wake: Arc<tokio::sync::Notify>,
+    closing: AtomicBool,
+}
+
+impl PoolService {
+    /// Whether `template`'s pool holds microvm sandboxes.
+    pub(super) fn is_microvm(&self, template: &str) -> bool {
+        self.microvm
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(template)
+    }
+
+    /// Sets the runtime of `template`'s pool. A pool changing runtime starts over: the
+    /// members of the other runtime are returned, to be destroyed.
+    fn set_runtime(&self, template: &str, microvm: bool) -> Vec<Entry> {
+        if self.is_microvm(template) == microvm {
+            return Vec::new();
+        }
+        let old = self.members.configure(template, 0, 0, None);
+        let mut set = self.microvm.lock().unwrap_or_else(|e| e.into_inner());
+        if microvm {
+            set.insert(template.to_owned());
+        } else {
+            set.remove(template);
+        }
+        old
+    }
+
+    /// Sets a pool's size; returns the members it no longer keeps.
+    fn configure(&self, template: &str, min: u32, max: u32, warning: Option<String>) -> Vec<Entry> {
+        let retired = self.members.configure(template, min, max, warning);
+        self.wake.notify_waiters();
+        retired
+    }
+
+    /// Ready members the other pools hold or build.
+    fn reserved_except(&self, template: &str) -> u64 {
+        self.members.reserved_except(template)
+    }
+
+    /// A ready member of `template` built from `version`, if there is one; the refill is
+    /// woken either way (a take is demand).
+    fn take(&self, template: &str, version: u32) -> Option<Entry> {
+        let member = self.members.take(template, version, Instant::now());
+        self.wake.notify_waiters();
+        member
+    }
+
+    /// The members built from other versions of `template` (after an import).
+    pub(super) fn retire_other_versions(&self, template: &str, version: u32) -> Vec<Entry> {
+        let old = self.members.retire_other_versions(template, version);
+        self.wake.notify_waiters();
+        old
+    }
+
+    pub(super) fn view(&self, template: &str) -> Option<warm::PoolView> {
+        self.members.view(template)
+    }
+
+    fn views(&self) -> Vec<warm::PoolView> {
+        self.members.views()
+    }
+
+    /// Stops the refill; returns every ready member, to be destroyed.
+    fn close(&self) -> Vec<Entry> {
+        self.closing.store(true, Ordering::SeqCst);
+        self.wake.notify_waiters();
+        self.members.drain()
+    }
+
+    /// Whether the pools are closed (the node is shutting down).
+    pub(super) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    /// Waits until woken (a take, a resize) or `d` has passed.
+    fn waiter(&self, d: Duration) -> impl Future<Output = ()> + use<> {
+        let wake = self.wake.clone();
+        async move {
+            let _ = tokio::time::timeout(d, wake.notified()).await;
+        }
+    }
+
+    /// `/metrics` series of the pools.
+    fn metrics(&self, out: &mut Vec<(String, f64)>) {
+        for v in self.views() {
+            let t = &v.template;
+            out.push((
+                format!("space_pool_ready{{template=\"{t}\"}}"),
+                v.ready.into(),
+            ));
+            out.push((
+                format!("space_pool_target{{template=\"{t}\"}}"),
+                v.target.into(),
+            ));
+            out.push((
+                format!("space_pool_starting{{template=\"{t}\"}}"),
+                v.starting.into(),
+            ));
+            out.push((
+                format!("space_pool_hits_total{{template=\"{t}\"}}"),
+                v.hits as f64,
+            ));
+            out.push((
+                format!("space_pool_misses_total{{template=\"{t}\"}}"),
+                v.misses as f64,
+            ));
+        }
+    }
 }
 
 impl Node {
@@ -144,16 +265,8 @@ impl Node {
             .unwrap_or((0, "no capacity".to_owned()))
     }
 
-    /// Whether `template`'s pool holds microvm sandboxes.
-    fn pool_is_microvm(&self, template: &str) -> bool {
-        self.pool_microvm
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(template)
-    }
-
     fn pool_status(&self, v: warm::PoolView) -> PoolStatus {
-        let runtime = if self.pool_is_microvm(&v.template) {
+        let runtime = if self.pools.is_microvm(&v.template) {
             super::MICROVM
         } else {
             self.runtime.kind()
@@ -199,16 +312,8 @@ impl Node {
             )));
         }
         // A pool changing runtime starts over: its members are of the other runtime.
-        if self.pool_is_microvm(template) != cfg.microvm {
-            let old = self.pools.configure(template, 0, 0, None);
-            self.retire_all(old).await;
-            let mut set = self.pool_microvm.lock().unwrap_or_else(|e| e.into_inner());
-            if cfg.microvm {
-                set.insert(template.to_owned());
-            } else {
-                set.remove(template);
-            }
-        }
+        let other_runtime = self.pools.set_runtime(template, cfg.microvm);
+        self.retire_all(other_runtime).await;
         let (capacity, why) = self.pool_capacity(cfg.microvm);
         let left = capacity.saturating_sub(self.pools.reserved_except(template));
         let (min, max, warning) = warm::clamp(cfg.min, cfg.max, left, &why);
@@ -217,7 +322,6 @@ impl Node {
         }
         let retired = self.pools.configure(template, min, max, warning.clone());
         self.retire_all(retired).await;
-        self.pool_wake.notify_waiters();
         tracing::info!(template, min, max, "warm pool configured");
         let view = self.pools.view(template).unwrap_or_else(|| warm::PoolView {
             template: template.to_owned(),
@@ -243,29 +347,7 @@ impl Node {
 
     /// `/metrics` series of the pools.
     pub(super) fn pool_metrics(&self, out: &mut Vec<(String, f64)>) {
-        for v in self.pools.views() {
-            let t = &v.template;
-            out.push((
-                format!("space_pool_ready{{template=\"{t}\"}}"),
-                v.ready.into(),
-            ));
-            out.push((
-                format!("space_pool_target{{template=\"{t}\"}}"),
-                v.target.into(),
-            ));
-            out.push((
-                format!("space_pool_starting{{template=\"{t}\"}}"),
-                v.starting.into(),
-            ));
-            out.push((
-                format!("space_pool_hits_total{{template=\"{t}\"}}"),
-                v.hits as f64,
-            ));
-            out.push((
-                format!("space_pool_misses_total{{template=\"{t}\"}}"),
-                v.misses as f64,
-            ));
-        }
+        self.pools.metrics(out);
     }
 
     /// Starts the background refill (after recovery).
@@ -277,9 +359,7 @@ impl Node {
 
     /// Stops the refill and destroys every ready member (clean shutdown).
     pub(super) async fn close_pools(&self) {
-        self.pool_closing.store(true, Ordering::SeqCst);
-        self.pool_wake.notify_waiters();
-        let members = self.pools.drain();
+        let members = self.pools.close();
         if !members.is_empty() {
             tracing::info!(members = members.len(), "destroying ready pool sandboxes");
         }
@@ -290,7 +370,6 @@ impl Node {
     pub(super) async fn template_changed(&self, template: &str, version: u32) {
         let old = self.pools.retire_other_versions(template, version);
         self.retire_all(old).await;
-        self.pool_wake.notify_waiters();
     }
 
     /// Builds one member of `template`'s pool: a sandbox like a cold create, under a fresh
@@ -318,7 +397,7 @@ impl Node {
             secrets: Vec::new(),
             runtime: None,
         };
-        let microvm = self.pool_is_microvm(template);
+        let microvm = self.pools.is_microvm(template);
         let mut from = None;
         if microvm {
             spec.runtime = Some(super::MICROVM);
@@ -361,18 +440,14 @@ impl Node {
         tmpl: &TemplateInfo,
         microvm: bool,
     ) -> Option<SandboxStatus> {
-        if self.pool_is_microvm(&spec.template) != microvm {
+        if self.pools.is_microvm(&spec.template) != microvm {
             return None;
         }
         // A VM's RAM and vCPUs are fixed when it starts: only default limits are pooled.
         if microvm && spec.limits != Limits::default() {
             return None;
         }
-        let member = self
-            .pools
-            .take(&spec.template, tmpl.version, Instant::now());
-        self.pool_wake.notify_waiters();
-        let member = member?;
+        let member = self.pools.take(&spec.template, tmpl.version)?;
         let t0 = Instant::now();
         let name = member.record.spec.id.clone();
         match self.hand_out(member, spec).await {
@@ -599,10 +674,10 @@ async fn refill_loop(weak: Weak<Node>) {
         let Some(node) = weak.upgrade() else {
             return;
         };
-        if node.pool_closing.load(Ordering::SeqCst) {
+        if node.pools.is_closing() {
             return;
         }
-        match node.pools.next_job(Instant::now()) {
+        match node.pools.members.next_job(Instant::now()) {
             Job::Build(template) => {
                 let span = tracing::info_span!("pool.build", template = %template);
                 let built = match node.build_member(&template).instrument(span).await {
@@ -612,20 +687,24 @@ async fn refill_loop(weak: Weak<Node>) {
                         None
                     }
                 };
-                if let Some(extra) = node.pools.finish_build(&template, built, Instant::now()) {
+                if let Some(extra) =
+                    node.pools
+                        .members
+                        .finish_build(&template, built, Instant::now())
+                {
                     node.retire(extra).await;
                 }
-                if node.pool_closing.load(Ordering::SeqCst) {
-                    let late = node.pools.drain();
+                if node.pools.is_closing() {
+                    let late = node.pools.members.drain();
                     node.retire_all(late).await;
                     return;
                 }
             }
             Job::Retire(members) => node.retire_all(members).await,
             Job::Wait(d) => {
-                let wake = node.pool_wake.clone();
+                let wait = node.pools.waiter(d);
                 drop(node);
-                let _ = tokio::time::timeout(d, wake.notified()).await;
+                wait.await;
             }
         }
     }

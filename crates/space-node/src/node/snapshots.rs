@@ -1,5 +1,6 @@
-//! Disk snapshots, rollback and fork on the node. A child module of `node` (it shares the
-//! node's table, locks and launch path).
+//! Disk snapshots, rollback and fork on the node. [`SnapshotStore`] owns the snapshot tree
+//! on disk (records, subvolumes, sizes); the node's operations here (snapshot, rollback,
+//! fork) stop and start the sandbox around it with the node's table, locks and launch path.
 //!
 //! ```text
 //! sandboxes/<id>/snapshots/<snap>/snapshot.json   written before the snapshot, so the
@@ -21,6 +22,7 @@
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rand::Rng;
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
@@ -132,33 +134,12 @@ pub(crate) fn upgrade_vm_snapshots(
     Ok(())
 }
 
-/// What a snapshot holds: its rootfs subvolume, or for a microvm sandbox its disk image.
-fn snapshot_payload(layout: &Layout, id: &str, snap: &str) -> PathBuf {
-    let disk = snapshot_disk(layout, id, snap);
-    if disk.is_file() {
-        disk
-    } else {
-        snapshot_rootfs(layout, id, snap)
-    }
-}
-
-fn info_of(layout: &Layout, rec: &SnapshotRecord) -> SnapshotInfo {
-    SnapshotInfo {
-        id: rec.id.clone(),
-        sandbox_id: rec.sandbox_id.clone(),
-        created_unix_ms: rec.created_unix_ms,
-        size_bytes: rec.size_bytes,
-        path: snapshot_payload(layout, &rec.sandbox_id, &rec.id),
-        memory: rec.memory,
-    }
-}
-
 fn internal(what: &str) -> impl FnOnce(crate::runtime::RuntimeError) -> NodeError + '_ {
     move |e| NodeError::Internal(format!("failed to {what}: {e}"))
 }
 
 /// Deletes one snapshot (subvolume, then its dir). Missing is fine.
-fn remove_snapshot_storage(
+fn remove_snapshot(
     layout: &Layout,
     subvols: &dyn Subvolumes,
     id: &str,
@@ -171,6 +152,164 @@ fn remove_snapshot_storage(
         }
     }
     storage::remove_tree(&dir)
+}
+
+/// The snapshot tree of every sandbox on the node: the service that owns it. Its methods
+/// block (file system and btrfs calls): the node calls them from [`blocking`] on a clone.
+#[derive(Clone)]
+pub(super) struct SnapshotStore {
+    layout: Layout,
+    subvols: Arc<dyn Subvolumes>,
+}
+
+impl SnapshotStore {
+    pub(super) fn new(layout: Layout, subvols: Arc<dyn Subvolumes>) -> Self {
+        Self { layout, subvols }
+    }
+
+    /// What a snapshot holds: its rootfs subvolume, or for a microvm sandbox its disk image.
+    fn payload(&self, id: &str, snap: &str) -> PathBuf {
+        let disk = snapshot_disk(&self.layout, id, snap);
+        if disk.is_file() {
+            disk
+        } else {
+            snapshot_rootfs(&self.layout, id, snap)
+        }
+    }
+
+    fn info(&self, rec: &SnapshotRecord) -> SnapshotInfo {
+        SnapshotInfo {
+            id: rec.id.clone(),
+            sandbox_id: rec.sandbox_id.clone(),
+            created_unix_ms: rec.created_unix_ms,
+            size_bytes: rec.size_bytes,
+            path: self.payload(&rec.sandbox_id, &rec.id),
+            memory: rec.memory,
+        }
+    }
+
+    /// The payload of snapshot `snap` of `id`, or not found.
+    fn require(&self, id: &str, snap: &str) -> Result<PathBuf, NodeError> {
+        let path = self.payload(id, snap);
+        if path.is_file() || self.subvols.is_subvolume(&path) {
+            Ok(path)
+        } else {
+            Err(NodeError::NotFound {
+                kind: "snapshot",
+                id: snap.to_string(),
+            })
+        }
+    }
+
+    /// The snapshot when it was taken already and is whole (a retried snapshot).
+    fn existing(&self, id: &str, snap: &str) -> Option<SnapshotInfo> {
+        let dir = snapshot_dir(&self.layout, id, snap);
+        if !self.subvols.is_subvolume(&dir.join("rootfs")) {
+            return None;
+        }
+        let rec = storage::read_json::<SnapshotRecord>(&dir.join(SNAPSHOT_RECORD)).ok()?;
+        Some(self.info(&rec))
+    }
+
+    /// Step 1 of a snapshot: its directory and record (a leftover of an interrupted one with
+    /// this id is removed first); for a microvm, the subvolume its checkpoint is written
+    /// into. The record goes first: the snapshot ioctl commits the btrfs transaction, which
+    /// makes it durable together with the snapshot, at no extra flush.
+    fn begin(&self, rec: &SnapshotRecord, vm: bool) -> Result<(), StorageError> {
+        let (id, snap) = (&rec.sandbox_id, &rec.id);
+        self.remove(id, snap)?;
+        storage::mkdir_p(&snapshots_dir(&self.layout, id), 0o700)?;
+        let dir = snapshot_dir(&self.layout, id, snap);
+        storage::mkdir_private(&dir)?;
+        storage::write_json_atomic(&dir.join(SNAPSHOT_RECORD), rec, false)?;
+        if vm {
+            // Filled while the VM is stopped, then sealed.
+            new_vm_subvolume(self.subvols.as_ref(), &dir, "rootfs")?;
+        }
+        Ok(())
+    }
+
+    /// Where a microvm checkpoint being taken as `snap` is written (between `begin` and
+    /// `seal`).
+    fn filling_vm_dir(&self, id: &str, snap: &str) -> PathBuf {
+        filling(&snapshot_dir(&self.layout, id, snap), "rootfs").join(VM_DIR)
+    }
+
+    /// Step 2, with the sandbox stopped: a read-only snapshot of its rootfs, or for a
+    /// microvm a reflink of its disk image (O(1); the VM is stopped, so it is consistent)
+    /// sealed with the checkpoint.
+    fn seal(&self, id: &str, snap: &str, vm: bool) -> Result<(), StorageError> {
+        let dir = snapshot_dir(&self.layout, id, snap);
+        if vm {
+            let disk = self.layout.sandbox_dir(id).join(super::SANDBOX_DISK);
+            seal_vm_subvolume(self.subvols.as_ref(), &dir, "rootfs", &disk)?;
+            return Ok(());
+        }
+        self.subvols
+            .snapshot(&self.layout.sandbox_rootfs(id), &dir, "rootfs", true)?;
+        Ok(())
+    }
+
+    /// Deletes one snapshot. Missing is fine.
+    fn remove(&self, id: &str, snap: &str) -> Result<(), StorageError> {
+        remove_snapshot(&self.layout, self.subvols.as_ref(), id, snap)
+    }
+
+    /// The whole snapshots of `id`, oldest first; with `with_size`, sizes not known yet are
+    /// measured and kept in the record (a snapshot never changes).
+    fn list(&self, id: &str, with_size: bool) -> Result<Vec<SnapshotInfo>, StorageError> {
+        let dir = snapshots_dir(&self.layout, id);
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(StorageError::io("read directory", &dir, e)),
+        };
+        let mut out = Vec::new();
+        for ent in rd.flatten() {
+            let rec_path = ent.path().join(SNAPSHOT_RECORD);
+            let Ok(mut rec) = storage::read_json::<SnapshotRecord>(&rec_path) else {
+                continue;
+            };
+            let payload = self.payload(id, &rec.id);
+            if !payload.is_dir() && !payload.is_file() {
+                continue; // interrupted
+            }
+            if with_size && rec.size_bytes.is_none() {
+                match self.size_of(id, &rec.id, &payload) {
+                    Ok(n) => {
+                        rec.size_bytes = Some(n);
+                        if let Err(e) = storage::write_json_atomic(&rec_path, &rec, false) {
+                            tracing::warn!(error = %e, "failed to cache a snapshot's size");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "failed to size a snapshot"),
+                }
+            }
+            out.push(self.info(&rec));
+        }
+        out.sort_by(|a, b| (a.created_unix_ms, &a.id).cmp(&(b.created_unix_ms, &b.id)));
+        Ok(out)
+    }
+
+    /// Bytes a snapshot references: a rootfs's files, or a microvm's disk image and its
+    /// checkpoint's state and RAM.
+    fn size_of(&self, id: &str, snap: &str, payload: &Path) -> Result<u64, StorageError> {
+        if !payload.is_file() {
+            return referenced_bytes(payload);
+        }
+        let vm = snapshot_vm_dir(&self.layout, id, snap);
+        let vm_bytes: u64 = std::fs::read_dir(&vm)
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.blocks() * 512)
+                    .sum()
+            })
+            .unwrap_or(0);
+        std::fs::metadata(payload)
+            .map(|m| m.blocks() * 512 + vm_bytes)
+            .map_err(|e| StorageError::io("stat", payload, e))
+    }
 }
 
 /// Deletes every snapshot of a sandbox (called before its dir is removed: read-only
@@ -189,7 +328,7 @@ pub(crate) fn remove_all_snapshots(
     for ent in rd {
         let ent = ent.map_err(|e| StorageError::io("read directory", &dir, e))?;
         let name = ent.file_name().to_string_lossy().into_owned();
-        remove_snapshot_storage(layout, subvols, id, &name)?;
+        remove_snapshot(layout, subvols, id, &name)?;
     }
     storage::remove_tree(&dir)
 }
@@ -201,7 +340,7 @@ pub(super) fn remove_sandbox_storage(
     subvols: &dyn Subvolumes,
     id: &str,
 ) -> Result<(), StorageError> {
-    let resume = layout.sandbox_dir(id).join(super::node_moves::RESUME);
+    let resume = layout.sandbox_dir(id).join(super::moves::RESUME);
     for sub in [layout.sandbox_rootfs(id), resume] {
         if subvols.is_subvolume(&sub) {
             subvols.delete(&sub)?;
@@ -314,15 +453,7 @@ impl Node {
     }
 
     fn require_snapshot(&self, id: &str, snap: &str) -> Result<PathBuf, NodeError> {
-        let path = snapshot_payload(&self.layout, id, snap);
-        if path.is_file() || self.subvols.is_subvolume(&path) {
-            Ok(path)
-        } else {
-            Err(NodeError::NotFound {
-                kind: "snapshot",
-                id: snap.to_string(),
-            })
-        }
+        self.snapshots.require(id, snap)
     }
 
     /// `import_template` of a snapshot: the new version's rootfs is a btrfs snapshot of the
@@ -377,12 +508,8 @@ impl Node {
         let _guard = lock.lock().await;
         let entry = self.require_entry(id)?;
         let vm = entry.record.runtime == super::MICROVM;
-        let dir = snapshot_dir(&self.layout, id, snap);
-        let rec_path = dir.join(SNAPSHOT_RECORD);
-        if self.subvols.is_subvolume(&dir.join("rootfs"))
-            && let Ok(rec) = storage::read_json::<SnapshotRecord>(&rec_path)
-        {
-            return Ok(info_of(&self.layout, &rec));
+        if let Some(info) = self.snapshots.existing(id, snap) {
+            return Ok(info);
         }
         let running = self.is_running(&entry.record);
         let keep_memory = memory && vm && running;
@@ -404,29 +531,13 @@ impl Node {
             });
         }
         let t0 = std::time::Instant::now();
-        let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
-        blocking(move || {
-            let (id, snap) = (&rec2.sandbox_id, &rec2.id);
-            // Leftover of an interrupted snapshot with this id.
-            remove_snapshot_storage(&layout, subvols.as_ref(), id, snap)?;
-            storage::mkdir_p(&snapshots_dir(&layout, id), 0o700)?;
-            let dir = snapshot_dir(&layout, id, snap);
-            storage::mkdir_private(&dir)?;
-            // Written first: the snapshot ioctl commits the btrfs transaction, which makes
-            // this record durable together with the snapshot, at no extra flush.
-            storage::write_json_atomic(&dir.join(SNAPSHOT_RECORD), &rec2, false)?;
-            if vm {
-                // Filled while the VM is stopped, then sealed.
-                new_vm_subvolume(subvols.as_ref(), &dir, "rootfs")?;
-            }
-            Ok(())
-        })
-        .await?;
+        let (store, rec2) = (self.snapshots.clone(), rec.clone());
+        blocking(move || Ok(store.begin(&rec2, vm)?)).await?;
         // Stop the sandbox: a microvm checkpoint stops the VM itself (device state and RAM
         // into `vm/`, the channel to the guest stays connected); else the freezer.
         let rt = self.rt(&entry.record);
         let stopped = if keep_memory {
-            let vm_dir = filling(&snapshot_dir(&self.layout, id, snap), "rootfs").join(VM_DIR);
+            let vm_dir = self.snapshots.filling_vm_dir(id, snap);
             rt.checkpoint(&name, &vm_dir, false)
                 .await
                 .map_err(internal("checkpoint the VM"))
@@ -437,27 +548,9 @@ impl Node {
         } else {
             Ok(())
         };
+        let (store, id2, snap2) = (self.snapshots.clone(), id.to_owned(), snap.to_owned());
         let res = match stopped {
-            Ok(()) => {
-                let (layout, subvols, id2, snap2) = (
-                    self.layout.clone(),
-                    self.subvols.clone(),
-                    id.to_owned(),
-                    snap.to_owned(),
-                );
-                blocking(move || {
-                    if vm {
-                        // The VM is stopped: its image is consistent; a reflink is O(1).
-                        let disk = layout.sandbox_dir(&id2).join(super::SANDBOX_DISK);
-                        let dir = snapshot_dir(&layout, &id2, &snap2);
-                        Ok(seal_vm_subvolume(subvols.as_ref(), &dir, "rootfs", &disk)?)
-                    } else {
-                        let dir = snapshot_dir(&layout, &id2, &snap2);
-                        Ok(subvols.snapshot(&layout.sandbox_rootfs(&id2), &dir, "rootfs", true)?)
-                    }
-                })
-                .await
-            }
+            Ok(()) => blocking(move || Ok(store.seal(&id2, &snap2, vm)?)).await,
             Err(e) => Err(e),
         };
         // A checkpoint leaves the VM stopped; thawing a frozen sandbox or a stopped VM is
@@ -469,21 +562,8 @@ impl Node {
             }
         }
         if let Err(e) = res {
-            let (layout, subvols, id2, snap2) = (
-                self.layout.clone(),
-                self.subvols.clone(),
-                id.to_owned(),
-                snap.to_owned(),
-            );
-            let _ = blocking(move || {
-                Ok(remove_snapshot_storage(
-                    &layout,
-                    subvols.as_ref(),
-                    &id2,
-                    &snap2,
-                )?)
-            })
-            .await;
+            let (store, id2, snap2) = (self.snapshots.clone(), id.to_owned(), snap.to_owned());
+            let _ = blocking(move || Ok(store.remove(&id2, &snap2)?)).await;
             return Err(e);
         }
         tracing::info!(
@@ -493,7 +573,7 @@ impl Node {
             ms = t0.elapsed().as_secs_f64() * 1e3,
             "snapshot taken"
         );
-        Ok(info_of(&self.layout, &rec))
+        Ok(self.snapshots.info(&rec))
     }
 
     pub(super) async fn changed_since_snapshot_impl(
@@ -528,59 +608,8 @@ impl Node {
     ) -> Result<Vec<SnapshotInfo>, NodeError> {
         ids::validate_sandbox_id(id)?;
         self.require_entry(id)?;
-        let layout = self.layout.clone();
-        let id = id.to_string();
-        blocking(move || {
-            let dir = snapshots_dir(&layout, &id);
-            let rd = match std::fs::read_dir(&dir) {
-                Ok(rd) => rd,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-                Err(e) => return Err(StorageError::io("read directory", &dir, e).into()),
-            };
-            let mut out = Vec::new();
-            for ent in rd.flatten() {
-                let rec_path = ent.path().join(SNAPSHOT_RECORD);
-                let Ok(mut rec) = storage::read_json::<SnapshotRecord>(&rec_path) else {
-                    continue;
-                };
-                let rootfs = snapshot_payload(&layout, &id, &rec.id);
-                if !rootfs.is_dir() && !rootfs.is_file() {
-                    continue; // interrupted
-                }
-                if with_size && rec.size_bytes.is_none() {
-                    let size = if rootfs.is_file() {
-                        // A microvm's disk image, and its checkpoint's state and RAM.
-                        let vm = snapshot_vm_dir(&layout, &id, &rec.id);
-                        let vm_bytes: u64 = std::fs::read_dir(&vm)
-                            .map(|rd| {
-                                rd.flatten()
-                                    .filter_map(|e| e.metadata().ok())
-                                    .map(|m| m.blocks() * 512)
-                                    .sum()
-                            })
-                            .unwrap_or(0);
-                        std::fs::metadata(&rootfs)
-                            .map(|m| m.blocks() * 512 + vm_bytes)
-                            .map_err(|e| StorageError::io("stat", &rootfs, e))
-                    } else {
-                        referenced_bytes(&rootfs)
-                    };
-                    match size {
-                        Ok(n) => {
-                            rec.size_bytes = Some(n);
-                            if let Err(e) = storage::write_json_atomic(&rec_path, &rec, false) {
-                                tracing::warn!(error = %e, "failed to cache a snapshot's size");
-                            }
-                        }
-                        Err(e) => tracing::warn!(error = %e, "failed to size a snapshot"),
-                    }
-                }
-                out.push(info_of(&layout, &rec));
-            }
-            out.sort_by(|a, b| (a.created_unix_ms, &a.id).cmp(&(b.created_unix_ms, &b.id)));
-            Ok(out)
-        })
-        .await
+        let (store, id) = (self.snapshots.clone(), id.to_string());
+        blocking(move || Ok(store.list(&id, with_size)?)).await
     }
 
     pub(super) async fn delete_snapshot_impl(&self, id: &str, snap: &str) -> Result<(), NodeError> {
@@ -588,17 +617,8 @@ impl Node {
         ids::validate_sandbox_id(snap)?;
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
-        let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
-        let (id, snap) = (id.to_string(), snap.to_string());
-        blocking(move || {
-            Ok(remove_snapshot_storage(
-                &layout,
-                subvols.as_ref(),
-                &id,
-                &snap,
-            )?)
-        })
-        .await
+        let (store, id, snap) = (self.snapshots.clone(), id.to_string(), snap.to_string());
+        blocking(move || Ok(store.remove(&id, &snap)?)).await
     }
 
     /// The VM checkpoint of snapshot `snap` of `owner` when it has one (a microvm's memory
