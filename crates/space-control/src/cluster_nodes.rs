@@ -26,6 +26,15 @@ use crate::cluster::NodeRow;
 use crate::scheduler::{Candidate, Need, Placement};
 use crate::store::{Store, StoreError, now_ms};
 
+/// How old the claims the scheduler ranks nodes by may be. This replica's own claims are
+/// added to them at once; other replicas' show up within this time. A stale figure only
+/// ranks nodes: the claim's transaction checks the node's room against the store, and a
+/// claim refused there reads them again.
+const CLAIMS_FRESH: Duration = Duration::from_secs(1);
+
+/// What live sandboxes claim on each node: (CPU millis, memory MiB).
+type ClaimsByNode = HashMap<String, (u64, u64)>;
+
 /// Tries of a placement whose claim lost a race (each with fresh figures).
 pub const PLACE_TRIES: usize = 20;
 
@@ -54,6 +63,8 @@ pub struct ClusterNodes {
     placed: RwLock<HashMap<String, (String, std::time::Instant)>>,
     /// When the members were last read from the store.
     refreshed: std::sync::Mutex<Option<std::time::Instant>>,
+    /// The claims per node as last read ([`CLAIMS_FRESH`]), with this replica's since.
+    claims: std::sync::Mutex<Option<(std::time::Instant, ClaimsByNode)>>,
     /// How long a member may be silent before it counts as lost (decision 0037).
     lost_after: Duration,
 }
@@ -76,6 +87,7 @@ impl ClusterNodes {
             members: RwLock::default(),
             placed: RwLock::default(),
             refreshed: Default::default(),
+            claims: Default::default(),
             lost_after,
         }
     }
@@ -276,7 +288,7 @@ impl ClusterNodes {
         if stale {
             self.refresh().await?;
         }
-        let claims = self.store.claims_by_node().await.map_err(store_err)?;
+        let claims = self.claims().await?;
         let now = now_ms();
         let members = self.members.read().unwrap_or_else(|e| e.into_inner());
         let template_elsewhere = members.values().any(|m| has_template(m, template, now));
@@ -314,6 +326,38 @@ impl ClusterNodes {
             .collect())
     }
 
+    /// The claims per node to rank candidates by: read again when older than
+    /// [`CLAIMS_FRESH`].
+    async fn claims(&self) -> Result<ClaimsByNode, NodeError> {
+        {
+            let cached = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((at, claims)) = cached.as_ref()
+                && at.elapsed() < CLAIMS_FRESH
+            {
+                return Ok(claims.clone());
+            }
+        }
+        let claims = self.store.claims_by_node().await.map_err(store_err)?;
+        *self.claims.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((std::time::Instant::now(), claims.clone()));
+        Ok(claims)
+    }
+
+    /// Counts a claim this replica made in the cached figures; `None`: a claim was refused,
+    /// so the figures are read again next time.
+    fn note_claim(&self, claimed: Option<(&str, &Need)>) {
+        let mut cached = self.claims.lock().unwrap_or_else(|e| e.into_inner());
+        match (claimed, cached.as_mut()) {
+            (Some((node, need)), Some((_, claims))) => {
+                let c = claims.entry(node.to_owned()).or_default();
+                c.0 += need.cpu_millis;
+                c.1 += need.memory_mib;
+            }
+            (Some(_), None) => {}
+            (None, _) => *cached = None,
+        }
+    }
+
     /// Places sandbox `id` (which needs `need`, from `template`) on a node, recording the
     /// claim; a claim that lost a race with another create's is tried again with fresh
     /// figures (up to [`PLACE_TRIES`] times).
@@ -332,9 +376,11 @@ impl ClusterNodes {
                 .find(|n| n.id == placement.node)
                 .expect("placed on a candidate");
             if self.store.claim(id, node, &need).await.map_err(store_err)? {
+                self.note_claim(Some((&placement.node, &need)));
                 self.remember(id, &placement.node);
                 return Ok(placement);
             }
+            self.note_claim(None);
         }
         Err(NodeError::Exhausted(
             "every node that fit was claimed by other creates meanwhile; try again".into(),
@@ -550,7 +596,7 @@ impl Store {
     }
 
     /// The limits live sandboxes claim on each node: (CPU millis, memory MiB).
-    pub async fn claims_by_node(&self) -> Result<HashMap<String, (u64, u64)>, StoreError> {
+    pub async fn claims_by_node(&self) -> Result<ClaimsByNode, StoreError> {
         use sqlx::Row;
         let q = |source| StoreError::Query {
             what: "sum claims",
@@ -575,21 +621,33 @@ impl Store {
     pub async fn claim(&self, id: &str, node: &Candidate, need: &Need) -> Result<bool, StoreError> {
         let q = |what| move |source| StoreError::Query { what, source };
         let mut tx = self.pool().begin().await.map_err(q("claim"))?;
-        if !lock_if_fits(&mut tx, node, need).await? {
+        if !lock_node(&mut tx, &node.id).await? {
             return Ok(false);
         }
-        sqlx::query(
-            "INSERT INTO sandbox_nodes (sandbox_id, node_id, cpu_millis, memory_mib, placed_at) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (sandbox_id) DO NOTHING",
-        )
-        .bind(id)
-        .bind(&node.id)
-        .bind(need.cpu_millis as i64)
-        .bind(need.memory_mib as i64)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await
-        .map_err(q("record placement"))?;
+        // With the node's row locked, one statement sums what its live sandboxes claim and
+        // inserts this claim only when it still fits.
+        let inserted = sqlx::query(CLAIM_IF_IT_FITS)
+            .bind(id)
+            .bind(&node.id)
+            .bind(need.cpu_millis as i64)
+            .bind(need.memory_mib as i64)
+            .bind(now_ms())
+            .bind(node.cpu_capacity() as i64)
+            .bind(node.memory_capacity_mib() as i64)
+            .execute(&mut *tx)
+            .await
+            .map_err(q("record placement"))?;
+        if inserted.rows_affected() == 0 {
+            // It did not fit, or the sandbox was placed already (a create retried at once):
+            // then that placement stands, as before.
+            let placed: Option<(String,)> =
+                sqlx::query_as("SELECT node_id FROM sandbox_nodes WHERE sandbox_id = $1")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(q("find placement"))?;
+            return Ok(placed.is_some_and(|(n,)| n == node.id));
+        }
         tx.commit().await.map_err(q("claim"))?;
         Ok(true)
     }
@@ -682,6 +740,23 @@ impl Store {
 /// In a claim's transaction: locks `node`'s row (every claim on it waits here for the one
 /// before to commit: a row lock on PostgreSQL, the write lock on SQLite) and answers whether
 /// `need` fits beside what its live sandboxes claim now. False when the node is gone.
+/// Locks node `node`'s row for the transaction (placements on it wait for each other):
+/// false when there is no such node.
+async fn lock_node(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    node: &str,
+) -> Result<bool, StoreError> {
+    let locked = sqlx::query("UPDATE cluster_nodes SET id = id WHERE id = $1")
+        .bind(node)
+        .execute(&mut **tx)
+        .await
+        .map_err(|source| StoreError::Query {
+            what: "lock node",
+            source,
+        })?;
+    Ok(locked.rows_affected() == 1)
+}
+
 async fn lock_if_fits(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     node: &Candidate,
@@ -689,12 +764,7 @@ async fn lock_if_fits(
 ) -> Result<bool, StoreError> {
     use sqlx::Row;
     let q = |what| move |source| StoreError::Query { what, source };
-    let locked = sqlx::query("UPDATE cluster_nodes SET id = id WHERE id = $1")
-        .bind(&node.id)
-        .execute(&mut **tx)
-        .await
-        .map_err(q("lock node"))?;
-    if locked.rows_affected() != 1 {
+    if !lock_node(tx, &node.id).await? {
         return Ok(false);
     }
     let row = sqlx::query(&format!("{CLAIMS} AND sn.node_id = $1"))
@@ -717,6 +787,20 @@ const CLAIMS: &str = "SELECT CAST(COALESCE(SUM(sn.cpu_millis), 0) AS BIGINT), \
      CAST(COALESCE(SUM(sn.memory_mib), 0) AS BIGINT) \
      FROM sandbox_nodes sn JOIN sandboxes s ON s.id = sn.sandbox_id \
      WHERE s.deleted_at IS NULL AND s.state IN ('creating', 'running', 'paused')";
+
+/// A claim ($1 sandbox, $2 node, $3 CPU millis, $4 memory MiB, $5 when), inserted only when
+/// it fits in the node's room ($6 CPU millis, $7 memory MiB) next to its live claims.
+const CLAIM_IF_IT_FITS: &str = "INSERT INTO sandbox_nodes \
+     (sandbox_id, node_id, cpu_millis, memory_mib, placed_at) \
+     SELECT $1, $2, CAST($3 AS BIGINT), CAST($4 AS BIGINT), CAST($5 AS BIGINT) FROM ( \
+       SELECT CAST(COALESCE(SUM(sn.cpu_millis), 0) AS BIGINT) AS cpu, \
+              CAST(COALESCE(SUM(sn.memory_mib), 0) AS BIGINT) AS mem \
+       FROM sandbox_nodes sn JOIN sandboxes s ON s.id = sn.sandbox_id \
+       WHERE s.deleted_at IS NULL AND s.state IN ('creating', 'running', 'paused') \
+         AND sn.node_id = $2) c \
+     WHERE c.cpu + CAST($3 AS BIGINT) <= CAST($6 AS BIGINT) \
+       AND c.mem + CAST($4 AS BIGINT) <= CAST($7 AS BIGINT) \
+     ON CONFLICT (sandbox_id) DO NOTHING";
 
 const CLAIMS_BY_NODE: &str = "SELECT sn.node_id, CAST(COALESCE(SUM(sn.cpu_millis), 0) AS BIGINT), \
      CAST(COALESCE(SUM(sn.memory_mib), 0) AS BIGINT) \

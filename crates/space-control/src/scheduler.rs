@@ -73,11 +73,11 @@ pub struct Placement {
 }
 
 impl Candidate {
-    fn cpu_capacity(&self) -> u64 {
+    pub(crate) fn cpu_capacity(&self) -> u64 {
         u64::from(self.cpus) * 1000 * CPU_OVERCOMMIT
     }
 
-    fn memory_capacity_mib(&self) -> u64 {
+    pub(crate) fn memory_capacity_mib(&self) -> u64 {
         (self.memory_bytes >> 20) * MEMORY_OVERCOMMIT
     }
 
