@@ -26,6 +26,9 @@ mod net;
 #[path = "client_pool.rs"]
 mod pool;
 
+#[path = "client_tenants.rs"]
+mod tenants;
+
 /// Errors of [`Client`].
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

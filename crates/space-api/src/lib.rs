@@ -12,6 +12,7 @@ pub mod node;
 pub mod pool;
 pub mod snapshot;
 pub mod snapshot_policy;
+pub mod tenant;
 pub mod types;
 
 pub use client::{ByteStream, Client, ClientError, EventStream, ExecOutput};

@@ -288,6 +288,9 @@ impl std::fmt::Display for SandboxState {
 #[serde(deny_unknown_fields)]
 pub struct Sandbox {
     pub id: String,
+    /// The tenant it belongs to (decision 0040).
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     pub template: String,
     /// "namespace" (the only runtime so far).
     pub runtime: String,
@@ -852,6 +855,10 @@ pub struct TemplateList {
 
 /// Formats unix milliseconds as RFC 3339 UTC with millisecond precision
 /// (`2024-05-01T12:00:00.123Z`).
+fn default_tenant() -> String {
+    crate::tenant::DEFAULT_TENANT.to_owned()
+}
+
 pub fn rfc3339_from_unix_ms(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let millis = ms.rem_euclid(1000);

@@ -16,6 +16,7 @@ mod node;
 mod pool;
 mod snapshot;
 mod template;
+mod tenant;
 mod top;
 mod usage;
 
@@ -156,6 +157,12 @@ enum Command {
     /// The whole platform at a glance (`space cluster status`).
     #[command(subcommand)]
     Cluster(node::ClusterCmd),
+    /// Tenants: who owns which sandboxes (admin key).
+    #[command(subcommand)]
+    Tenant(tenant::TenantCmd),
+    /// API keys: create, list, rotate and revoke (admin key).
+    #[command(subcommand)]
+    Key(tenant::KeyCmd),
     /// Benchmarks (`space bench all` runs every one and writes a JSON report).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -572,6 +579,8 @@ async fn run(cli: Cli) -> Result<i32> {
         Command::Pool(c) => pool::run(client()?, c).await,
         Command::Node(c) => node::run_node(client()?, c).await,
         Command::Cluster(c) => node::run_cluster(client()?, c).await,
+        Command::Tenant(c) => tenant::run_tenant(client()?, c).await,
+        Command::Key(c) => tenant::run_key(client()?, c).await,
     }
 }
 

@@ -1,6 +1,7 @@
 //! API keys: `sk_` + 40 base62 characters. Only sha256 hashes are stored; the admin key's
 //! plaintext is written once to `data_dir/admin.key` (mode 0600). Verification hashes the
-//! presented key and compares it with every stored hash in constant time.
+//! presented key and compares it with every live key's hash in constant time, and answers
+//! who the key is ([`Principal`]: its tenant and scope, decision 0040).
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -10,12 +11,24 @@ use std::sync::RwLock;
 use rand::Rng;
 use sha2::{Digest, Sha256};
 
-use crate::store::{Store, StoreError};
+use space_api::tenant::{ApiKey, CreateKey, CreatedKey, DEFAULT_TENANT, KeyScope, RotateKey};
+
+use crate::error::{ControlError, ControlResult};
+use crate::store::{Store, StoreError, now_ms};
+use crate::tenants::{KeyRow, Principal};
 
 pub const ADMIN_KEY_FILE: &str = "admin.key";
 const ADMIN_KEY_NAME: &str = "admin";
 const KEY_PREFIX: &str = "sk_";
 const KEY_RANDOM_CHARS: usize = 40;
+/// Characters of a key's id (random, shown in lists and audit records).
+const KEY_ID_CHARS: usize = 16;
+/// A rotation's default and longest overlap.
+const DEFAULT_OVERLAP_SECS: u64 = 3600;
+const MAX_OVERLAP_SECS: u64 = 7 * 24 * 3600;
+/// How often a replica reads the key table again (revocations made through another replica
+/// reach it within this).
+pub const RELOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 
 #[derive(Debug, thiserror::Error)]
@@ -62,10 +75,23 @@ fn ct_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// The key hashes, loaded from the store and cached in memory.
+/// A fresh key id.
+fn new_key_id() -> String {
+    generate_key()[KEY_PREFIX.len()..KEY_PREFIX.len() + KEY_ID_CHARS].to_string()
+}
+
+/// A live key as the cache holds it.
+#[derive(Debug, Clone)]
+struct CachedKey {
+    hash: [u8; 32],
+    principal: Principal,
+    expires_at: Option<i64>,
+}
+
+/// The live keys, loaded from the store and cached in memory.
 #[derive(Debug, Default)]
 pub struct Auth {
-    hashes: RwLock<Vec<[u8; 32]>>,
+    keys: RwLock<Vec<CachedKey>>,
 }
 
 impl Auth {
@@ -76,29 +102,206 @@ impl Auth {
     }
 
     pub async fn reload(&self, store: &Store) -> Result<(), AuthError> {
-        let hashes: Vec<[u8; 32]> = store
-            .api_key_hashes()
+        let now = now_ms();
+        let keys: Vec<CachedKey> = store
+            .api_keys()
             .await?
-            .iter()
-            .filter_map(|h| from_hex(h))
+            .into_iter()
+            .filter(|k| k.live(now))
+            .filter_map(|k| {
+                Some(CachedKey {
+                    hash: from_hex(&k.hash)?,
+                    principal: Principal {
+                        key_id: k.id,
+                        tenant: k.tenant,
+                        scope: k.scope,
+                    },
+                    expires_at: k.expires_at,
+                })
+            })
             .collect();
-        *self.hashes.write().unwrap_or_else(|e| e.into_inner()) = hashes;
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
         Ok(())
     }
 
-    /// Whether `key` is a valid API key. Every stored hash is compared.
-    pub fn verify(&self, key: &str) -> bool {
+    /// Who `key` is, when it is a live API key. Every live key's hash is compared.
+    pub fn verify(&self, key: &str) -> Option<Principal> {
         let presented = hash_key(key);
-        let hashes = self.hashes.read().unwrap_or_else(|e| e.into_inner());
-        hashes
-            .iter()
-            .fold(false, |found, h| ct_eq(h, &presented) | found)
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        let mut found = None;
+        for k in keys.iter() {
+            if ct_eq(&k.hash, &presented) {
+                found = Some(k);
+            }
+        }
+        let k = found?;
+        k.expires_at
+            .is_none_or(|t| now_ms() < t)
+            .then(|| k.principal.clone())
     }
 
-    /// Verifies the key a request presents ([`presented_key`]); returns it when valid.
-    pub fn verify_request(&self, headers: &axum::http::HeaderMap) -> Option<String> {
-        presented_key(headers).filter(|k| self.verify(k))
+    /// Verifies the key a request presents ([`presented_key`]): the key and who it is.
+    pub fn verify_request(&self, headers: &axum::http::HeaderMap) -> Option<(String, Principal)> {
+        let key = presented_key(headers)?;
+        let who = self.verify(&key)?;
+        Some((key, who))
     }
+
+    /// Drops key `id` from the cache at once (a revocation, before the answer).
+    fn forget(&self, id: &str) {
+        self.keys
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|k| k.principal.key_id != id);
+    }
+
+    /// `POST /v1/keys`: a new key of `req.tenant` with `req.scope`.
+    pub async fn create_key(&self, store: &Store, req: &CreateKey) -> ControlResult<CreatedKey> {
+        crate::tenants::check_tenant_id(&req.tenant)?;
+        if !store.tenants().await?.iter().any(|t| t.id == req.tenant) {
+            return Err(ControlError::not_found(format!(
+                "tenant {} not found",
+                req.tenant
+            )));
+        }
+        if req.scope == KeyScope::Admin && req.tenant != DEFAULT_TENANT {
+            return Err(ControlError::invalid(
+                "admin keys belong to tenant default (they reach every tenant)",
+            ));
+        }
+        let name = req
+            .name
+            .clone()
+            .unwrap_or_else(|| req.scope.as_str().into());
+        if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+            return Err(ControlError::invalid(
+                "a key's name is 1 to 64 characters, none of them control characters",
+            ));
+        }
+        self.insert(store, &req.tenant, req.scope, &name).await
+    }
+
+    async fn insert(
+        &self,
+        store: &Store,
+        tenant: &str,
+        scope: KeyScope,
+        name: &str,
+    ) -> ControlResult<CreatedKey> {
+        let key = generate_key();
+        let row = KeyRow {
+            id: new_key_id(),
+            hash: to_hex(&hash_key(&key)),
+            name: name.to_owned(),
+            tenant: tenant.to_owned(),
+            scope,
+            created_at: now_ms(),
+            expires_at: None,
+            revoked_at: None,
+        };
+        store.insert_key(&row).await?;
+        self.reload(store).await.map_err(ControlError::internal)?;
+        tracing::info!(key = %row.id, tenant, scope = scope.as_str(), "API key created");
+        Ok(CreatedKey {
+            key,
+            info: row.dto(),
+        })
+    }
+
+    /// `GET /v1/keys`: every key (of `tenant`, when given), revoked and expired included.
+    pub async fn list_keys(
+        &self,
+        store: &Store,
+        tenant: Option<&str>,
+    ) -> ControlResult<Vec<ApiKey>> {
+        if let Some(t) = tenant {
+            crate::tenants::check_tenant_id(t)?;
+        }
+        Ok(store
+            .api_keys()
+            .await?
+            .iter()
+            .filter(|k| tenant.is_none_or(|t| k.tenant == t))
+            .map(KeyRow::dto)
+            .collect())
+    }
+
+    async fn live_key(&self, store: &Store, id: &str) -> ControlResult<KeyRow> {
+        let not_found = || ControlError::not_found(format!("key {id} not found"));
+        if id.len() != KEY_ID_CHARS || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(not_found());
+        }
+        let k = store.api_key(id).await?.ok_or_else(not_found)?;
+        if !k.live(now_ms()) {
+            return Err(ControlError::conflict(format!(
+                "key {id} is revoked or expired already"
+            )));
+        }
+        Ok(k)
+    }
+
+    /// `POST /v1/keys/{id}/rotate`: a new key like `id`; `id` keeps working for the overlap.
+    pub async fn rotate_key(
+        &self,
+        store: &Store,
+        id: &str,
+        req: &RotateKey,
+    ) -> ControlResult<CreatedKey> {
+        let overlap = req.overlap_secs.unwrap_or(DEFAULT_OVERLAP_SECS);
+        if overlap > MAX_OVERLAP_SECS {
+            return Err(ControlError::invalid(format!(
+                "overlap_secs is at most {MAX_OVERLAP_SECS} (7 days), got {overlap}"
+            )));
+        }
+        let old = self.live_key(store, id).await?;
+        let created = self
+            .insert(store, &old.tenant, old.scope, &old.name)
+            .await?;
+        store
+            .expire_key(id, now_ms() + (overlap as i64) * 1000)
+            .await?;
+        self.reload(store).await.map_err(ControlError::internal)?;
+        tracing::info!(old = id, new = %created.info.id, overlap, "API key rotated");
+        Ok(created)
+    }
+
+    /// `DELETE /v1/keys/{id}`: the key fails from the next request on. The last live admin
+    /// key is kept (nobody could manage the platform without one).
+    pub async fn revoke_key(&self, store: &Store, id: &str) -> ControlResult<()> {
+        let k = self.live_key(store, id).await?;
+        if k.scope == KeyScope::Admin {
+            let now = now_ms();
+            let admins = store
+                .api_keys()
+                .await?
+                .iter()
+                .filter(|o| o.scope == KeyScope::Admin && o.live(now))
+                .count();
+            if admins <= 1 {
+                return Err(ControlError::conflict(
+                    "this is the last live admin key; create another one before revoking it",
+                ));
+            }
+        }
+        store.revoke_key(id).await?;
+        self.forget(id);
+        tracing::info!(key = id, "API key revoked");
+        Ok(())
+    }
+}
+
+/// Reads the key table again every [`RELOAD_EVERY`] while `auth` lives.
+pub fn spawn_reload(auth: &std::sync::Arc<Auth>, store: Store) {
+    let weak = std::sync::Arc::downgrade(auth);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(RELOAD_EVERY).await;
+            let Some(auth) = weak.upgrade() else { return };
+            if let Err(e) = auth.reload(&store).await {
+                tracing::debug!(error = %e, "reloading the API keys failed; keeping the cache");
+            }
+        }
+    });
 }
 
 /// The API key a request presents: `Authorization: Bearer <key>`, or `X-API-KEY` (what the
@@ -151,7 +354,7 @@ pub async fn ensure_admin_key(store: &Store, data_dir: &Path) -> Result<PathBuf,
         }
     }
     let key = generate_key();
-    let id = generate_key()[KEY_PREFIX.len()..KEY_PREFIX.len() + 16].to_string();
+    let id = new_key_id();
     // Write the file first: a key in the table that nobody can read is useless.
     write_key_file(&path, &key)?;
     store.delete_api_keys_named(ADMIN_KEY_NAME).await?;
@@ -232,16 +435,16 @@ mod tests {
         assert_eq!(store.api_key_hashes().await.unwrap().len(), 1);
 
         let auth = Auth::load(&store).await.unwrap();
-        assert!(auth.verify(&key));
-        assert!(!auth.verify("sk_wrong"));
-        assert!(!auth.verify(""));
+        assert!(auth.verify(&key).is_some());
+        assert!(auth.verify("sk_wrong").is_none());
+        assert!(auth.verify("").is_none());
         let with = |name: &str, value: &str| {
             let mut h = axum::http::HeaderMap::new();
             h.insert(
                 axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
                 value.parse().unwrap(),
             );
-            auth.verify_request(&h)
+            auth.verify_request(&h).map(|(k, _)| k)
         };
         assert_eq!(
             with("authorization", &format!("Bearer {key}")),
@@ -270,7 +473,7 @@ mod tests {
         let new_key = std::fs::read_to_string(&path).unwrap().trim().to_string();
         assert_ne!(new_key, key);
         auth.reload(&store).await.unwrap();
-        assert!(auth.verify(&new_key));
-        assert!(!auth.verify(&key));
+        assert!(auth.verify(&new_key).is_some());
+        assert!(auth.verify(&key).is_none());
     }
 }

@@ -212,6 +212,8 @@ pub struct Engine {
     /// The node agent's start time as last seen (`NodeInfo::started_unix_ms`; 0: not yet):
     /// when it changes, the node restarted and gets its warm pools again.
     pub(crate) node_started: std::sync::atomic::AtomicU64,
+    /// Each sandbox's tenant, for the per-request ownership check (see `tenants`).
+    pub(crate) owners: crate::tenants::Owners,
 }
 
 pub(crate) fn new_sandbox_id() -> String {
@@ -412,6 +414,7 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
     });
     Sandbox {
         id: row.id.clone(),
+        tenant: row.tenant.clone(),
         template: row.spec.template.clone(),
         runtime: live.map(|s| s.runtime.to_string()).unwrap_or_else(|| {
             row.spec
@@ -577,6 +580,7 @@ impl Engine {
             cluster_nodes: None,
             cfg,
             locks: KeyedLocks::default(),
+            owners: Default::default(),
             metrics: Metrics::default(),
             wake: Notify::new(),
             activity: Arc::default(),
@@ -670,14 +674,26 @@ impl Engine {
 
     // ---- sandboxes ----
 
+    /// A create for tenant `default` (the control plane's own work, and tests).
     pub async fn create_sandbox(&self, req: CreateSandbox) -> ControlResult<Sandbox> {
-        self.create_with_id(req, new_sandbox_id()).await
+        self.create_sandbox_for(space_api::tenant::DEFAULT_TENANT, req)
+            .await
     }
 
-    /// A create of sandbox `id` (chosen by the caller: a retried idempotent create reuses
-    /// the id its first try chose).
+    /// A create of a sandbox of `tenant`.
+    pub async fn create_sandbox_for(
+        &self,
+        tenant: &str,
+        req: CreateSandbox,
+    ) -> ControlResult<Sandbox> {
+        self.create_with_id(tenant, req, new_sandbox_id()).await
+    }
+
+    /// A create of sandbox `id` for `tenant` (the id chosen by the caller: a retried
+    /// idempotent create reuses the id its first try chose).
     pub(crate) async fn create_with_id(
         &self,
+        tenant: &str,
         req: CreateSandbox,
         id: String,
     ) -> ControlResult<Sandbox> {
@@ -718,6 +734,7 @@ impl Engine {
             .await?;
         let row = SandboxRow {
             id: id.clone(),
+            tenant: tenant.to_owned(),
             spec,
             state: SandboxState::Creating,
             error: None,
@@ -728,6 +745,7 @@ impl Engine {
         };
         let _guard = self.locks.lock(&id).await;
         self.store.insert_sandbox(&row).await?;
+        self.owners.note(&id, tenant);
         self.event(
             &id,
             "create",
@@ -816,7 +834,8 @@ impl Engine {
         Ok(sb)
     }
 
-    pub async fn list_sandboxes(&self) -> ControlResult<Vec<Sandbox>> {
+    /// Every sandbox, or `tenant`'s only.
+    pub async fn list_sandboxes(&self, tenant: Option<&str>) -> ControlResult<Vec<Sandbox>> {
         let observed: HashMap<String, SandboxStatus> = match self.node.list_sandboxes().await {
             Ok(list) => list.into_iter().map(|s| (s.id.clone(), s)).collect(),
             Err(e) => {
@@ -824,7 +843,10 @@ impl Engine {
                 HashMap::new()
             }
         };
-        let rows = self.store.list_sandboxes().await?;
+        let mut rows = self.store.list_sandboxes().await?;
+        if let Some(t) = tenant {
+            rows.retain(|r| r.tenant == t);
+        }
         let mut list: Vec<Sandbox> = rows
             .iter()
             .map(|r| sandbox_dto(r, observed.get(&r.id)))

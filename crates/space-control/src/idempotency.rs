@@ -101,23 +101,31 @@ impl Engine {
     /// the sandbox, and whether it is an earlier try's (a replay).
     pub async fn create_sandbox_keyed(
         &self,
+        tenant: &str,
         req: CreateSandbox,
         key: Option<&str>,
     ) -> ControlResult<(Sandbox, bool)> {
         let Some(key) = key else {
-            return Ok((self.create_sandbox(req).await?, false));
+            return Ok((self.create_sandbox_for(tenant, req).await?, false));
         };
         check_key(key)?;
+        // Keys are the tenant's: two tenants' equal keys never meet (a space cannot be in
+        // a key, so the scoped form is unambiguous; `default`'s keep their old form).
+        let stored = if tenant == space_api::tenant::DEFAULT_TENANT {
+            key.to_owned()
+        } else {
+            format!("{tenant} {key}")
+        };
         let body = serde_json::to_vec(&req)
             .map_err(|e| ControlError::internal(format_args!("encode create: {e}")))?;
         let sha = to_hex(&Sha256::digest(&body));
         let id = new_sandbox_id();
-        match self.store.claim_idempotency_key(key, &id, &sha).await? {
-            Claim::Fresh => match self.create_with_id(req, id).await {
+        match self.store.claim_idempotency_key(&stored, &id, &sha).await? {
+            Claim::Fresh => match self.create_with_id(tenant, req, id).await {
                 Ok(sb) => Ok((sb, false)),
                 Err(e) => {
                     if e.kind.is_caller_error() {
-                        self.store.forget_idempotency_key(key).await?;
+                        self.store.forget_idempotency_key(&stored).await?;
                     }
                     Err(e)
                 }
@@ -132,7 +140,7 @@ impl Engine {
                          {sandbox_id}); use a new key for a new request"
                     )));
                 }
-                self.replay_create(req, sandbox_id).await
+                self.replay_create(tenant, req, sandbox_id).await
             }
         }
     }
@@ -141,13 +149,14 @@ impl Engine {
     /// finished here if the try stopped half-way.
     async fn replay_create(
         &self,
+        tenant: &str,
         req: CreateSandbox,
         id: String,
     ) -> ControlResult<(Sandbox, bool)> {
         if self.store.get_sandbox(&id).await?.is_none() {
             // The try stopped before its row: make it now, with the id it chose. A try
             // that is still alive may insert the row meanwhile; then it is a replay.
-            match self.create_with_id(req, id.clone()).await {
+            match self.create_with_id(tenant, req, id.clone()).await {
                 Ok(sb) => return Ok((sb, false)),
                 Err(e) if self.store.get_sandbox(&id).await?.is_none() => return Err(e),
                 Err(_) => {}

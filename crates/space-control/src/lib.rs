@@ -38,6 +38,7 @@ pub mod snapshots;
 pub mod store;
 pub mod template_settings;
 pub mod templates;
+pub mod tenants;
 pub mod tls;
 pub mod usage;
 
@@ -143,6 +144,7 @@ impl ControlPlane {
         };
         let admin_key_path = auth::ensure_admin_key(&store, &cfg.data_dir).await?;
         let auth = Arc::new(Auth::load(&store).await?);
+        auth::spawn_reload(&auth, store.clone());
         let nodes = cluster.as_ref().map(|c| {
             Arc::new(cluster_nodes::ClusterNodes::new(
                 store.clone(),

@@ -74,6 +74,10 @@ const FILES: &[(&str, &str)] = &[
         "0016_replicas.sql",
         include_str!("../migrations/0016_replicas.sql"),
     ),
+    (
+        "0017_tenants.sql",
+        include_str!("../migrations/0017_tenants.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

@@ -498,6 +498,8 @@ impl Engine {
         let now = now_ms();
         let row = SandboxRow {
             id: id.clone(),
+            // A fork belongs to its source's tenant.
+            tenant: source.tenant.clone(),
             spec,
             state: SandboxState::Creating,
             error: None,
@@ -508,6 +510,7 @@ impl Engine {
         };
         let _guard = self.locks.lock(&id).await;
         self.store.insert_sandbox(&row).await?;
+        self.owners.note(&id, &row.tenant);
         match self
             .node
             .fork_sandbox(&source.id, snap, &node_spec(&id, &row.spec))

@@ -115,6 +115,8 @@ pub struct SecretBindingRecord {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxRow {
     pub id: String,
+    /// The tenant it belongs to (decision 0040).
+    pub tenant: String,
     pub spec: SandboxSpecRecord,
     pub state: SandboxState,
     pub error: Option<String>,
@@ -205,8 +207,8 @@ impl Store {
             reason: e.to_string(),
         })?;
         sqlx::query(
-            "INSERT INTO sandboxes (id, spec, state, error, generation, deleted_at, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            "INSERT INTO sandboxes (id, spec, state, error, generation, deleted_at, created_at, updated_at, tenant_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(&row.id)
         .bind(spec)
@@ -216,6 +218,7 @@ impl Store {
         .bind(row.deleted_at)
         .bind(row.created_at)
         .bind(row.updated_at)
+        .bind(&row.tenant)
         .execute(&self.pool)
         .await
         .map_err(q("insert sandbox"))?;
@@ -224,7 +227,7 @@ impl Store {
 
     pub async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
         let row = sqlx::query(
-            "SELECT id, spec, state, error, generation, deleted_at, created_at, updated_at \
+            "SELECT id, spec, state, error, generation, deleted_at, created_at, updated_at, tenant_id \
              FROM sandboxes WHERE id = $1",
         )
         .bind(id)
@@ -237,7 +240,7 @@ impl Store {
     /// All sandboxes, oldest first.
     pub async fn list_sandboxes(&self) -> Result<Vec<SandboxRow>> {
         let rows = sqlx::query(
-            "SELECT id, spec, state, error, generation, deleted_at, created_at, updated_at \
+            "SELECT id, spec, state, error, generation, deleted_at, created_at, updated_at, tenant_id \
              FROM sandboxes ORDER BY created_at, id",
         )
         .fetch_all(&self.pool)
@@ -346,12 +349,16 @@ impl Store {
         Ok(())
     }
 
-    /// Hex sha256 hashes of all API keys.
+    /// Hex sha256 hashes of the live API keys (not revoked, not expired).
     pub async fn api_key_hashes(&self) -> Result<Vec<String>> {
-        let rows = sqlx::query("SELECT hash FROM api_keys")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(q("list api keys"))?;
+        let rows = sqlx::query(
+            "SELECT hash FROM api_keys WHERE revoked_at IS NULL \
+             AND (expires_at IS NULL OR expires_at > $1)",
+        )
+        .bind(now_ms())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(q("list api keys"))?;
         rows.iter()
             .map(|r| r.try_get::<String, _>("hash").map_err(q("list api keys")))
             .collect()
@@ -379,6 +386,7 @@ fn decode_sandbox(r: &AnyRow) -> Result<SandboxRow> {
         deleted_at: r.try_get("deleted_at").map_err(q("decode sandbox"))?,
         created_at: r.try_get("created_at").map_err(q("decode sandbox"))?,
         updated_at: r.try_get("updated_at").map_err(q("decode sandbox"))?,
+        tenant: r.try_get("tenant_id").map_err(q("decode sandbox"))?,
         id,
     })
 }
@@ -416,6 +424,7 @@ pub(crate) mod tests {
     pub(crate) fn row(id: &str, state: SandboxState, created_at: i64) -> SandboxRow {
         SandboxRow {
             id: id.into(),
+            tenant: "default".into(),
             spec: spec(),
             state,
             error: None,

@@ -2126,6 +2126,9 @@ mod net;
 #[path = "tests_pools.rs"]
 mod pools;
 
+#[path = "tests_tenants.rs"]
+mod tenants;
+
 #[tokio::test]
 async fn memory_checkpoints_are_not_restarted_and_running_microvms_fork_from_one() {
     let h = harness().await;

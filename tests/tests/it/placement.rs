@@ -45,6 +45,7 @@ fn simulated(i: usize) -> NodeRow {
 fn sandbox(i: usize) -> SandboxRow {
     SandboxRow {
         id: format!("{i:020}"),
+        tenant: "default".into(),
         spec: SandboxSpecRecord {
             template: "minimal".into(),
             cpu: 8.0,

@@ -10,11 +10,11 @@
 
 use std::collections::BTreeMap;
 
-use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post, put};
+use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use space_api::{CreateSandbox, OnTimeout, Sandbox, SandboxState, SetTimeout};
 
@@ -22,6 +22,7 @@ use super::{E2bError, secrets};
 use crate::AppState;
 use crate::error::{ControlError, ErrorKind};
 use crate::http::{ApiJson, ApiPath, ApiQuery};
+use crate::tenants::Principal;
 
 pub(super) type E2bResult<T> = Result<T, E2bError>;
 
@@ -213,6 +214,11 @@ fn paused(s: SandboxState) -> bool {
     e2b_state(s) == Some("paused")
 }
 
+/// [`not_found`], for the ownership check (another tenant's sandbox reads as missing).
+pub(crate) fn sandbox_not_found(id: &str) -> E2bError {
+    not_found(id)
+}
+
 /// A missing sandbox in E2B's words (the SDKs match "not found").
 fn not_found(id: &str) -> E2bError {
     E2bError(ControlError::not_found(format!(
@@ -346,6 +352,7 @@ async fn template_of(s: &AppState, name: String) -> String {
 
 async fn create(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiJson(req): ApiJson<NewSandbox>,
 ) -> E2bResult<Response> {
     refuse_unsupported(&req)?;
@@ -372,7 +379,8 @@ async fn create(
         secret_headers,
         ..Default::default()
     };
-    let sb = s.engine.create_sandbox(create).await?;
+    crate::tenants::check_secrets(&who, &create)?;
+    let sb = s.engine.create_sandbox_for(&who.tenant, create).await?;
     Ok((StatusCode::CREATED, Json(sandbox_reply(&s, &sb))).into_response())
 }
 
@@ -902,10 +910,11 @@ fn parse_time(t: &str) -> Option<i64> {
 /// The older SDKs' list: the running sandboxes, no pages.
 async fn list_running(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> E2bResult<Json<Vec<E2bInfo>>> {
     let filter = Filter::parse(&q, &["running"])?;
-    let list = s.engine.list_sandboxes().await?;
+    let list = s.engine.list_sandboxes(who.list_filter()).await?;
     Ok(Json(
         list.iter()
             .filter(|sb| filter.keeps(sb))
@@ -916,7 +925,11 @@ async fn list_running(
 
 /// `GET /v2/sandboxes`: filtered, ordered by start (newest first unless `order=asc`), in
 /// pages of `limit` (default and most 100) with `x-next-token` naming the next page.
-async fn list(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> E2bResult<Response> {
+async fn list(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> E2bResult<Response> {
     let filter = Filter::parse(&q, &["running", "paused"])?;
     let invalid = |m: String| invalid(m);
     let limit = q.limit.unwrap_or(MAX_PAGE);
@@ -938,7 +951,7 @@ async fn list(State(s): State<AppState>, ApiQuery(q): ApiQuery<ListQuery>) -> E2
     };
     let mut list: Vec<(PageToken, Sandbox)> = s
         .engine
-        .list_sandboxes()
+        .list_sandboxes(who.list_filter())
         .await?
         .into_iter()
         .filter(|sb| filter.keeps(sb))

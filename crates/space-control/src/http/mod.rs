@@ -15,6 +15,7 @@ mod secrets;
 mod service;
 mod snapshots;
 mod templates;
+mod tenants;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -91,6 +92,13 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/nodes/{id}/drain"),
     ("DELETE", "/v1/nodes/{id}/drain"),
     ("GET", "/v1/cluster"),
+    ("POST", "/v1/tenants"),
+    ("GET", "/v1/tenants"),
+    ("DELETE", "/v1/tenants/{id}"),
+    ("POST", "/v1/keys"),
+    ("GET", "/v1/keys"),
+    ("POST", "/v1/keys/{id}/rotate"),
+    ("DELETE", "/v1/keys/{id}"),
 ];
 
 /// The handler of one entry of [`ROUTES`].
@@ -155,6 +163,13 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("POST", "/v1/nodes/{id}/drain") => post(nodes::drain),
         ("DELETE", "/v1/nodes/{id}/drain") => delete(nodes::undrain),
         ("GET", "/v1/cluster") => get(nodes::cluster_status),
+        ("POST", "/v1/tenants") => post(tenants::create_tenant),
+        ("GET", "/v1/tenants") => get(tenants::list_tenants),
+        ("DELETE", "/v1/tenants/{id}") => delete(tenants::delete_tenant),
+        ("POST", "/v1/keys") => post(tenants::create_key),
+        ("GET", "/v1/keys") => get(tenants::list_keys),
+        ("POST", "/v1/keys/{id}/rotate") => post(tenants::rotate_key),
+        ("DELETE", "/v1/keys/{id}") => delete(tenants::revoke_key),
         _ => unreachable!("route {method} {path} has no handler"),
     }
 }
@@ -230,13 +245,15 @@ async fn method_not_allowed(req: Request) -> Response {
     )
 }
 
-/// API-key check ([`crate::auth::presented_key`]) on everything but `/healthz` and the port proxy (`/p/...`, whose token
-/// is its credential).
+/// API-key check ([`crate::auth::presented_key`]) on everything but `/healthz` and the port
+/// proxy (`/p/...`, whose token is its credential), then who may do what
+/// ([`crate::tenants::authorize`]); handlers find the [`crate::tenants::Principal`] in the
+/// request's extensions.
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if req.uri().path() == "/healthz" || req.uri().path().starts_with("/p/") {
         return next.run(req).await;
     }
-    let Some(key) = state.auth.verify_request(req.headers()) else {
+    let Some((key, who)) = state.auth.verify_request(req.headers()) else {
         let err = ControlError::unauthorized(
             "missing or invalid API key (Authorization: Bearer <key>, or X-API-KEY)",
         );
@@ -245,6 +262,23 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         }
         return err.into_response();
     };
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    if let Err(refused) = crate::tenants::authorize(
+        &state.engine,
+        &who,
+        req.method(),
+        route.as_deref(),
+        req.uri().path(),
+    )
+    .await
+    {
+        return refused;
+    }
+    let mut req = req;
+    req.extensions_mut().insert(who);
     crate::events::audited(&state, &key, req, next).await
 }
 

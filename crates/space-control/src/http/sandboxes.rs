@@ -1,6 +1,7 @@
 //! `/v1/sandboxes` and a sandbox's lifecycle: create, list, get, delete, pause, resume,
 //! timeout, snapshot policy, events and metrics.
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -17,22 +18,25 @@ use super::HResult;
 use super::extract::*;
 use crate::AppState;
 use crate::error::ControlError;
+use crate::tenants::Principal;
 use crate::usage::bound;
 
 /// `POST /v1/sandboxes`: 201 with the new sandbox; with an `Idempotency-Key` an earlier
 /// try made, 200 with that try's sandbox and `Idempotent-Replayed: true`.
 pub(crate) async fn create_sandbox(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     headers: axum::http::HeaderMap,
     ApiJson(req): ApiJson<space_api::CreateSandbox>,
 ) -> HResult<Response> {
+    crate::tenants::check_secrets(&who, &req)?;
     let key = match headers.get("idempotency-key") {
         None => None,
         Some(v) => Some(v.to_str().map_err(|_| {
             ControlError::invalid("Idempotency-Key must be visible ASCII characters")
         })?),
     };
-    let (sb, replayed) = s.engine.create_sandbox_keyed(req, key).await?;
+    let (sb, replayed) = s.engine.create_sandbox_keyed(&who.tenant, req, key).await?;
     Ok(if replayed {
         (StatusCode::OK, [("idempotent-replayed", "true")], Json(sb)).into_response()
     } else {
@@ -40,9 +44,12 @@ pub(crate) async fn create_sandbox(
     })
 }
 
-pub(crate) async fn list_sandboxes(State(s): State<AppState>) -> HResult<Json<SandboxList>> {
+pub(crate) async fn list_sandboxes(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> HResult<Json<SandboxList>> {
     Ok(Json(SandboxList {
-        sandboxes: s.engine.list_sandboxes().await?,
+        sandboxes: s.engine.list_sandboxes(who.list_filter()).await?,
     }))
 }
 

@@ -1,0 +1,151 @@
+//! Tenants and their API keys (decision 0040): every object belongs to a tenant, and a key
+//! carries a tenant and a scope.
+
+use serde::{Deserialize, Serialize};
+
+/// The tenant that exists always: objects from before tenants and those an admin key makes.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyScope {
+    /// Everything, every tenant's objects (only `default` holds admin keys).
+    Admin,
+    /// Its tenant's sandboxes and what is under them, and a read of shared templates.
+    Tenant,
+    /// What `tenant` may read; nothing it may change.
+    ReadOnly,
+}
+
+impl KeyScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::Tenant => "tenant",
+            Self::ReadOnly => "read-only",
+        }
+    }
+}
+
+impl std::str::FromStr for KeyScope {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "admin" => Ok(Self::Admin),
+            "tenant" => Ok(Self::Tenant),
+            "read-only" => Ok(Self::ReadOnly),
+            other => Err(format!(
+                "unknown key scope {other:?}: expected admin, tenant or read-only"
+            )),
+        }
+    }
+}
+
+/// Whether `id` is a valid tenant id: 1 to 63 of `a-z`, `0-9` and `-`, starting with a
+/// letter or digit.
+pub fn is_valid_tenant_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+}
+
+/// `POST /v1/tenants`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenant {
+    pub id: String,
+}
+
+/// A tenant and what it holds now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tenant {
+    pub id: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// Its sandboxes that are not deleted.
+    pub sandboxes: u64,
+    /// Its keys that still work (not revoked, not expired).
+    pub keys: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantList {
+    pub tenants: Vec<Tenant>,
+}
+
+/// `POST /v1/keys`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKey {
+    pub tenant: String,
+    pub scope: KeyScope,
+    /// A label for people (default: the scope).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A key as listed: never its value or hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKey {
+    pub id: String,
+    pub tenant: String,
+    pub scope: KeyScope,
+    pub name: String,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// When it stops working (set by a rotation's overlap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// When it was revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyList {
+    pub keys: Vec<ApiKey>,
+}
+
+/// A new key: its value is answered once, here, and never again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreatedKey {
+    pub key: String,
+    pub info: ApiKey,
+}
+
+/// `POST /v1/keys/{id}/rotate`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateKey {
+    /// How long the old key keeps working (default 3600, at most 604800).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_secs: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_and_ids() {
+        for s in [KeyScope::Admin, KeyScope::Tenant, KeyScope::ReadOnly] {
+            assert_eq!(s.as_str().parse::<KeyScope>(), Ok(s));
+            let json = serde_json::to_string(&s).unwrap();
+            assert_eq!(json, format!("\"{}\"", s.as_str()));
+        }
+        assert!("root".parse::<KeyScope>().is_err());
+        assert!(is_valid_tenant_id("team-a1"));
+        for bad in ["", "-a", "A", "a_b", "a/b", &"a".repeat(64)] {
+            assert!(!is_valid_tenant_id(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! Tenants, scoped keys and who may touch what (decision 0040).
+//!
+//! [`authorize`] runs in the auth middleware for every request with a valid key, from the
+//! route's matched path: a handler cannot forget it. Another tenant's sandbox answers what a
+//! missing one does (404, same message and shape); an admin route answers 403 to other
+//! scopes; a read-only key's write answers 403.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::response::{IntoResponse, Response};
+use space_api::tenant::{ApiKey, DEFAULT_TENANT, KeyScope, Tenant, is_valid_tenant_id};
+use sqlx::Row;
+
+use crate::error::{ControlError, ControlResult, ErrorKind};
+use crate::store::{Store, StoreError, now_ms};
+
+/// Who a request is: its key's id, tenant and scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub key_id: String,
+    pub tenant: String,
+    pub scope: KeyScope,
+}
+
+impl Principal {
+    pub fn is_admin(&self) -> bool {
+        self.scope == KeyScope::Admin
+    }
+
+    /// The tenant whose objects a list shows: None for an admin (every tenant's).
+    pub fn list_filter(&self) -> Option<&str> {
+        (!self.is_admin()).then_some(self.tenant.as_str())
+    }
+
+    /// The principal of work the control plane does itself (builds, tests).
+    pub fn system() -> Self {
+        Self {
+            key_id: "system".into(),
+            tenant: DEFAULT_TENANT.into(),
+            scope: KeyScope::Admin,
+        }
+    }
+}
+
+/// How a route is guarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Any valid key may read it (shared objects: templates, the E2B settings).
+    Shared,
+    /// A collection of sandboxes: lists are filtered and creates stamped by the handler.
+    Sandboxes,
+    /// One sandbox and what is under it: its tenant's keys only.
+    Sandbox,
+    /// Admin keys only.
+    Admin,
+}
+
+/// The guard of route `path` (the matched pattern) with `method`.
+pub fn access(method: &str, path: &str) -> Access {
+    const SANDBOX_PREFIXES: [&str; 3] = [
+        "/v1/sandboxes/{id}",
+        "/sandboxes/{id}",
+        "/v2/sandboxes/{id}",
+    ];
+    match (method, path) {
+        // Moving a sandbox between nodes is the operator's call; an E2B snapshot makes a
+        // template, and templates are shared (admin-written) in this increment.
+        (_, "/v1/sandboxes/{id}/migrate") | (_, "/sandboxes/{id}/snapshots") => Access::Admin,
+        (_, "/v1/sandboxes" | "/sandboxes" | "/v2/sandboxes") => Access::Sandboxes,
+        ("GET", "/v1/templates" | "/v1/templates/{name}" | "/v1/e2b") => Access::Shared,
+        _ if SANDBOX_PREFIXES.iter().any(|p| {
+            path.strip_prefix(p)
+                .is_some_and(|r| r.is_empty() || r.starts_with('/'))
+        }) =>
+        {
+            Access::Sandbox
+        }
+        _ => Access::Admin,
+    }
+}
+
+fn is_read(method: &axum::http::Method) -> bool {
+    matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD)
+}
+
+/// An answer in the shape of the route's API (E2B's for its paths).
+fn refuse(path: &str, e: ControlError) -> Response {
+    if crate::e2b::is_control_path(path) {
+        crate::e2b::E2bError(e).into_response()
+    } else {
+        e.into_response()
+    }
+}
+
+/// Whether `who` may make this request; the refusal to answer when not.
+pub async fn authorize(
+    engine: &crate::Engine,
+    who: &Principal,
+    method: &axum::http::Method,
+    route: Option<&str>,
+    path: &str,
+) -> Result<(), Response> {
+    if who.is_admin() {
+        return Ok(());
+    }
+    // No route matched: the fallback answers 404 or 405 and touches nothing.
+    let Some(route) = route else { return Ok(()) };
+    if who.scope == KeyScope::ReadOnly && !is_read(method) {
+        return Err(refuse(
+            path,
+            ControlError::new(
+                ErrorKind::PermissionDenied,
+                "a read-only key cannot change anything",
+            ),
+        ));
+    }
+    match access(method.as_str(), route) {
+        Access::Shared | Access::Sandboxes => Ok(()),
+        Access::Admin => Err(refuse(
+            path,
+            ControlError::new(
+                ErrorKind::PermissionDenied,
+                format!("{method} {route} needs an admin key"),
+            ),
+        )),
+        Access::Sandbox => {
+            let Some(id) = crate::events::sandbox_of(path) else {
+                return Ok(()); // a malformed id: the handler answers 400
+            };
+            match engine.owners.tenant_of(&engine.store, id).await {
+                Ok(Some(t)) if t == who.tenant => Ok(()),
+                Ok(_) => Err(if crate::e2b::is_control_path(path) {
+                    crate::e2b::control::sandbox_not_found(id).into_response()
+                } else {
+                    ControlError::not_found(format!("sandbox {id} not found")).into_response()
+                }),
+                Err(e) => Err(refuse(path, e.into())),
+            }
+        }
+    }
+}
+
+/// Sandbox id to tenant, as read from the store. A sandbox never changes tenant, so an
+/// entry never goes stale; a deleted sandbox's entry only answers for an id nobody reuses.
+#[derive(Debug, Default)]
+pub struct Owners {
+    map: Mutex<HashMap<String, String>>,
+}
+
+/// Entries kept before the map starts over (about 10 MB).
+const OWNERS_MAX: usize = 100_000;
+
+impl Owners {
+    /// The tenant of sandbox `id`; None when there is no such sandbox.
+    pub async fn tenant_of(&self, store: &Store, id: &str) -> Result<Option<String>, StoreError> {
+        if let Some(t) = self.map.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+            return Ok(Some(t.clone()));
+        }
+        let Some(t) = store.sandbox_tenant(id).await? else {
+            return Ok(None);
+        };
+        self.note(id, &t);
+        Ok(Some(t))
+    }
+
+    /// Records a sandbox's tenant (at create, so its first request needs no read).
+    pub fn note(&self, id: &str, tenant: &str) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= OWNERS_MAX {
+            map.clear();
+        }
+        map.insert(id.to_owned(), tenant.to_owned());
+    }
+}
+
+/// Secrets stay admin-managed in this increment (decision 0040): a create by another scope
+/// may not bind any, so no tenant can use credentials it does not own.
+pub fn check_secrets(who: &Principal, req: &space_api::CreateSandbox) -> ControlResult<()> {
+    if who.is_admin() || (req.secrets.is_empty() && req.secret_headers.is_empty()) {
+        return Ok(());
+    }
+    Err(ControlError::new(
+        ErrorKind::PermissionDenied,
+        "secrets are managed with an admin key for now: a tenant key's create cannot bind any",
+    ))
+}
+
+/// A tenant id from a request, checked.
+pub fn check_tenant_id(id: &str) -> ControlResult<()> {
+    if is_valid_tenant_id(id) {
+        Ok(())
+    } else {
+        Err(ControlError::invalid(format!(
+            "invalid tenant id {id:?}: 1 to 63 of a-z, 0-9 and -, not starting with -"
+        )))
+    }
+}
+
+/// One row of `api_keys`, as the key cache and the key API see it.
+#[derive(Debug, Clone)]
+pub struct KeyRow {
+    pub id: String,
+    pub hash: String,
+    pub name: String,
+    pub tenant: String,
+    pub scope: KeyScope,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
+impl KeyRow {
+    /// Whether it works at `now` (not revoked, not expired).
+    pub fn live(&self, now: i64) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|t| now < t)
+    }
+
+    pub fn dto(&self) -> ApiKey {
+        ApiKey {
+            id: self.id.clone(),
+            tenant: self.tenant.clone(),
+            scope: self.scope,
+            name: self.name.clone(),
+            created_at: space_api::rfc3339_from_unix_ms(self.created_at),
+            expires_at: self.expires_at.map(space_api::rfc3339_from_unix_ms),
+            revoked_at: self.revoked_at.map(space_api::rfc3339_from_unix_ms),
+        }
+    }
+}
+
+fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |source| StoreError::Query { what, source }
+}
+
+const KEY_COLUMNS: &str = "id, hash, name, tenant_id, scope, created_at, expires_at, revoked_at";
+
+fn decode_key(r: &sqlx::any::AnyRow) -> Result<KeyRow, StoreError> {
+    let scope: String = r.try_get("scope").map_err(q("decode key"))?;
+    Ok(KeyRow {
+        id: r.try_get("id").map_err(q("decode key"))?,
+        hash: r.try_get("hash").map_err(q("decode key"))?,
+        name: r.try_get("name").map_err(q("decode key"))?,
+        tenant: r.try_get("tenant_id").map_err(q("decode key"))?,
+        scope: scope.parse().map_err(|reason| StoreError::Corrupt {
+            id: "api_keys".into(),
+            reason,
+        })?,
+        created_at: r.try_get("created_at").map_err(q("decode key"))?,
+        expires_at: r.try_get("expires_at").map_err(q("decode key"))?,
+        revoked_at: r.try_get("revoked_at").map_err(q("decode key"))?,
+    })
+}
+
+impl Store {
+    /// Every key, revoked and expired ones included, oldest first.
+    pub async fn api_keys(&self) -> Result<Vec<KeyRow>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id"
+        ))
+        .fetch_all(self.pool())
+        .await
+        .map_err(q("list api keys"))?;
+        rows.iter().map(decode_key).collect()
+    }
+
+    pub async fn api_key(&self, id: &str) -> Result<Option<KeyRow>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read api key"))?;
+        row.as_ref().map(decode_key).transpose()
+    }
+
+    pub async fn insert_key(&self, k: &KeyRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO api_keys (id, hash, name, tenant_id, scope, created_at, expires_at, \
+             revoked_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&k.id)
+        .bind(&k.hash)
+        .bind(&k.name)
+        .bind(&k.tenant)
+        .bind(k.scope.as_str())
+        .bind(k.created_at)
+        .bind(k.expires_at)
+        .bind(k.revoked_at)
+        .execute(self.pool())
+        .await
+        .map_err(q("insert api key"))?;
+        Ok(())
+    }
+
+    /// Sets when key `id` stops working (never later than it already would).
+    pub async fn expire_key(&self, id: &str, at: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE api_keys SET expires_at = CASE WHEN expires_at IS NULL OR expires_at > $2 \
+             THEN $2 ELSE expires_at END WHERE id = $1",
+        )
+        .bind(id)
+        .bind(at)
+        .execute(self.pool())
+        .await
+        .map_err(q("expire api key"))?;
+        Ok(())
+    }
+
+    /// Revokes key `id`; false when it was revoked already or does not exist.
+    pub async fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
+        let done =
+            sqlx::query("UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL")
+                .bind(id)
+                .bind(now_ms())
+                .execute(self.pool())
+                .await
+                .map_err(q("revoke api key"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The tenant of sandbox `id` (deleted ones too, until their row goes).
+    pub async fn sandbox_tenant(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT tenant_id FROM sandboxes WHERE id = $1")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read sandbox tenant"))?;
+        row.map(|r| r.try_get(0).map_err(q("read sandbox tenant")))
+            .transpose()
+    }
+
+    /// Inserts tenant `id`; false when it exists.
+    pub async fn insert_tenant(&self, id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO tenants (id, created_at) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(id)
+        .bind(now_ms())
+        .execute(self.pool())
+        .await
+        .map_err(q("insert tenant"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Every tenant with its live sandboxes and its live keys, by id.
+    pub async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
+        let now = now_ms();
+        let rows = sqlx::query(
+            "SELECT t.id, t.created_at, \
+               (SELECT COUNT(*) FROM sandboxes s WHERE s.tenant_id = t.id \
+                  AND s.deleted_at IS NULL) AS sandboxes, \
+               (SELECT COUNT(*) FROM api_keys k WHERE k.tenant_id = t.id \
+                  AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > $1)) \
+                  AS keys \
+             FROM tenants t ORDER BY t.id",
+        )
+        .bind(now)
+        .fetch_all(self.pool())
+        .await
+        .map_err(q("list tenants"))?;
+        rows.iter()
+            .map(|r| {
+                let n = |c: &str| -> Result<u64, StoreError> {
+                    Ok(r.try_get::<i64, _>(c).map_err(q("list tenants"))?.max(0) as u64)
+                };
+                Ok(Tenant {
+                    id: r.try_get("id").map_err(q("list tenants"))?,
+                    created_at: space_api::rfc3339_from_unix_ms(
+                        r.try_get("created_at").map_err(q("list tenants"))?,
+                    ),
+                    sandboxes: n("sandboxes")?,
+                    keys: n("keys")?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn delete_tenant_row(&self, id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM tenants WHERE id = $1")
+            .bind(id)
+            .execute(self.pool())
+            .await
+            .map_err(q("delete tenant"))?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+impl crate::Engine {
+    pub async fn create_tenant(&self, id: &str) -> ControlResult<Tenant> {
+        check_tenant_id(id)?;
+        if !self.store.insert_tenant(id).await? {
+            return Err(ControlError::conflict(format!("tenant {id} exists")));
+        }
+        self.tenant(id).await
+    }
+
+    pub async fn tenant(&self, id: &str) -> ControlResult<Tenant> {
+        check_tenant_id(id)?;
+        self.store
+            .tenants()
+            .await?
+            .into_iter()
+            .find(|t| t.id == id)
+            .ok_or_else(|| ControlError::not_found(format!("tenant {id} not found")))
+    }
+
+    pub async fn list_tenants(&self) -> ControlResult<Vec<Tenant>> {
+        Ok(self.store.tenants().await?)
+    }
+
+    /// Removes a tenant that holds nothing: no sandbox, no live key.
+    pub async fn delete_tenant(&self, id: &str) -> ControlResult<()> {
+        let t = self.tenant(id).await?;
+        if id == DEFAULT_TENANT {
+            return Err(ControlError::conflict("tenant default cannot be removed"));
+        }
+        if t.sandboxes > 0 || t.keys > 0 {
+            return Err(ControlError::conflict(format!(
+                "tenant {id} still has {} sandboxes and {} live keys: remove the sandboxes \
+                 and revoke the keys first",
+                t.sandboxes, t.keys
+            )));
+        }
+        self.store.delete_tenant_row(id).await?;
+        Ok(())
+    }
+}
