@@ -89,6 +89,27 @@ fn the_official_python_sdk_runs_against_space() {
     );
 }
 
+/// Tenant keys through the official Python SDK (decision 0040): each sees, reaches and
+/// kills only its own sandboxes (`tests/e2b/python/test_tenants.py`).
+#[test]
+fn tenant_keys_reach_only_their_own_sandboxes_through_the_python_sdk() {
+    let Some(python) = e2b_python() else { return };
+    let Some(s) = Spaced::start_with_base(&[]) else {
+        return;
+    };
+    let mut keys = Vec::new();
+    for t in ["team-a", "team-b"] {
+        s.space_ok(&["tenant", "create", t]);
+        let key = s.space_ok(&["key", "create", "--tenant", t]);
+        keys.push(space_api::e2b_key(key.trim()));
+    }
+    let mut cmd = sdk_command(&s, &python, "python");
+    cmd.args(["-m", "unittest", "-v", "test_tenants"])
+        .env("KEY_A", &keys[0])
+        .env("KEY_B", &keys[1]);
+    run_sdk(&s, cmd);
+}
+
 /// Runs `tests/e2b/js/test_sdk.cjs` with node's test runner against the JS SDK in
 /// `node_modules`.
 fn run_js(s: &Spaced, node: &Path, node_modules: &Path) {

@@ -30,5 +30,6 @@ mod sdk;
 mod snapshot_policy;
 mod snapshots;
 mod templates;
+mod tenants;
 mod top;
 mod vm_moves;

@@ -1,0 +1,122 @@
+//! Tenants and scoped keys end to end (issue 15, decision 0040): a real spaced, the `space`
+//! CLI with each key, and real sandboxes.
+
+use std::process::Output;
+
+use space_tests::Spaced;
+
+/// `space ARGS` with `key` instead of the admin key.
+fn space_as(s: &Spaced, key: &str, args: &[&str]) -> Output {
+    s.cli()
+        .env("SPACE_API_KEY", key)
+        .args(args)
+        .output()
+        .expect("run space")
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn refused(out: Output, why: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should have failed: {err}");
+    assert!(err.contains(why), "expected {why:?} in: {err}");
+}
+
+#[test]
+fn a_tenant_key_drives_its_own_sandboxes_and_nothing_else() {
+    let s = Spaced::start().unwrap();
+    assert_eq!(s.space_ok(&["tenant", "create", "team-a"]).trim(), "team-a");
+    let key_a = s.space_ok(&["key", "create", "--tenant", "team-a"]);
+    let key_a = key_a.trim();
+    assert!(key_a.starts_with("sk_"), "{key_a}");
+    let ro = s.space_ok(&[
+        "key",
+        "create",
+        "--tenant",
+        "team-a",
+        "--scope",
+        "read-only",
+        "--name",
+        "dashboard",
+    ]);
+    let ro = ro.trim();
+
+    // Its own sandbox: create, exec, ls.
+    let mine = ok(space_as(&s, key_a, &["create", "--template", "minimal"]));
+    let mine = mine.trim();
+    assert_eq!(
+        ok(space_as(&s, key_a, &["exec", mine, "--", "echo", "hi"])),
+        "hi\n"
+    );
+    // The admin's sandbox (tenant default) is not there for it.
+    let theirs = s.create(&["--template", "minimal"]);
+    let ls = ok(space_as(&s, key_a, &["ls"]));
+    assert!(ls.contains(mine) && !ls.contains(&theirs), "{ls}");
+    refused(
+        space_as(&s, key_a, &["exec", &theirs, "--", "true"]),
+        &format!("sandbox {theirs} not found"),
+    );
+    refused(space_as(&s, key_a, &["rm", &theirs]), "not found");
+    assert!(
+        s.space_ok(&["ls"]).contains(&theirs),
+        "the admin's sandbox is still there"
+    );
+    // Admin routes.
+    refused(space_as(&s, key_a, &["node", "ls"]), "needs an admin key");
+    refused(space_as(&s, key_a, &["key", "ls"]), "needs an admin key");
+    // The read-only key reads and changes nothing.
+    assert!(ok(space_as(&s, ro, &["ls"])).contains(mine));
+    refused(
+        space_as(&s, ro, &["create", "--template", "minimal"]),
+        "read-only",
+    );
+    refused(space_as(&s, ro, &["exec", mine, "--", "true"]), "read-only");
+
+    // The admin sees both, and who owns what.
+    let all: serde_json::Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
+    let list = all
+        .as_array()
+        .or_else(|| all["sandboxes"].as_array())
+        .unwrap();
+    let tenant_of = |id: &str| {
+        list.iter()
+            .find(|x| x["id"] == id)
+            .map(|x| x["tenant"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(tenant_of(mine).as_deref(), Some("team-a"));
+    assert_eq!(tenant_of(&theirs).as_deref(), Some("default"));
+    let tenants = s.space_ok(&["tenant", "ls"]);
+    assert!(
+        tenants
+            .lines()
+            .any(|l| l.starts_with("team-a") && l.contains(" 1 ")),
+        "{tenants}"
+    );
+
+    // Revoked: the very next command fails; the key's sandbox is untouched.
+    let keys: serde_json::Value =
+        serde_json::from_str(&s.space_ok(&["key", "ls", "--tenant", "team-a", "--json"])).unwrap();
+    let id = keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["scope"] == "tenant")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    s.space_ok(&["key", "revoke", &id]);
+    refused(space_as(&s, key_a, &["ls"]), "invalid API key");
+    assert!(s.space_ok(&["ls"]).contains(mine));
+    // A tenant with a sandbox stays.
+    let out = s.space(&["tenant", "rm", "team-a"]);
+    refused(out, "still has 1 sandboxes");
+}
