@@ -4,13 +4,17 @@ use reqwest::Method;
 
 use super::{Client, Result};
 use crate::tenant::{
-    ApiKey, ApiKeyList, CreateKey, CreateTenant, CreatedKey, RotateKey, Tenant, TenantList,
+    ApiKey, ApiKeyList, CreateKey, CreateTenant, CreatedKey, RotateKey, SetTenant, Tenant,
+    TenantList,
 };
 
 impl Client {
     /// `POST /v1/tenants`.
-    pub async fn create_tenant(&self, id: &str) -> Result<Tenant> {
-        let req = CreateTenant { id: id.to_owned() };
+    pub async fn create_tenant(&self, id: &str, replicas: Option<u32>) -> Result<Tenant> {
+        let req = CreateTenant {
+            id: id.to_owned(),
+            replicas,
+        };
         self.json(Self::with_json(
             self.request(Method::POST, "/v1/tenants"),
             &req,
@@ -22,6 +26,15 @@ impl Client {
     pub async fn list_tenants(&self) -> Result<Vec<Tenant>> {
         let list: TenantList = self.json(self.request(Method::GET, "/v1/tenants")).await?;
         Ok(list.tenants)
+    }
+
+    /// `PUT /v1/tenants/{id}`: its settings, replaced whole.
+    pub async fn set_tenant(&self, id: &str, req: &SetTenant) -> Result<Tenant> {
+        self.json(Self::with_json(
+            self.request(Method::PUT, &format!("/v1/tenants/{id}")),
+            req,
+        ))
+        .await
     }
 
     /// `DELETE /v1/tenants/{id}`: refused while it has sandboxes or live keys.

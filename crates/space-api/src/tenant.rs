@@ -58,6 +58,18 @@ pub fn is_valid_tenant_id(id: &str) -> bool {
 #[serde(deny_unknown_fields)]
 pub struct CreateTenant {
     pub id: String,
+    /// Replicas of its sandboxes when neither the create nor the template says (0 or 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
+}
+
+/// `PUT /v1/tenants/{id}`: its settings, replaced whole.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetTenant {
+    /// Replicas of its sandboxes when neither the create nor the template says (none: 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
 }
 
 /// A tenant and what it holds now.
@@ -71,6 +83,9 @@ pub struct Tenant {
     pub sandboxes: u64,
     /// Its keys that still work (not revoked, not expired).
     pub keys: u64,
+    /// Replicas of its sandboxes when neither the create nor the template says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

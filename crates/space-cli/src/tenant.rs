@@ -3,13 +3,27 @@
 use anyhow::Result;
 use clap::Subcommand;
 use space_api::Client;
-use space_api::tenant::{ApiKey, ApiKeyList, CreateKey, KeyScope, RotateKey, Tenant, TenantList};
+use space_api::tenant::{
+    ApiKey, ApiKeyList, CreateKey, KeyScope, RotateKey, SetTenant, Tenant, TenantList,
+};
 
 #[derive(Debug, Subcommand)]
 pub enum TenantCmd {
     /// Create a tenant (1 to 63 of a-z, 0-9 and -).
     Create {
         id: String,
+        /// Replicas of its sandboxes when neither the create nor the template says (needs a
+        /// cluster).
+        #[arg(long)]
+        replicas: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set a tenant's default replicas (--replicas 0 or 1; none: unset).
+    Set {
+        id: String,
+        #[arg(long)]
+        replicas: Option<u32>,
         #[arg(long)]
         json: bool,
     },
@@ -65,13 +79,17 @@ fn parse_scope(s: &str) -> Result<KeyScope, String> {
 /// The table of `space tenant ls`.
 pub fn tenant_table(tenants: &[Tenant]) -> String {
     let mut out = vec![format!(
-        "{:<24}  {:>9}  {:>5}  CREATED",
-        "TENANT", "SANDBOXES", "KEYS"
+        "{:<24}  {:>9}  {:>5}  {:>8}  CREATED",
+        "TENANT", "SANDBOXES", "KEYS", "REPLICAS"
     )];
     for t in tenants {
         out.push(format!(
-            "{:<24}  {:>9}  {:>5}  {}",
-            t.id, t.sandboxes, t.keys, t.created_at
+            "{:<24}  {:>9}  {:>5}  {:>8}  {}",
+            t.id,
+            t.sandboxes,
+            t.keys,
+            t.replicas.unwrap_or(0),
+            t.created_at
         ));
     }
     out.join("\n")
@@ -103,12 +121,20 @@ pub fn key_table(keys: &[ApiKey]) -> String {
 
 pub async fn run_tenant(c: Client, cmd: TenantCmd) -> Result<i32> {
     match cmd {
-        TenantCmd::Create { id, json } => {
-            let t = c.create_tenant(&id).await?;
+        TenantCmd::Create { id, replicas, json } => {
+            let t = c.create_tenant(&id, replicas).await?;
             if json {
                 crate::print_json(&t)?;
             } else {
                 println!("{}", t.id);
+            }
+        }
+        TenantCmd::Set { id, replicas, json } => {
+            let t = c.set_tenant(&id, &SetTenant { replicas }).await?;
+            if json {
+                crate::print_json(&t)?;
+            } else {
+                println!("{}", tenant_table(std::slice::from_ref(&t)));
             }
         }
         TenantCmd::Ls { json } => {

@@ -1,7 +1,9 @@
 -- Tenants and scoped API keys (decision 0040). Portable SQL (SQLite and PostgreSQL).
 CREATE TABLE IF NOT EXISTS tenants (
     id          TEXT PRIMARY KEY,
-    created_at  BIGINT NOT NULL
+    created_at  BIGINT NOT NULL,
+    -- Replicas of its sandboxes when neither the create nor the template says (NULL: 0).
+    replicas    BIGINT
 );
 
 -- Objects that predate tenants, and those an admin key makes, belong to `default`.

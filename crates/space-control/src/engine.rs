@@ -214,6 +214,8 @@ pub struct Engine {
     pub(crate) node_started: std::sync::atomic::AtomicU64,
     /// Each sandbox's tenant, for the per-request ownership check (see `tenants`).
     pub(crate) owners: crate::tenants::Owners,
+    /// Tenants' default replicas, read at most once a second (see `tenants`).
+    pub(crate) tenant_defaults: crate::tenants::TenantDefaults,
 }
 
 pub(crate) fn new_sandbox_id() -> String {
@@ -581,6 +583,7 @@ impl Engine {
             cfg,
             locks: KeyedLocks::default(),
             owners: Default::default(),
+            tenant_defaults: Default::default(),
             metrics: Metrics::default(),
             wake: Notify::new(),
             activity: Arc::default(),
@@ -719,7 +722,10 @@ impl Engine {
                     .unwrap_or_else(|| self.cfg.default_runtime.clone())
             });
             if asked_replicas.is_none() {
-                spec.replicas = t.replicas.unwrap_or(0);
+                spec.replicas = match t.replicas {
+                    Some(n) => n,
+                    None => self.tenant_default_replicas(tenant).await?,
+                };
             }
         }
         self.check_replicas(spec.replicas)?;
@@ -746,15 +752,10 @@ impl Engine {
         let _guard = self.locks.lock(&id).await;
         self.store.insert_sandbox(&row).await?;
         self.owners.note(&id, tenant);
-        self.event(
-            &id,
-            "create",
-            "ok",
-            &format!(
-                "template={} {}",
-                row.spec.template,
-                crate::net::policy_detail(&row.spec.network)
-            ),
+        let created_detail = format!(
+            "template={} {}",
+            row.spec.template,
+            crate::net::policy_detail(&row.spec.network)
         );
         if let Some(l) = &lifecycle {
             self.store.put_lifecycle(l).await?;
@@ -765,10 +766,16 @@ impl Engine {
         self.activity.touch(&id);
         let spec = node_spec(&id, &row.spec);
         let created = async {
+            // The `create` event is recorded once this create's own writes are done (its
+            // row, lifecycle, policy, claim): recording wakes the event writer, whose insert
+            // would otherwise meet them at SQLite's write lock, where the loser sleeps 1 ms
+            // or more in SQLite's busy handler.
             // Across nodes: where it goes, and why, is an event of its own.
             if let Some(nodes) = &self.cluster_nodes {
                 let need = crate::scheduler::Need::of(&spec);
-                match nodes.place(&id, &spec.template, need).await {
+                let placed = nodes.place(&id, &spec.template, need).await;
+                self.event(&id, "create", "ok", &created_detail);
+                match placed {
                     Ok(p) => {
                         self.event(&id, "place", "ok", &format!("node={} {}", p.node, p.reason))
                     }
@@ -777,6 +784,8 @@ impl Engine {
                         return Err(e);
                     }
                 }
+            } else {
+                self.event(&id, "create", "ok", &created_detail);
             }
             self.node.create_sandbox(&spec).await
         };

@@ -7,9 +7,10 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use axum::response::{IntoResponse, Response};
-use space_api::tenant::{ApiKey, DEFAULT_TENANT, KeyScope, Tenant, is_valid_tenant_id};
+use space_api::tenant::{ApiKey, DEFAULT_TENANT, KeyScope, SetTenant, Tenant, is_valid_tenant_id};
 use sqlx::Row;
 
 use crate::error::{ControlError, ControlResult, ErrorKind};
@@ -330,12 +331,14 @@ impl Store {
     }
 
     /// Inserts tenant `id`; false when it exists.
-    pub async fn insert_tenant(&self, id: &str) -> Result<bool, StoreError> {
+    pub async fn insert_tenant(&self, id: &str, replicas: Option<u32>) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "INSERT INTO tenants (id, created_at) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO tenants (id, created_at, replicas) VALUES ($1, $2, $3) \
+             ON CONFLICT (id) DO NOTHING",
         )
         .bind(id)
         .bind(now_ms())
+        .bind(replicas.map(i64::from))
         .execute(self.pool())
         .await
         .map_err(q("insert tenant"))?;
@@ -346,7 +349,7 @@ impl Store {
     pub async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
         let now = now_ms();
         let rows = sqlx::query(
-            "SELECT t.id, t.created_at, \
+            "SELECT t.id, t.created_at, t.replicas, \
                (SELECT COUNT(*) FROM sandboxes s WHERE s.tenant_id = t.id \
                   AND s.deleted_at IS NULL) AS sandboxes, \
                (SELECT COUNT(*) FROM api_keys k WHERE k.tenant_id = t.id \
@@ -370,9 +373,42 @@ impl Store {
                     ),
                     sandboxes: n("sandboxes")?,
                     keys: n("keys")?,
+                    replicas: r
+                        .try_get::<Option<i64>, _>("replicas")
+                        .map_err(q("list tenants"))?
+                        .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
                 })
             })
             .collect()
+    }
+
+    /// Sets tenant `id`'s settings; false when there is no such tenant.
+    pub async fn set_tenant_replicas(
+        &self,
+        id: &str,
+        replicas: Option<u32>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE tenants SET replicas = $2 WHERE id = $1")
+            .bind(id)
+            .bind(replicas.map(i64::from))
+            .execute(self.pool())
+            .await
+            .map_err(q("set tenant"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Tenant `id`'s default replicas (None: no such tenant, or none set).
+    pub async fn tenant_replicas(&self, id: &str) -> Result<Option<u32>, StoreError> {
+        let row = sqlx::query("SELECT replicas FROM tenants WHERE id = $1")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(q("read tenant"))?;
+        Ok(row
+            .map(|r| r.try_get::<Option<i64>, _>(0).map_err(q("read tenant")))
+            .transpose()?
+            .flatten()
+            .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32))
     }
 
     pub async fn delete_tenant_row(&self, id: &str) -> Result<bool, StoreError> {
@@ -385,13 +421,64 @@ impl Store {
     }
 }
 
+/// How long a replica uses a tenant's settings before it reads them again (a change made
+/// through another replica reaches its creates within this).
+const SETTINGS_FRESH: Duration = Duration::from_secs(1);
+
+/// Tenants' default replicas as last read, per tenant.
+#[derive(Debug, Default)]
+pub struct TenantDefaults {
+    map: Mutex<HashMap<String, (Instant, u32)>>,
+}
+
 impl crate::Engine {
-    pub async fn create_tenant(&self, id: &str) -> ControlResult<Tenant> {
+    pub async fn create_tenant(&self, id: &str, replicas: Option<u32>) -> ControlResult<Tenant> {
         check_tenant_id(id)?;
-        if !self.store.insert_tenant(id).await? {
+        if let Some(n) = replicas {
+            self.check_replicas(n)?;
+        }
+        if !self.store.insert_tenant(id, replicas).await? {
             return Err(ControlError::conflict(format!("tenant {id} exists")));
         }
         self.tenant(id).await
+    }
+
+    /// `PUT /v1/tenants/{id}`: its settings, replaced whole; new creates use them.
+    pub async fn set_tenant(&self, id: &str, req: SetTenant) -> ControlResult<Tenant> {
+        check_tenant_id(id)?;
+        if let Some(n) = req.replicas {
+            self.check_replicas(n)?;
+        }
+        if !self.store.set_tenant_replicas(id, req.replicas).await? {
+            return Err(ControlError::not_found(format!("tenant {id} not found")));
+        }
+        self.tenant_defaults
+            .map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        self.tenant(id).await
+    }
+
+    /// The replicas a create of `tenant` gets when neither it nor its template says.
+    pub(crate) async fn tenant_default_replicas(&self, tenant: &str) -> ControlResult<u32> {
+        if let Some((at, n)) = self
+            .tenant_defaults
+            .map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(tenant)
+            && at.elapsed() < SETTINGS_FRESH
+        {
+            return Ok(*n);
+        }
+        let n = self.store.tenant_replicas(tenant).await?.unwrap_or(0);
+        self.tenant_defaults
+            .map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(tenant.to_owned(), (Instant::now(), n));
+        Ok(n)
     }
 
     pub async fn tenant(&self, id: &str) -> ControlResult<Tenant> {

@@ -187,21 +187,51 @@ fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
     // found again with its processes.
     doomed.spawn_node().unwrap();
     assert!(
+        // The stray's event is recorded once its removal returns, just after its dir goes.
         eventually(Duration::from_secs(60), || !doomed
             .user_sandbox_dirs()
             .contains(&kept)
-            && s.inspect(&gone)["state"] == "running"),
+            && s.inspect(&gone)["state"] == "running"
+            && s.space_ok(&["events", &kept]).contains("stray")),
         "after the node came back: {:?}, {}\n{}",
         doomed.user_sandbox_dirs(),
         s.inspect(&gone),
         s.space_ok(&["events", &kept])
     );
     assert_eq!(s.sh(&gone, "echo $K").1, "gone\n");
-    assert!(s.space_ok(&["events", &kept]).contains("stray"));
     assert_eq!(s.sh(&kept, "cat /root/f").1, "one\n");
     let listed: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
     assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 2, "{listed}");
     for id in [&kept, &gone] {
+        s.space_ok(&["rm", id]);
+    }
+
+    // A tenant's default: its creates that name no replicas (and whose template names
+    // none) get one; a create that says 0 gets none.
+    s.space_ok(&["tenant", "create", "team-r", "--replicas", "1"]);
+    let key = s.space_ok(&["key", "create", "--tenant", "team-r"]);
+    let as_tenant = |args: &[&str]| {
+        let out = s
+            .cli()
+            .env("SPACE_API_KEY", key.trim())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    };
+    let defaulted = as_tenant(&["create"]);
+    let explicit = as_tenant(&["create", "--replicas", "0"]);
+    assert_eq!(s.inspect(&defaulted)["replicas"], 1);
+    assert_eq!(s.inspect(&explicit)["replicas"].as_u64().unwrap_or(0), 0);
+    s.space_ok(&["tenant", "set", "team-r"]);
+    let unset = as_tenant(&["create"]);
+    assert_eq!(s.inspect(&unset)["replicas"].as_u64().unwrap_or(0), 0);
+    for id in [&defaulted, &explicit, &unset] {
         s.space_ok(&["rm", id]);
     }
     drop(other);
@@ -217,6 +247,9 @@ fn replicas_need_a_cluster() {
     assert!(err.contains("need a cluster"), "{err}");
     let out = s.space(&["template", "set", "minimal", "--replicas", "1"]);
     assert!(!out.status.success());
+    let out = s.space(&["tenant", "create", "team-r", "--replicas", "1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("need a cluster"));
     // Zero is fine anywhere.
     let id = s.create(&["--replicas", "0"]);
     s.space_ok(&["rm", &id]);

@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 
 use space_api::tenant::{
-    ApiKeyList, CreateKey, CreateTenant, CreatedKey, RotateKey, Tenant, TenantList,
+    ApiKeyList, CreateKey, CreateTenant, CreatedKey, RotateKey, SetTenant, Tenant, TenantList,
 };
 
 use super::HResult;
@@ -19,7 +19,7 @@ pub(crate) async fn create_tenant(
 ) -> HResult<(StatusCode, Json<Tenant>)> {
     Ok((
         StatusCode::CREATED,
-        Json(s.engine.create_tenant(&req.id).await?),
+        Json(s.engine.create_tenant(&req.id, req.replicas).await?),
     ))
 }
 
@@ -27,6 +27,14 @@ pub(crate) async fn list_tenants(State(s): State<AppState>) -> HResult<Json<Tena
     Ok(Json(TenantList {
         tenants: s.engine.list_tenants().await?,
     }))
+}
+
+pub(crate) async fn set_tenant(
+    State(s): State<AppState>,
+    ApiPath(p): ApiPath<IdPath>,
+    ApiJson(req): ApiJson<SetTenant>,
+) -> HResult<Json<Tenant>> {
+    Ok(Json(s.engine.set_tenant(&p.id, req).await?))
 }
 
 pub(crate) async fn delete_tenant(
