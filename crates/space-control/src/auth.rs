@@ -92,7 +92,15 @@ struct CachedKey {
 #[derive(Debug, Default)]
 pub struct Auth {
     keys: RwLock<Vec<CachedKey>>,
+    /// When a key the cache did not know last made it read the keys
+    /// ([`Auth::verify_request_or_reload`]).
+    missed_at: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often keys the cache does not know make it read the keys again: a key created
+/// through another replica works here at once, and bad keys cost at most four reads a
+/// second.
+const RELOAD_ON_MISS_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Auth {
     pub async fn load(store: &Store) -> Result<Self, AuthError> {
@@ -122,6 +130,32 @@ impl Auth {
             .collect();
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
         Ok(())
+    }
+
+    /// [`Self::verify_request`]; a key the cache does not know makes it read the keys again
+    /// first (at most every [`RELOAD_ON_MISS_AFTER`]), so a key made through another replica
+    /// works here at once.
+    pub async fn verify_request_or_reload(
+        &self,
+        store: &Store,
+        headers: &axum::http::HeaderMap,
+    ) -> Option<(String, Principal)> {
+        if let Some(found) = self.verify_request(headers) {
+            return Some(found);
+        }
+        presented_key(headers)?;
+        {
+            let mut missed = self.missed_at.lock().unwrap_or_else(|e| e.into_inner());
+            if missed.is_some_and(|at| at.elapsed() < RELOAD_ON_MISS_AFTER) {
+                return None;
+            }
+            *missed = Some(std::time::Instant::now());
+        }
+        if let Err(e) = self.reload(store).await {
+            tracing::debug!(error = %e, "reloading the API keys failed");
+            return None;
+        }
+        self.verify_request(headers)
     }
 
     /// Who `key` is, when it is a live API key. Every live key's hash is compared.

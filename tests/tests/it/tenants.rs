@@ -120,3 +120,40 @@ fn a_tenant_key_drives_its_own_sandboxes_and_nothing_else() {
     let out = s.space(&["tenant", "rm", "team-a"]);
     refused(out, "still has 1 sandboxes");
 }
+
+/// Two control-plane replicas on one PostgreSQL: a key made through one works through the
+/// other at once; a key revoked through one fails through it at once and through the other
+/// within a second or so.
+#[test]
+fn keys_made_or_revoked_through_one_replica_hold_on_the_other() {
+    let pg = space_tests::Postgres::start().unwrap();
+    let s = Spaced::start_joined(
+        &[],
+        &["--database-url", &pg.socket_url, "--warm-pool", "0:0"],
+    )
+    .unwrap();
+    let r = s.add_replica().unwrap();
+    s.space_ok(&["tenant", "create", "team-a"]);
+    let key = s.space_ok(&["key", "create", "--tenant", "team-a"]);
+    let key = key.trim();
+    ok(space_as(&r, key, &["ls"]));
+    let keys: serde_json::Value =
+        serde_json::from_str(&r.space_ok(&["key", "ls", "--tenant", "team-a", "--json"])).unwrap();
+    let id = keys["keys"][0]["id"].as_str().unwrap().to_owned();
+    s.space_ok(&["key", "revoke", &id]);
+    let revoked = std::time::Instant::now();
+    refused(space_as(&s, key, &["ls"]), "invalid API key");
+    assert!(
+        space_tests::eventually(std::time::Duration::from_secs(5), || !space_as(
+            &r,
+            key,
+            &["ls"]
+        )
+        .status
+        .success()),
+        "the other replica still takes the revoked key"
+    );
+    let took = revoked.elapsed();
+    assert!(took < std::time::Duration::from_millis(2500), "{took:?}");
+    eprintln!("the other replica refused the revoked key after {took:?}");
+}

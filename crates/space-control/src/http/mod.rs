@@ -255,7 +255,11 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
     if req.uri().path() == "/healthz" || req.uri().path().starts_with("/p/") {
         return next.run(req).await;
     }
-    let Some((key, who)) = state.auth.verify_request(req.headers()) else {
+    let Some((key, who)) = state
+        .auth
+        .verify_request_or_reload(&state.engine.store, req.headers())
+        .await
+    else {
         let err = ControlError::unauthorized(
             "missing or invalid API key (Authorization: Bearer <key>, or X-API-KEY)",
         );
