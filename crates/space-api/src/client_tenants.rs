@@ -10,14 +10,10 @@ use crate::tenant::{
 
 impl Client {
     /// `POST /v1/tenants`.
-    pub async fn create_tenant(&self, id: &str, replicas: Option<u32>) -> Result<Tenant> {
-        let req = CreateTenant {
-            id: id.to_owned(),
-            replicas,
-        };
+    pub async fn create_tenant(&self, req: &CreateTenant) -> Result<Tenant> {
         self.json(Self::with_json(
             self.request(Method::POST, "/v1/tenants"),
-            &req,
+            req,
         ))
         .await
     }

@@ -53,27 +53,60 @@ pub fn is_valid_tenant_id(id: &str) -> bool {
         && !id.starts_with('-')
 }
 
+/// What a tenant's sandboxes may hold together; each absent limit is no limit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantQuota {
+    /// Sandboxes that are not deleted (stopped and failed ones count).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandboxes: Option<u32>,
+    /// CPU cores their limits claim, summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<f64>,
+    /// Memory their limits claim, summed, in MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// Snapshots of its sandboxes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<u32>,
+}
+
+impl TenantQuota {
+    /// Whether it limits anything.
+    pub fn is_empty(&self) -> bool {
+        self.sandboxes.is_none()
+            && self.cpu.is_none()
+            && self.memory_mib.is_none()
+            && self.snapshots.is_none()
+    }
+}
+
 /// `POST /v1/tenants`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTenant {
     pub id: String,
     /// Replicas of its sandboxes when neither the create nor the template says (0 or 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<TenantQuota>,
 }
 
 /// `PUT /v1/tenants/{id}`: its settings, replaced whole.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SetTenant {
     /// Replicas of its sandboxes when neither the create nor the template says (none: 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
+    /// Its quota (none: no limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<TenantQuota>,
 }
 
 /// A tenant and what it holds now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Tenant {
     pub id: String,
@@ -86,9 +119,11 @@ pub struct Tenant {
     /// Replicas of its sandboxes when neither the create nor the template says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<TenantQuota>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TenantList {
     pub tenants: Vec<Tenant>,

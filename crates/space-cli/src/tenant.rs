@@ -4,7 +4,8 @@ use anyhow::Result;
 use clap::Subcommand;
 use space_api::Client;
 use space_api::tenant::{
-    ApiKey, ApiKeyList, CreateKey, KeyScope, RotateKey, SetTenant, Tenant, TenantList,
+    ApiKey, ApiKeyList, CreateKey, CreateTenant, KeyScope, RotateKey, SetTenant, Tenant,
+    TenantList, TenantQuota,
 };
 
 #[derive(Debug, Subcommand)]
@@ -12,18 +13,16 @@ pub enum TenantCmd {
     /// Create a tenant (1 to 63 of a-z, 0-9 and -).
     Create {
         id: String,
-        /// Replicas of its sandboxes when neither the create nor the template says (needs a
-        /// cluster).
-        #[arg(long)]
-        replicas: Option<u32>,
+        #[command(flatten)]
+        settings: SettingsArgs,
         #[arg(long)]
         json: bool,
     },
-    /// Set a tenant's default replicas (--replicas 0 or 1; none: unset).
+    /// Set a tenant's settings, replaced whole (what is not given is unset: no limit).
     Set {
         id: String,
-        #[arg(long)]
-        replicas: Option<u32>,
+        #[command(flatten)]
+        settings: SettingsArgs,
         #[arg(long)]
         json: bool,
     },
@@ -34,6 +33,39 @@ pub enum TenantCmd {
     },
     /// Remove a tenant that has no sandboxes and no live keys.
     Rm { id: String },
+}
+
+/// A tenant's settings on the command line.
+#[derive(Debug, clap::Args)]
+pub struct SettingsArgs {
+    /// Replicas of its sandboxes when neither the create nor the template says (needs a
+    /// cluster).
+    #[arg(long)]
+    replicas: Option<u32>,
+    /// At most this many sandboxes that are not deleted.
+    #[arg(long, value_name = "N")]
+    max_sandboxes: Option<u32>,
+    /// At most this many CPU cores claimed by its sandboxes' limits together.
+    #[arg(long, value_name = "CORES")]
+    max_cpu: Option<f64>,
+    /// At most this much memory claimed by its sandboxes' limits together, in MiB.
+    #[arg(long, value_name = "MIB")]
+    max_memory: Option<u64>,
+    /// At most this many snapshots of its sandboxes.
+    #[arg(long, value_name = "N")]
+    max_snapshots: Option<u32>,
+}
+
+impl SettingsArgs {
+    fn quota(&self) -> Option<TenantQuota> {
+        let q = TenantQuota {
+            sandboxes: self.max_sandboxes,
+            cpu: self.max_cpu,
+            memory_mib: self.max_memory,
+            snapshots: self.max_snapshots,
+        };
+        (!q.is_empty()).then_some(q)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -79,20 +111,40 @@ fn parse_scope(s: &str) -> Result<KeyScope, String> {
 /// The table of `space tenant ls`.
 pub fn tenant_table(tenants: &[Tenant]) -> String {
     let mut out = vec![format!(
-        "{:<24}  {:>9}  {:>5}  {:>8}  CREATED",
-        "TENANT", "SANDBOXES", "KEYS", "REPLICAS"
+        "{:<24}  {:>9}  {:>5}  {:>8}  {:<24}  QUOTA",
+        "TENANT", "SANDBOXES", "KEYS", "REPLICAS", "CREATED"
     )];
     for t in tenants {
         out.push(format!(
-            "{:<24}  {:>9}  {:>5}  {:>8}  {}",
+            "{:<24}  {:>9}  {:>5}  {:>8}  {:<24}  {}",
             t.id,
             t.sandboxes,
             t.keys,
             t.replicas.unwrap_or(0),
-            t.created_at
+            t.created_at,
+            quota_text(t.quota.as_ref())
         ));
     }
     out.join("\n")
+}
+
+/// A quota in a few words ("-" for none).
+fn quota_text(q: Option<&TenantQuota>) -> String {
+    let Some(q) = q else { return "-".into() };
+    let mut parts = Vec::new();
+    if let Some(n) = q.sandboxes {
+        parts.push(format!("{n} sandboxes"));
+    }
+    if let Some(c) = q.cpu {
+        parts.push(format!("{c} cpu"));
+    }
+    if let Some(m) = q.memory_mib {
+        parts.push(format!("{m} MiB"));
+    }
+    if let Some(n) = q.snapshots {
+        parts.push(format!("{n} snapshots"));
+    }
+    parts.join(", ")
 }
 
 /// The table of `space key ls`: a key's state is live, expires (a rotation's overlap) or
@@ -121,16 +173,25 @@ pub fn key_table(keys: &[ApiKey]) -> String {
 
 pub async fn run_tenant(c: Client, cmd: TenantCmd) -> Result<i32> {
     match cmd {
-        TenantCmd::Create { id, replicas, json } => {
-            let t = c.create_tenant(&id, replicas).await?;
+        TenantCmd::Create { id, settings, json } => {
+            let req = CreateTenant {
+                id,
+                replicas: settings.replicas,
+                quota: settings.quota(),
+            };
+            let t = c.create_tenant(&req).await?;
             if json {
                 crate::print_json(&t)?;
             } else {
                 println!("{}", t.id);
             }
         }
-        TenantCmd::Set { id, replicas, json } => {
-            let t = c.set_tenant(&id, &SetTenant { replicas }).await?;
+        TenantCmd::Set { id, settings, json } => {
+            let req = SetTenant {
+                replicas: settings.replicas,
+                quota: settings.quota(),
+            };
+            let t = c.set_tenant(&id, &req).await?;
             if json {
                 crate::print_json(&t)?;
             } else {

@@ -3,7 +3,13 @@ CREATE TABLE IF NOT EXISTS tenants (
     id          TEXT PRIMARY KEY,
     created_at  BIGINT NOT NULL,
     -- Replicas of its sandboxes when neither the create nor the template says (NULL: 0).
-    replicas    BIGINT
+    replicas    BIGINT,
+    -- Quotas (NULL: none): sandboxes not deleted, the CPU and memory their limits claim,
+    -- snapshots of its sandboxes.
+    max_sandboxes   BIGINT,
+    max_cpu_millis  BIGINT,
+    max_memory_mib  BIGINT,
+    max_snapshots   BIGINT
 );
 
 -- Objects that predate tenants, and those an admin key makes, belong to `default`.

@@ -750,7 +750,7 @@ impl Engine {
             updated_at: now,
         };
         let _guard = self.locks.lock(&id).await;
-        self.store.insert_sandbox(&row).await?;
+        self.insert_sandbox_row(&row).await?;
         self.owners.note(&id, tenant);
         let created_detail = format!(
             "template={} {}",

@@ -29,6 +29,8 @@ pub enum ErrorKind {
     PayloadTooLarge,
     /// A node ran out of something (disk, slots, ids).
     ResourceExhausted,
+    /// The tenant's quota does not allow it (the message names the quota).
+    QuotaExceeded,
     /// A dependency (the database, a node, a guest) is not answering now; retry.
     Unavailable,
     /// A server-side failure; the detail is in the log.
@@ -58,6 +60,7 @@ impl ErrorKind {
             Self::OutOfRange => "out_of_range",
             Self::PayloadTooLarge => "payload_too_large",
             Self::ResourceExhausted => "resource_exhausted",
+            Self::QuotaExceeded => "quota_exceeded",
             Self::Unavailable => "unavailable",
             Self::Internal => "internal",
         }

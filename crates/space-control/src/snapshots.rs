@@ -344,6 +344,7 @@ impl Engine {
         let _guard = self.locks.lock(id).await;
         let row = self.load_row(id).await?;
         check_lifecycle(&row, Action::Snapshot)?;
+        self.check_snapshot_quota(&row.tenant).await?;
         let checkpoint = match req.kind.unwrap_or(SnapshotKind::Disk) {
             SnapshotKind::Disk => None,
             SnapshotKind::Checkpoint => {
@@ -509,7 +510,7 @@ impl Engine {
             updated_at: now,
         };
         let _guard = self.locks.lock(&id).await;
-        self.store.insert_sandbox(&row).await?;
+        self.insert_sandbox_row(&row).await?;
         self.owners.note(&id, &row.tenant);
         match self
             .node

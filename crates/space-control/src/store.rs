@@ -202,27 +202,7 @@ impl Store {
     }
 
     pub async fn insert_sandbox(&self, row: &SandboxRow) -> Result<()> {
-        let spec = serde_json::to_string(&row.spec).map_err(|e| StoreError::Corrupt {
-            id: row.id.clone(),
-            reason: e.to_string(),
-        })?;
-        sqlx::query(
-            "INSERT INTO sandboxes (id, spec, state, error, generation, deleted_at, created_at, updated_at, tenant_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(&row.id)
-        .bind(spec)
-        .bind(row.state.as_str())
-        .bind(row.error.clone())
-        .bind(row.generation)
-        .bind(row.deleted_at)
-        .bind(row.created_at)
-        .bind(row.updated_at)
-        .bind(&row.tenant)
-        .execute(&self.pool)
-        .await
-        .map_err(q("insert sandbox"))?;
-        Ok(())
+        insert_sandbox_with(&self.pool, row).await
     }
 
     pub async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
@@ -363,6 +343,34 @@ impl Store {
             .map(|r| r.try_get::<String, _>("hash").map_err(q("list api keys")))
             .collect()
     }
+}
+
+/// Inserts a sandbox's row through `executor` (the pool, or a transaction).
+pub(crate) async fn insert_sandbox_with<'e, E>(executor: E, row: &SandboxRow) -> Result<()>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
+    let spec = serde_json::to_string(&row.spec).map_err(|e| StoreError::Corrupt {
+        id: row.id.clone(),
+        reason: e.to_string(),
+    })?;
+    sqlx::query(
+        "INSERT INTO sandboxes (id, spec, state, error, generation, deleted_at, created_at, \
+         updated_at, tenant_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(&row.id)
+    .bind(spec)
+    .bind(row.state.as_str())
+    .bind(row.error.clone())
+    .bind(row.generation)
+    .bind(row.deleted_at)
+    .bind(row.created_at)
+    .bind(row.updated_at)
+    .bind(&row.tenant)
+    .execute(executor)
+    .await
+    .map_err(q("insert sandbox"))?;
+    Ok(())
 }
 
 fn decode_sandbox(r: &AnyRow) -> Result<SandboxRow> {

@@ -10,7 +10,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::response::{IntoResponse, Response};
-use space_api::tenant::{ApiKey, DEFAULT_TENANT, KeyScope, SetTenant, Tenant, is_valid_tenant_id};
+use space_api::tenant::{
+    ApiKey, DEFAULT_TENANT, KeyScope, SetTenant, Tenant, TenantQuota, is_valid_tenant_id,
+};
 use sqlx::Row;
 
 use crate::error::{ControlError, ControlResult, ErrorKind};
@@ -253,6 +255,91 @@ fn decode_key(r: &sqlx::any::AnyRow) -> Result<KeyRow, StoreError> {
     })
 }
 
+/// A tenant's settings as stored.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantSettings {
+    pub replicas: Option<u32>,
+    pub quota: TenantQuota,
+}
+
+/// A quota as its four columns.
+struct QuotaColumns(Option<i64>, Option<i64>, Option<i64>, Option<i64>);
+
+impl QuotaColumns {
+    fn of(q: &TenantQuota) -> Self {
+        Self(
+            q.sandboxes.map(i64::from),
+            q.cpu.map(|c| (c * 1000.0).round() as i64),
+            q.memory_mib.map(|m| m.min(i64::MAX as u64) as i64),
+            q.snapshots.map(i64::from),
+        )
+    }
+}
+
+fn decode_quota(r: &sqlx::any::AnyRow) -> Result<TenantQuota, StoreError> {
+    let get = |c: &str| -> Result<Option<i64>, StoreError> {
+        r.try_get::<Option<i64>, _>(c)
+            .map_err(q("read tenant quota"))
+    };
+    let u32_of = |n: i64| n.clamp(0, i64::from(u32::MAX)) as u32;
+    Ok(TenantQuota {
+        sandboxes: get("max_sandboxes")?.map(u32_of),
+        cpu: get("max_cpu_millis")?.map(|m| m.max(0) as f64 / 1000.0),
+        memory_mib: get("max_memory_mib")?.map(|m| m.max(0) as u64),
+        snapshots: get("max_snapshots")?.map(u32_of),
+    })
+}
+
+/// Why `quota` refuses one more sandbox `spec` of `tenant`, which holds `held` (sandboxes,
+/// CPU, memory MiB) now; None when it fits.
+pub fn quota_refusal(
+    tenant: &str,
+    quota: &TenantQuota,
+    held: (u64, f64, u64),
+    spec: &crate::store::SandboxSpecRecord,
+) -> Option<String> {
+    let (n, cpu, mem) = held;
+    if let Some(max) = quota.sandboxes
+        && n + 1 > u64::from(max)
+    {
+        return Some(format!(
+            "tenant {tenant}'s quota of {max} sandboxes is used up ({n} not deleted): remove \
+             one, or ask for a larger quota"
+        ));
+    }
+    if let Some(max) = quota.cpu
+        && cpu + spec.cpu > max + 1e-9
+    {
+        return Some(format!(
+            "tenant {tenant}'s CPU quota of {max} cores would be exceeded ({cpu} claimed, \
+             {} asked)",
+            spec.cpu
+        ));
+    }
+    if let Some(max) = quota.memory_mib
+        && mem + spec.memory_mib > max
+    {
+        return Some(format!(
+            "tenant {tenant}'s memory quota of {max} MiB would be exceeded ({mem} MiB \
+             claimed, {} MiB asked)",
+            spec.memory_mib
+        ));
+    }
+    None
+}
+
+/// Checks a quota a request sets.
+fn check_quota(q: &TenantQuota) -> ControlResult<()> {
+    if let Some(c) = q.cpu
+        && !(c.is_finite() && c > 0.0 && c <= 1e6)
+    {
+        return Err(ControlError::invalid(format!(
+            "quota cpu must be a positive number of cores, got {c}"
+        )));
+    }
+    Ok(())
+}
+
 impl Store {
     /// Every key, revoked and expired ones included, oldest first.
     pub async fn api_keys(&self) -> Result<Vec<KeyRow>, StoreError> {
@@ -331,14 +418,24 @@ impl Store {
     }
 
     /// Inserts tenant `id`; false when it exists.
-    pub async fn insert_tenant(&self, id: &str, replicas: Option<u32>) -> Result<bool, StoreError> {
+    pub async fn insert_tenant(
+        &self,
+        id: &str,
+        settings: &TenantSettings,
+    ) -> Result<bool, StoreError> {
+        let q4 = QuotaColumns::of(&settings.quota);
         let done = sqlx::query(
-            "INSERT INTO tenants (id, created_at, replicas) VALUES ($1, $2, $3) \
+            "INSERT INTO tenants (id, created_at, replicas, max_sandboxes, max_cpu_millis, \
+             max_memory_mib, max_snapshots) VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(id)
         .bind(now_ms())
-        .bind(replicas.map(i64::from))
+        .bind(settings.replicas.map(i64::from))
+        .bind(q4.0)
+        .bind(q4.1)
+        .bind(q4.2)
+        .bind(q4.3)
         .execute(self.pool())
         .await
         .map_err(q("insert tenant"))?;
@@ -349,7 +446,8 @@ impl Store {
     pub async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
         let now = now_ms();
         let rows = sqlx::query(
-            "SELECT t.id, t.created_at, t.replicas, \
+            "SELECT t.id, t.created_at, t.replicas, t.max_sandboxes, t.max_cpu_millis, \
+               t.max_memory_mib, t.max_snapshots, \
                (SELECT COUNT(*) FROM sandboxes s WHERE s.tenant_id = t.id \
                   AND s.deleted_at IS NULL) AS sandboxes, \
                (SELECT COUNT(*) FROM api_keys k WHERE k.tenant_id = t.id \
@@ -377,38 +475,108 @@ impl Store {
                         .try_get::<Option<i64>, _>("replicas")
                         .map_err(q("list tenants"))?
                         .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
+                    quota: Some(decode_quota(r)?).filter(|q| !q.is_empty()),
                 })
             })
             .collect()
     }
 
-    /// Sets tenant `id`'s settings; false when there is no such tenant.
-    pub async fn set_tenant_replicas(
+    /// Sets tenant `id`'s settings, replaced whole; false when there is no such tenant.
+    pub async fn set_tenant_settings(
         &self,
         id: &str,
-        replicas: Option<u32>,
+        settings: &TenantSettings,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE tenants SET replicas = $2 WHERE id = $1")
-            .bind(id)
-            .bind(replicas.map(i64::from))
-            .execute(self.pool())
-            .await
-            .map_err(q("set tenant"))?;
+        let q4 = QuotaColumns::of(&settings.quota);
+        let done = sqlx::query(
+            "UPDATE tenants SET replicas = $2, max_sandboxes = $3, max_cpu_millis = $4, \
+             max_memory_mib = $5, max_snapshots = $6 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(settings.replicas.map(i64::from))
+        .bind(q4.0)
+        .bind(q4.1)
+        .bind(q4.2)
+        .bind(q4.3)
+        .execute(self.pool())
+        .await
+        .map_err(q("set tenant"))?;
         Ok(done.rows_affected() == 1)
     }
 
-    /// Tenant `id`'s default replicas (None: no such tenant, or none set).
-    pub async fn tenant_replicas(&self, id: &str) -> Result<Option<u32>, StoreError> {
-        let row = sqlx::query("SELECT replicas FROM tenants WHERE id = $1")
-            .bind(id)
-            .fetch_optional(self.pool())
+    /// Tenant `id`'s settings (the defaults when there is no such tenant).
+    pub async fn tenant_settings(&self, id: &str) -> Result<TenantSettings, StoreError> {
+        let row = sqlx::query(
+            "SELECT replicas, max_sandboxes, max_cpu_millis, max_memory_mib, max_snapshots \
+             FROM tenants WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(q("read tenant"))?;
+        let Some(r) = row else {
+            return Ok(TenantSettings::default());
+        };
+        Ok(TenantSettings {
+            replicas: r
+                .try_get::<Option<i64>, _>("replicas")
+                .map_err(q("read tenant"))?
+                .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
+            quota: decode_quota(&r)?,
+        })
+    }
+
+    /// Inserts a sandbox's row when its tenant's quota still has room for it, in one
+    /// transaction that first locks the tenant's row (concurrent creates of one tenant wait
+    /// for each other here): the quota it would break, when it does.
+    pub async fn insert_sandbox_in_quota(
+        &self,
+        row: &crate::store::SandboxRow,
+        quota: &TenantQuota,
+    ) -> Result<Option<String>, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(q("insert sandbox"))?;
+        sqlx::query("UPDATE tenants SET id = id WHERE id = $1")
+            .bind(&row.tenant)
+            .execute(&mut *tx)
             .await
-            .map_err(q("read tenant"))?;
+            .map_err(q("lock tenant"))?;
+        let specs =
+            sqlx::query("SELECT spec FROM sandboxes WHERE tenant_id = $1 AND deleted_at IS NULL")
+                .bind(&row.tenant)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(q("sum tenant claims"))?;
+        let (mut n, mut cpu, mut mem) = (0u64, 0f64, 0u64);
+        for r in &specs {
+            let spec: String = r.try_get(0).map_err(q("sum tenant claims"))?;
+            if let Ok(s) = serde_json::from_str::<crate::store::SandboxSpecRecord>(&spec) {
+                n += 1;
+                cpu += s.cpu;
+                mem += s.memory_mib;
+            }
+        }
+        if let Some(why) = quota_refusal(&row.tenant, quota, (n, cpu, mem), &row.spec) {
+            return Ok(Some(why));
+        }
+        crate::store::insert_sandbox_with(&mut *tx, row).await?;
+        tx.commit().await.map_err(q("insert sandbox"))?;
+        Ok(None)
+    }
+
+    /// Snapshots of tenant `tenant`'s sandboxes.
+    pub async fn tenant_snapshots(&self, tenant: &str) -> Result<u64, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) FROM snapshots sn JOIN sandboxes s ON s.id = sn.sandbox_id \
+             WHERE s.tenant_id = $1",
+        )
+        .bind(tenant)
+        .fetch_one(self.pool())
+        .await
+        .map_err(q("count tenant snapshots"))?;
         Ok(row
-            .map(|r| r.try_get::<Option<i64>, _>(0).map_err(q("read tenant")))
-            .transpose()?
-            .flatten()
-            .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32))
+            .try_get::<i64, _>(0)
+            .map_err(q("count tenant snapshots"))?
+            .max(0) as u64)
     }
 
     pub async fn delete_tenant_row(&self, id: &str) -> Result<bool, StoreError> {
@@ -425,31 +593,44 @@ impl Store {
 /// through another replica reaches its creates within this).
 const SETTINGS_FRESH: Duration = Duration::from_secs(1);
 
-/// Tenants' default replicas as last read, per tenant.
+/// Tenants' settings as last read, per tenant.
 #[derive(Debug, Default)]
 pub struct TenantDefaults {
-    map: Mutex<HashMap<String, (Instant, u32)>>,
+    map: Mutex<HashMap<String, (Instant, TenantSettings)>>,
 }
 
 impl crate::Engine {
-    pub async fn create_tenant(&self, id: &str, replicas: Option<u32>) -> ControlResult<Tenant> {
-        check_tenant_id(id)?;
+    pub async fn create_tenant(
+        &self,
+        req: space_api::tenant::CreateTenant,
+    ) -> ControlResult<Tenant> {
+        check_tenant_id(&req.id)?;
+        let settings = self.checked_settings(req.replicas, req.quota)?;
+        if !self.store.insert_tenant(&req.id, &settings).await? {
+            return Err(ControlError::conflict(format!("tenant {} exists", req.id)));
+        }
+        self.tenant(&req.id).await
+    }
+
+    fn checked_settings(
+        &self,
+        replicas: Option<u32>,
+        quota: Option<TenantQuota>,
+    ) -> ControlResult<TenantSettings> {
         if let Some(n) = replicas {
             self.check_replicas(n)?;
         }
-        if !self.store.insert_tenant(id, replicas).await? {
-            return Err(ControlError::conflict(format!("tenant {id} exists")));
-        }
-        self.tenant(id).await
+        let quota = quota.unwrap_or_default();
+        check_quota(&quota)?;
+        Ok(TenantSettings { replicas, quota })
     }
 
-    /// `PUT /v1/tenants/{id}`: its settings, replaced whole; new creates use them.
+    /// `PUT /v1/tenants/{id}`: its settings, replaced whole; new creates use them (a quota
+    /// lowered below what the tenant holds refuses new sandboxes, and removes none).
     pub async fn set_tenant(&self, id: &str, req: SetTenant) -> ControlResult<Tenant> {
         check_tenant_id(id)?;
-        if let Some(n) = req.replicas {
-            self.check_replicas(n)?;
-        }
-        if !self.store.set_tenant_replicas(id, req.replicas).await? {
+        let settings = self.checked_settings(req.replicas, req.quota)?;
+        if !self.store.set_tenant_settings(id, &settings).await? {
             return Err(ControlError::not_found(format!("tenant {id} not found")));
         }
         self.tenant_defaults
@@ -460,9 +641,9 @@ impl crate::Engine {
         self.tenant(id).await
     }
 
-    /// The replicas a create of `tenant` gets when neither it nor its template says.
-    pub(crate) async fn tenant_default_replicas(&self, tenant: &str) -> ControlResult<u32> {
-        if let Some((at, n)) = self
+    /// Tenant `tenant`'s settings, read at most once a second.
+    async fn tenant_settings(&self, tenant: &str) -> ControlResult<TenantSettings> {
+        if let Some((at, s)) = self
             .tenant_defaults
             .map
             .lock()
@@ -470,15 +651,54 @@ impl crate::Engine {
             .get(tenant)
             && at.elapsed() < SETTINGS_FRESH
         {
-            return Ok(*n);
+            return Ok(s.clone());
         }
-        let n = self.store.tenant_replicas(tenant).await?.unwrap_or(0);
+        let s = self.store.tenant_settings(tenant).await?;
         self.tenant_defaults
             .map
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(tenant.to_owned(), (Instant::now(), n));
-        Ok(n)
+            .insert(tenant.to_owned(), (Instant::now(), s.clone()));
+        Ok(s)
+    }
+
+    /// The replicas a create of `tenant` gets when neither it nor its template says.
+    pub(crate) async fn tenant_default_replicas(&self, tenant: &str) -> ControlResult<u32> {
+        Ok(self.tenant_settings(tenant).await?.replicas.unwrap_or(0))
+    }
+
+    /// Inserts a new sandbox's row, within its tenant's quota when it has one.
+    pub(crate) async fn insert_sandbox_row(
+        &self,
+        row: &crate::store::SandboxRow,
+    ) -> ControlResult<()> {
+        let quota = self.tenant_settings(&row.tenant).await?.quota;
+        if quota.sandboxes.is_none() && quota.cpu.is_none() && quota.memory_mib.is_none() {
+            self.store.insert_sandbox(row).await?;
+            return Ok(());
+        }
+        match self.store.insert_sandbox_in_quota(row, &quota).await? {
+            None => Ok(()),
+            Some(why) => Err(ControlError::new(ErrorKind::QuotaExceeded, why)),
+        }
+    }
+
+    /// Refuses a snapshot of a sandbox of `tenant` that its snapshot quota has no room for.
+    pub(crate) async fn check_snapshot_quota(&self, tenant: &str) -> ControlResult<()> {
+        let Some(max) = self.tenant_settings(tenant).await?.quota.snapshots else {
+            return Ok(());
+        };
+        let n = self.store.tenant_snapshots(tenant).await?;
+        if n + 1 > u64::from(max) {
+            return Err(ControlError::new(
+                ErrorKind::QuotaExceeded,
+                format!(
+                    "tenant {tenant}'s quota of {max} snapshots is used up ({n} kept): delete \
+                     one, or ask for a larger quota"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     pub async fn tenant(&self, id: &str) -> ControlResult<Tenant> {

@@ -519,3 +519,103 @@ async fn bench_auth_and_ownership() {
         p(0.99)
     );
 }
+
+#[tokio::test]
+async fn a_tenants_quota_refuses_what_it_has_no_room_for_and_names_it() {
+    let h = harness().await;
+    let r = h
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            r#"{"id":"team-q","quota":{"sandboxes":2,"cpu":1.5,"memory_mib":1024,"snapshots":1}}"#,
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let t: Tenant = r.json();
+    assert_eq!(t.quota.as_ref().unwrap().cpu, Some(1.5));
+    let k = h.key("team-q", "tenant").await;
+    let create = |body: &'static str| {
+        let (h, key) = (&h, k.key.clone());
+        async move { h.call_as(&key, Method::POST, "/v1/sandboxes", body).await }
+    };
+    let first: Sandbox = create(r#"{"cpu":1,"memory_mib":512}"#).await.json();
+    let calls = h.node.calls.lock().unwrap().len();
+    let msg = create(r#"{"cpu":1,"memory_mib":256}"#)
+        .await
+        .error(403, "quota_exceeded");
+    assert!(msg.contains("CPU quota of 1.5 cores"), "{msg}");
+    let msg = create(r#"{"cpu":0.5,"memory_mib":768}"#)
+        .await
+        .error(403, "quota_exceeded");
+    assert!(msg.contains("memory quota of 1024 MiB"), "{msg}");
+    assert_eq!(
+        h.node.calls.lock().unwrap().len(),
+        calls,
+        "a refused create reached the node"
+    );
+    let second = create(r#"{"cpu":0.5,"memory_mib":256}"#).await;
+    assert_eq!(second.status, StatusCode::CREATED);
+    let msg = create(r#"{"cpu":0.1,"memory_mib":64}"#)
+        .await
+        .error(403, "quota_exceeded");
+    assert!(msg.contains("quota of 2 sandboxes"), "{msg}");
+    // Snapshots: one fits, the second does not; a fork is a sandbox, over the quota too.
+    let snap = format!("/v1/sandboxes/{}/snapshots", first.id);
+    let r = h.call_as(&k.key, Method::POST, &snap, "{}").await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let msg = h
+        .call_as(&k.key, Method::POST, &snap, "{}")
+        .await
+        .error(403, "quota_exceeded");
+    assert!(msg.contains("quota of 1 snapshots"), "{msg}");
+    let r = h
+        .call_as(
+            &k.key,
+            Method::POST,
+            &format!("/v1/sandboxes/{}/fork", first.id),
+            "{}",
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::FORBIDDEN,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    // Other tenants are not affected.
+    h.create().await;
+    // Raised, it takes one more; the settings are replaced whole (no quota: no limit).
+    let r = h
+        .call(
+            Method::PUT,
+            "/v1/tenants/team-q",
+            r#"{"quota":{"sandboxes":3}}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(create(r#"{"cpu":4}"#).await.status, StatusCode::CREATED);
+    // Bad quotas.
+    for body in [
+        r#"{"quota":{"cpu":-1}}"#,
+        r#"{"quota":{"cpu":0}}"#,
+        r#"{"quota":{"sandboxes":-1}}"#,
+        r#"{"quota":{"disk":1}}"#,
+    ] {
+        h.call(Method::PUT, "/v1/tenants/team-q", body)
+            .await
+            .error(400, "invalid_argument");
+    }
+    h.call(Method::PUT, "/v1/tenants/nope", "{}")
+        .await
+        .error(404, "not_found");
+}

@@ -124,7 +124,9 @@ impl From<ControlError> for ConnectError {
             ErrorKind::NotFound => Code::NotFound,
             ErrorKind::Conflict | ErrorKind::FailedPrecondition => Code::FailedPrecondition,
             ErrorKind::OutOfRange => Code::OutOfRange,
-            ErrorKind::PayloadTooLarge | ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+            ErrorKind::PayloadTooLarge
+            | ErrorKind::ResourceExhausted
+            | ErrorKind::QuotaExceeded => Code::ResourceExhausted,
             ErrorKind::Unavailable => Code::Unavailable,
             ErrorKind::Internal => Code::Internal,
         };

@@ -20,6 +20,7 @@ pub fn status(kind: ErrorKind) -> StatusCode {
         ErrorKind::OutOfRange => StatusCode::RANGE_NOT_SATISFIABLE,
         ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::ResourceExhausted => StatusCode::INSUFFICIENT_STORAGE,
+        ErrorKind::QuotaExceeded => StatusCode::FORBIDDEN,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }

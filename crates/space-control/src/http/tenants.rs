@@ -19,7 +19,7 @@ pub(crate) async fn create_tenant(
 ) -> HResult<(StatusCode, Json<Tenant>)> {
     Ok((
         StatusCode::CREATED,
-        Json(s.engine.create_tenant(&req.id, req.replicas).await?),
+        Json(s.engine.create_tenant(req).await?),
     ))
 }
 
