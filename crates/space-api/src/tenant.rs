@@ -138,7 +138,14 @@ pub struct CreateKey {
     /// A label for people (default: the scope).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Requests a second it may make, in bursts of twice that (default: 100 for tenant and
+    /// read-only keys, no limit for admin keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_sec: Option<u32>,
 }
+
+/// The requests a second a tenant or read-only key may make when it names no rate.
+pub const DEFAULT_KEY_RATE: u32 = 100;
 
 /// A key as listed: never its value or hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +155,9 @@ pub struct ApiKey {
     pub tenant: String,
     pub scope: KeyScope,
     pub name: String,
+    /// Requests a second it may make (none: no limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_sec: Option<u32>,
     /// RFC 3339, UTC.
     pub created_at: String,
     /// When it stops working (set by a rotation's overlap).

@@ -81,6 +81,10 @@ pub enum KeyCmd {
         /// A label for people.
         #[arg(long)]
         name: Option<String>,
+        /// Requests a second it may make, in bursts of twice that (default: 100 for tenant
+        /// and read-only keys, no limit for admin keys).
+        #[arg(long, value_name = "N")]
+        rate: Option<u32>,
         #[arg(long)]
         json: bool,
     },
@@ -217,16 +221,17 @@ pub async fn run_key(c: Client, cmd: KeyCmd) -> Result<i32> {
             tenant,
             scope,
             name,
+            rate,
             json,
-        } => (
-            c.create_key(&CreateKey {
+        } => {
+            let req = CreateKey {
                 tenant,
                 scope,
                 name,
-            })
-            .await?,
-            json,
-        ),
+                rate_per_sec: rate,
+            };
+            (c.create_key(&req).await?, json)
+        }
         KeyCmd::Rotate { id, overlap, json } => (
             c.rotate_key(
                 &id,
@@ -278,6 +283,7 @@ mod tests {
             tenant: "team-a".into(),
             scope: KeyScope::ReadOnly,
             name: "ci".into(),
+            rate_per_sec: None,
             created_at: "2026-12-03T00:00:00Z".into(),
             expires_at: expires.map(String::from),
             revoked_at: revoked.map(String::from),

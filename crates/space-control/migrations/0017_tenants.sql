@@ -21,6 +21,9 @@ ALTER TABLE api_keys ADD COLUMN tenant_id TEXT NOT NULL DEFAULT 'default';
 ALTER TABLE api_keys ADD COLUMN scope TEXT NOT NULL DEFAULT 'admin';
 ALTER TABLE api_keys ADD COLUMN expires_at BIGINT;
 ALTER TABLE api_keys ADD COLUMN revoked_at BIGINT;
+-- Requests a second the key may make (a token bucket of twice that); NULL: its scope's
+-- default (none for admin keys).
+ALTER TABLE api_keys ADD COLUMN rate_per_sec BIGINT;
 
 -- Every sandbox belongs to a tenant.
 ALTER TABLE sandboxes ADD COLUMN tenant_id TEXT NOT NULL DEFAULT 'default';

@@ -120,6 +120,7 @@ impl Auth {
                 Some(CachedKey {
                     hash: from_hex(&k.hash)?,
                     principal: Principal {
+                        rate_per_sec: k.rate(),
                         key_id: k.id,
                         tenant: k.tenant,
                         scope: k.scope,
@@ -212,7 +213,13 @@ impl Auth {
                 "a key's name is 1 to 64 characters, none of them control characters",
             ));
         }
-        self.insert(store, &req.tenant, req.scope, &name).await
+        if req.rate_per_sec == Some(0) {
+            return Err(ControlError::invalid(
+                "rate_per_sec must be at least 1 (leave it out for the scope's default)",
+            ));
+        }
+        self.insert(store, &req.tenant, req.scope, &name, req.rate_per_sec)
+            .await
     }
 
     async fn insert(
@@ -221,6 +228,7 @@ impl Auth {
         tenant: &str,
         scope: KeyScope,
         name: &str,
+        rate_per_sec: Option<u32>,
     ) -> ControlResult<CreatedKey> {
         let key = generate_key();
         let row = KeyRow {
@@ -232,6 +240,7 @@ impl Auth {
             created_at: now_ms(),
             expires_at: None,
             revoked_at: None,
+            rate_per_sec,
         };
         store.insert_key(&row).await?;
         self.reload(store).await.map_err(ControlError::internal)?;
@@ -289,7 +298,7 @@ impl Auth {
         }
         let old = self.live_key(store, id).await?;
         let created = self
-            .insert(store, &old.tenant, old.scope, &old.name)
+            .insert(store, &old.tenant, old.scope, &old.name, old.rate_per_sec)
             .await?;
         store
             .expire_key(id, now_ms() + (overlap as i64) * 1000)

@@ -31,6 +31,8 @@ pub enum ErrorKind {
     ResourceExhausted,
     /// The tenant's quota does not allow it (the message names the quota).
     QuotaExceeded,
+    /// The key's request rate is used up; retry later.
+    RateLimited,
     /// A dependency (the database, a node, a guest) is not answering now; retry.
     Unavailable,
     /// A server-side failure; the detail is in the log.
@@ -44,7 +46,7 @@ impl ErrorKind {
     pub fn is_caller_error(self) -> bool {
         !matches!(
             self,
-            Self::ResourceExhausted | Self::Unavailable | Self::Internal
+            Self::ResourceExhausted | Self::Unavailable | Self::Internal | Self::RateLimited
         )
     }
 
@@ -61,6 +63,7 @@ impl ErrorKind {
             Self::PayloadTooLarge => "payload_too_large",
             Self::ResourceExhausted => "resource_exhausted",
             Self::QuotaExceeded => "quota_exceeded",
+            Self::RateLimited => "rate_limited",
             Self::Unavailable => "unavailable",
             Self::Internal => "internal",
         }

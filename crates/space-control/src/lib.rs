@@ -59,11 +59,17 @@ pub use store::Store;
 pub struct AppState {
     pub engine: Arc<Engine>,
     pub auth: Arc<Auth>,
+    /// Per-key request rates (see `tenants`).
+    pub limiter: Arc<tenants::RateLimiter>,
 }
 
 impl AppState {
     pub fn new(engine: Arc<Engine>, auth: Arc<Auth>) -> Self {
-        Self { engine, auth }
+        Self {
+            engine,
+            auth,
+            limiter: Default::default(),
+        }
     }
 
     pub fn node(&self) -> &Arc<dyn NodeApi> {

@@ -24,6 +24,8 @@ pub struct Principal {
     pub key_id: String,
     pub tenant: String,
     pub scope: KeyScope,
+    /// Requests a second it may make (None: no limit).
+    pub rate_per_sec: Option<u32>,
 }
 
 impl Principal {
@@ -42,6 +44,7 @@ impl Principal {
             key_id: "system".into(),
             tenant: DEFAULT_TENANT.into(),
             scope: KeyScope::Admin,
+            rate_per_sec: None,
         }
     }
 }
@@ -211,9 +214,20 @@ pub struct KeyRow {
     pub created_at: i64,
     pub expires_at: Option<i64>,
     pub revoked_at: Option<i64>,
+    /// As asked at creation (None: the scope's default).
+    pub rate_per_sec: Option<u32>,
 }
 
 impl KeyRow {
+    /// The requests a second it may make: its own rate, else its scope's default.
+    pub fn rate(&self) -> Option<u32> {
+        match (self.rate_per_sec, self.scope) {
+            (Some(r), _) => Some(r),
+            (None, KeyScope::Admin) => None,
+            (None, _) => Some(space_api::tenant::DEFAULT_KEY_RATE),
+        }
+    }
+
     /// Whether it works at `now` (not revoked, not expired).
     pub fn live(&self, now: i64) -> bool {
         self.revoked_at.is_none() && self.expires_at.is_none_or(|t| now < t)
@@ -225,6 +239,7 @@ impl KeyRow {
             tenant: self.tenant.clone(),
             scope: self.scope,
             name: self.name.clone(),
+            rate_per_sec: self.rate(),
             created_at: space_api::rfc3339_from_unix_ms(self.created_at),
             expires_at: self.expires_at.map(space_api::rfc3339_from_unix_ms),
             revoked_at: self.revoked_at.map(space_api::rfc3339_from_unix_ms),
@@ -236,7 +251,8 @@ fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| StoreError::Query { what, source }
 }
 
-const KEY_COLUMNS: &str = "id, hash, name, tenant_id, scope, created_at, expires_at, revoked_at";
+const KEY_COLUMNS: &str =
+    "id, hash, name, tenant_id, scope, created_at, expires_at, revoked_at, rate_per_sec";
 
 fn decode_key(r: &sqlx::any::AnyRow) -> Result<KeyRow, StoreError> {
     let scope: String = r.try_get("scope").map_err(q("decode key"))?;
@@ -252,6 +268,10 @@ fn decode_key(r: &sqlx::any::AnyRow) -> Result<KeyRow, StoreError> {
         created_at: r.try_get("created_at").map_err(q("decode key"))?,
         expires_at: r.try_get("expires_at").map_err(q("decode key"))?,
         revoked_at: r.try_get("revoked_at").map_err(q("decode key"))?,
+        rate_per_sec: r
+            .try_get::<Option<i64>, _>("rate_per_sec")
+            .map_err(q("decode key"))?
+            .map(|n| n.clamp(1, i64::from(u32::MAX)) as u32),
     })
 }
 
@@ -364,7 +384,7 @@ impl Store {
     pub async fn insert_key(&self, k: &KeyRow) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO api_keys (id, hash, name, tenant_id, scope, created_at, expires_at, \
-             revoked_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+             revoked_at, rate_per_sec) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
         )
         .bind(&k.id)
         .bind(&k.hash)
@@ -374,6 +394,7 @@ impl Store {
         .bind(k.created_at)
         .bind(k.expires_at)
         .bind(k.revoked_at)
+        .bind(k.rate_per_sec.map(i64::from))
         .execute(self.pool())
         .await
         .map_err(q("insert api key"))?;
@@ -730,5 +751,108 @@ impl crate::Engine {
         }
         self.store.delete_tenant_row(id).await?;
         Ok(())
+    }
+}
+
+/// Per-key token buckets (decision 0040): a key with a rate of R requests a second holds up
+/// to 2R tokens, gets R a second, and spends one per request. Kept per control replica, in
+/// memory: behind several replicas a key's rate is per replica.
+#[derive(Debug, Default)]
+pub struct RateLimiter {
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+/// Buckets kept before full ones are dropped (a full bucket is the same as none).
+const BUCKETS_MAX: usize = 100_000;
+
+impl RateLimiter {
+    /// Spends a token of `who`'s bucket: Err(time until one is there) when it is empty.
+    pub fn take(&self, who: &Principal) -> Result<(), Duration> {
+        self.take_at(who, Instant::now())
+    }
+
+    fn take_at(&self, who: &Principal, now: Instant) -> Result<(), Duration> {
+        let Some(rate) = who.rate_per_sec.map(f64::from) else {
+            return Ok(());
+        };
+        let burst = rate * 2.0;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if buckets.len() >= BUCKETS_MAX {
+            buckets.retain(|_, (tokens, at)| {
+                *tokens + now.saturating_duration_since(*at).as_secs_f64() * rate < burst
+            });
+        }
+        let (tokens, at) = buckets.entry(who.key_id.clone()).or_insert((burst, now));
+        *tokens = (*tokens + now.saturating_duration_since(*at).as_secs_f64() * rate).min(burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - *tokens) / rate))
+        }
+    }
+}
+
+/// The 429 of an empty bucket, with Retry-After in whole seconds (at least 1).
+pub fn too_many_requests(path: &str, wait: Duration) -> Response {
+    let e = ControlError::new(
+        ErrorKind::RateLimited,
+        format!(
+            "this key's request rate is used up; retry in {} ms",
+            wait.as_millis().max(1)
+        ),
+    );
+    let mut resp = refuse(path, e);
+    let secs = wait.as_secs_f64().ceil().max(1.0) as u64;
+    if let Ok(v) = axum::http::HeaderValue::from_str(&secs.to_string()) {
+        resp.headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, v);
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(rate: Option<u32>) -> Principal {
+        Principal {
+            key_id: "k".into(),
+            tenant: "t".into(),
+            scope: KeyScope::Tenant,
+            rate_per_sec: rate,
+        }
+    }
+
+    #[test]
+    fn a_bucket_gives_a_burst_then_its_rate() {
+        let l = RateLimiter::default();
+        let t0 = Instant::now();
+        let who = key(Some(10));
+        for i in 0..20 {
+            assert!(l.take_at(&who, t0).is_ok(), "request {i} of the burst");
+        }
+        let wait = l.take_at(&who, t0).unwrap_err();
+        assert!((90..=101).contains(&wait.as_millis()), "{wait:?}");
+        // A tenth of a second later, one more.
+        let t1 = t0 + Duration::from_millis(100);
+        assert!(l.take_at(&who, t1).is_ok());
+        assert!(l.take_at(&who, t1).is_err());
+        // Idle for long, it is full again, never fuller.
+        let t2 = t1 + Duration::from_secs(60);
+        for _ in 0..20 {
+            assert!(l.take_at(&who, t2).is_ok());
+        }
+        assert!(l.take_at(&who, t2).is_err());
+        // Another key has its own bucket; a key without a rate has none.
+        let other = Principal {
+            key_id: "other".into(),
+            ..key(Some(1))
+        };
+        assert!(l.take_at(&other, t2).is_ok());
+        for _ in 0..1000 {
+            assert!(l.take_at(&key(None), t2).is_ok());
+        }
     }
 }

@@ -619,3 +619,69 @@ async fn a_tenants_quota_refuses_what_it_has_no_room_for_and_names_it() {
         .await
         .error(404, "not_found");
 }
+
+#[tokio::test]
+async fn a_keys_rate_is_a_token_bucket_answering_429_with_retry_after() {
+    let h = harness().await;
+    h.tenant("team-a").await;
+    let r = h
+        .call(
+            Method::POST,
+            "/v1/keys",
+            r#"{"tenant":"team-a","scope":"tenant","rate_per_sec":2}"#,
+        )
+        .await;
+    let k: CreatedKey = r.json();
+    assert_eq!(k.info.rate_per_sec, Some(2));
+    // A burst of twice the rate, then 429.
+    for i in 0..4 {
+        let r = h
+            .call_as(&k.key, Method::GET, "/v1/sandboxes", Body::empty())
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "request {i}");
+    }
+    let req = Request::builder()
+        .method(Method::GET)
+        .uri("/v1/sandboxes")
+        .header("authorization", format!("Bearer {}", k.key))
+        .body(Body::empty())
+        .unwrap();
+    let resp = app(h.state.clone()).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let r = h
+        .call_as(&k.key, Method::GET, "/v1/sandboxes", Body::empty())
+        .await;
+    let msg = r.error(429, "rate_limited");
+    assert!(msg.contains("retry in"), "{msg}");
+    // E2B's paths answer in E2B's shape.
+    let r = h
+        .call_as(&k.key, Method::GET, "/v2/sandboxes", Body::empty())
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    let v: serde_json::Value = r.json();
+    assert_eq!(v["code"], 429);
+    // Half a second later, one more.
+    tokio::time::sleep(std::time::Duration::from_millis(550)).await;
+    let r = h
+        .call_as(&k.key, Method::GET, "/v1/sandboxes", Body::empty())
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    // The default for tenant keys is 100 a second; admin keys have none.
+    let d = h.key("team-a", "read-only").await;
+    assert_eq!(
+        d.info.rate_per_sec,
+        Some(space_api::tenant::DEFAULT_KEY_RATE)
+    );
+    for _ in 0..300 {
+        let r = h.call(Method::GET, "/v1/sandboxes", Body::empty()).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    h.call(
+        Method::POST,
+        "/v1/keys",
+        r#"{"tenant":"team-a","scope":"tenant","rate_per_sec":0}"#,
+    )
+    .await
+    .error(400, "invalid_argument");
+}

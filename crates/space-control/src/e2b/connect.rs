@@ -126,7 +126,8 @@ impl From<ControlError> for ConnectError {
             ErrorKind::OutOfRange => Code::OutOfRange,
             ErrorKind::PayloadTooLarge
             | ErrorKind::ResourceExhausted
-            | ErrorKind::QuotaExceeded => Code::ResourceExhausted,
+            | ErrorKind::QuotaExceeded
+            | ErrorKind::RateLimited => Code::ResourceExhausted,
             ErrorKind::Unavailable => Code::Unavailable,
             ErrorKind::Internal => Code::Internal,
         };

@@ -21,6 +21,7 @@ pub fn status(kind: ErrorKind) -> StatusCode {
         ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorKind::ResourceExhausted => StatusCode::INSUFFICIENT_STORAGE,
         ErrorKind::QuotaExceeded => StatusCode::FORBIDDEN,
+        ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }

@@ -283,6 +283,9 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
     {
         return refused;
     }
+    if let Err(wait) = state.limiter.take(&who) {
+        return crate::tenants::too_many_requests(req.uri().path(), wait);
+    }
     let mut req = req;
     req.extensions_mut().insert(who);
     crate::events::audited(&state, &key, req, next).await
