@@ -56,6 +56,14 @@ fn a_tenant_key_drives_its_own_sandboxes_and_nothing_else() {
         ok(space_as(&s, key_a, &["exec", mine, "--", "echo", "hi"])),
         "hi\n"
     );
+    // Its quota: one sandbox is all it may hold now.
+    s.space_ok(&["tenant", "set", "team-a", "--max-sandboxes", "1"]);
+    refused(
+        space_as(&s, key_a, &["create", "--template", "minimal"]),
+        "quota of 1 sandboxes",
+    );
+    assert!(s.space_ok(&["tenant", "ls"]).contains("1 sandboxes"));
+    s.space_ok(&["tenant", "set", "team-a"]);
     // The admin's sandbox (tenant default) is not there for it.
     let theirs = s.create(&["--template", "minimal"]);
     let ls = ok(space_as(&s, key_a, &["ls"]));
