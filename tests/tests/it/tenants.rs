@@ -165,3 +165,67 @@ fn keys_made_or_revoked_through_one_replica_hold_on_the_other() {
     assert!(took < std::time::Duration::from_millis(2500), "{took:?}");
     eprintln!("the other replica refused the revoked key after {took:?}");
 }
+
+/// Create → ready for a tenant with a quota (checked in the insert's transaction) against
+/// the admin key (tenant `default`, no quota), on one spaced, rounds alternating. Run it on a
+/// release build: `cargo test --release -p space-tests --test it -- --ignored --nocapture
+/// bench_quota`.
+#[test]
+#[ignore = "benchmark; prints figures for BENCHMARKS.md"]
+fn bench_quota_create() {
+    let rounds: usize = std::env::var("SPACE_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let n = std::env::var("SPACE_BENCH_N").unwrap_or_else(|_| "50".into());
+    let s = Spaced::start_with(&["--network", "off"]).unwrap();
+    s.space_ok(&[
+        "tenant",
+        "create",
+        "team-q",
+        "--max-sandboxes",
+        "100000",
+        "--max-cpu",
+        "100000",
+        "--max-memory",
+        "100000000",
+    ]);
+    let key = s.space_ok(&["key", "create", "--tenant", "team-q", "--rate", "1000000"]);
+    let key = key.trim().to_owned();
+    // The miss path (every create builds): pools are the admin's, and a tenant key cannot
+    // fill one for the bench.
+    let args = [
+        "bench",
+        "create",
+        "-n",
+        &n,
+        "--exec-runs",
+        "5",
+        "--json",
+    ];
+    let mut p50s: [Vec<f64>; 2] = Default::default();
+    for round in 0..rounds {
+        for (i, who) in [None, Some(key.as_str())].into_iter().enumerate() {
+            let out = match who {
+                None => s.space_ok(&args),
+                Some(k) => ok(space_as(&s, k, &args)),
+            };
+            let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let p50 = r["create_ready_ms"]["p50"].as_f64().unwrap();
+            eprintln!(
+                "round {round} {}: create → ready p50 {p50:.2} ms",
+                ["admin", "quota"][i]
+            );
+            p50s[i].push(p50);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (a, q) = (median(&mut p50s[0]), median(&mut p50s[1]));
+    eprintln!(
+        "create → ready: no quota {a:.2} ms, with a quota {q:.2} ms ({:+.2}) (median of {rounds} rounds' p50)",
+        q - a
+    );
+}
