@@ -194,15 +194,7 @@ fn bench_quota_create() {
     let key = key.trim().to_owned();
     // The miss path (every create builds): pools are the admin's, and a tenant key cannot
     // fill one for the bench.
-    let args = [
-        "bench",
-        "create",
-        "-n",
-        &n,
-        "--exec-runs",
-        "5",
-        "--json",
-    ];
+    let args = ["bench", "create", "-n", &n, "--exec-runs", "5", "--json"];
     let mut p50s: [Vec<f64>; 2] = Default::default();
     for round in 0..rounds {
         for (i, who) in [None, Some(key.as_str())].into_iter().enumerate() {
