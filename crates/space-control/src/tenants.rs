@@ -296,17 +296,21 @@ impl QuotaColumns {
     }
 }
 
-fn decode_quota(r: &sqlx::any::AnyRow) -> Result<TenantQuota, StoreError> {
+/// A tenant row's settings (its `replicas` and `max_*` columns).
+fn decode_settings(r: &sqlx::any::AnyRow) -> Result<TenantSettings, StoreError> {
     let get = |c: &str| -> Result<Option<i64>, StoreError> {
         r.try_get::<Option<i64>, _>(c)
-            .map_err(q("read tenant quota"))
+            .map_err(q("read tenant settings"))
     };
     let u32_of = |n: i64| n.clamp(0, i64::from(u32::MAX)) as u32;
-    Ok(TenantQuota {
-        sandboxes: get("max_sandboxes")?.map(u32_of),
-        cpu: get("max_cpu_millis")?.map(|m| m.max(0) as f64 / 1000.0),
-        memory_mib: get("max_memory_mib")?.map(|m| m.max(0) as u64),
-        snapshots: get("max_snapshots")?.map(u32_of),
+    Ok(TenantSettings {
+        replicas: get("replicas")?.map(u32_of),
+        quota: TenantQuota {
+            sandboxes: get("max_sandboxes")?.map(u32_of),
+            cpu: get("max_cpu_millis")?.map(|m| m.max(0) as f64 / 1000.0),
+            memory_mib: get("max_memory_mib")?.map(|m| m.max(0) as u64),
+            snapshots: get("max_snapshots")?.map(u32_of),
+        },
     })
 }
 
@@ -485,6 +489,7 @@ impl Store {
                 let n = |c: &str| -> Result<u64, StoreError> {
                     Ok(r.try_get::<i64, _>(c).map_err(q("list tenants"))?.max(0) as u64)
                 };
+                let settings = decode_settings(r)?;
                 Ok(Tenant {
                     id: r.try_get("id").map_err(q("list tenants"))?,
                     created_at: space_api::rfc3339_from_unix_ms(
@@ -492,11 +497,8 @@ impl Store {
                     ),
                     sandboxes: n("sandboxes")?,
                     keys: n("keys")?,
-                    replicas: r
-                        .try_get::<Option<i64>, _>("replicas")
-                        .map_err(q("list tenants"))?
-                        .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
-                    quota: Some(decode_quota(r)?).filter(|q| !q.is_empty()),
+                    replicas: settings.replicas,
+                    quota: Some(settings.quota).filter(|q| !q.is_empty()),
                 })
             })
             .collect()
@@ -535,16 +537,8 @@ impl Store {
         .fetch_optional(self.pool())
         .await
         .map_err(q("read tenant"))?;
-        let Some(r) = row else {
-            return Ok(TenantSettings::default());
-        };
-        Ok(TenantSettings {
-            replicas: r
-                .try_get::<Option<i64>, _>("replicas")
-                .map_err(q("read tenant"))?
-                .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
-            quota: decode_quota(&r)?,
-        })
+        row.as_ref()
+            .map_or_else(|| Ok(TenantSettings::default()), decode_settings)
     }
 
     /// Inserts a sandbox's row when its tenant's quota still has room for it, in one
