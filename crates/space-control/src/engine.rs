@@ -251,11 +251,20 @@ fn check_path(what: &str, path: &str) -> ControlResult<String> {
     Ok(path.to_string())
 }
 
+/// Environment names the platform itself sets for the guest daemon (its default user and
+/// working directory, DNS, CA, log level, ...): a request may not set any of them.
+pub const RESERVED_ENV_PREFIX: &str = "SPACE_";
+
 fn check_env(env: &std::collections::BTreeMap<String, String>) -> ControlResult<()> {
     for (k, v) in env {
         if !is_valid_env_key(k) {
             return Err(ControlError::invalid(format!(
                 "invalid env key {k:?}: expected [A-Za-z_][A-Za-z0-9_]*"
+            )));
+        }
+        if k.to_ascii_uppercase().starts_with(RESERVED_ENV_PREFIX) {
+            return Err(ControlError::invalid(format!(
+                "env key {k:?}: names starting with {RESERVED_ENV_PREFIX} are the platform's own"
             )));
         }
         if v.contains('\0') {

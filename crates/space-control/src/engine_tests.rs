@@ -54,6 +54,15 @@ fn create_validation() {
             env: [("OK".to_string(), "a\0b".to_string())].into(),
             ..Default::default()
         },
+        // The platform's own names (the daemon's default user, DNS, CA, ...).
+        CreateSandbox {
+            env: [("SPACE_DEFAULT_USER".to_string(), "root".to_string())].into(),
+            ..Default::default()
+        },
+        CreateSandbox {
+            env: [("space_dns".to_string(), "1.1.1.1".to_string())].into(),
+            ..Default::default()
+        },
         CreateSandbox {
             hostname: Some("-x".into()),
             ..Default::default()

@@ -685,3 +685,35 @@ async fn a_keys_rate_is_a_token_bucket_answering_429_with_retry_after() {
     .await
     .error(400, "invalid_argument");
 }
+
+#[tokio::test]
+async fn the_platforms_own_environment_names_cannot_be_set() {
+    let h = harness().await;
+    let msg = h
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            r#"{"env":{"SPACE_DEFAULT_USER":"root"}}"#,
+        )
+        .await
+        .error(400, "invalid_argument");
+    assert!(msg.contains("the platform's own"), "{msg}");
+    let sb = h.create().await;
+    let body = r#"{"cmd":["true"],"env":{"SPACE_CA_PEM":"x"}}"#;
+    let msg = h
+        .call(Method::POST, &format!("/v1/sandboxes/{}/exec", sb.id), body)
+        .await
+        .error(400, "invalid_argument");
+    assert!(msg.contains("SPACE_CA_PEM"), "{msg}");
+    // Others still pass.
+    let body = r#"{"cmd":["true"],"env":{"MY_SPACE_VAR":"x"}}"#;
+    let r = h
+        .call(Method::POST, &format!("/v1/sandboxes/{}/exec", sb.id), body)
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+}
