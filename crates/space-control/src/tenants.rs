@@ -91,7 +91,7 @@ fn is_read(method: &axum::http::Method) -> bool {
 }
 
 /// An answer in the shape of the route's API (E2B's for its paths).
-fn refuse(path: &str, e: ControlError) -> Response {
+pub(crate) fn refuse(path: &str, e: ControlError) -> Response {
     if crate::e2b::is_control_path(path) {
         crate::e2b::E2bError(e).into_response()
     } else {
@@ -282,18 +282,17 @@ pub struct TenantSettings {
     pub quota: TenantQuota,
 }
 
-/// A quota as its four columns.
-struct QuotaColumns(Option<i64>, Option<i64>, Option<i64>, Option<i64>);
-
-impl QuotaColumns {
-    fn of(q: &TenantQuota) -> Self {
-        Self(
-            q.sandboxes.map(i64::from),
-            q.cpu.map(|c| (c * 1000.0).round() as i64),
-            q.memory_mib.map(|m| m.min(i64::MAX as u64) as i64),
-            q.snapshots.map(i64::from),
-        )
-    }
+/// A tenant's settings as their columns, in the order `replicas, max_sandboxes,
+/// max_cpu_millis, max_memory_mib, max_snapshots` (what [`decode_settings`] reads).
+fn settings_columns(s: &TenantSettings) -> [Option<i64>; 5] {
+    let q = &s.quota;
+    [
+        s.replicas.map(i64::from),
+        q.sandboxes.map(i64::from),
+        q.cpu.map(|c| (c * 1000.0).round() as i64),
+        q.memory_mib.map(|m| m.min(i64::MAX as u64) as i64),
+        q.snapshots.map(i64::from),
+    ]
 }
 
 /// A tenant row's settings (its `replicas` and `max_*` columns).
@@ -448,22 +447,20 @@ impl Store {
         id: &str,
         settings: &TenantSettings,
     ) -> Result<bool, StoreError> {
-        let q4 = QuotaColumns::of(&settings.quota);
-        let done = sqlx::query(
+        let mut query = sqlx::query(
             "INSERT INTO tenants (id, created_at, replicas, max_sandboxes, max_cpu_millis, \
              max_memory_mib, max_snapshots) VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(id)
-        .bind(now_ms())
-        .bind(settings.replicas.map(i64::from))
-        .bind(q4.0)
-        .bind(q4.1)
-        .bind(q4.2)
-        .bind(q4.3)
-        .execute(self.pool())
-        .await
-        .map_err(q("insert tenant"))?;
+        .bind(now_ms());
+        for c in settings_columns(settings) {
+            query = query.bind(c);
+        }
+        let done = query
+            .execute(self.pool())
+            .await
+            .map_err(q("insert tenant"))?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -510,20 +507,15 @@ impl Store {
         id: &str,
         settings: &TenantSettings,
     ) -> Result<bool, StoreError> {
-        let q4 = QuotaColumns::of(&settings.quota);
-        let done = sqlx::query(
+        let mut query = sqlx::query(
             "UPDATE tenants SET replicas = $2, max_sandboxes = $3, max_cpu_millis = $4, \
              max_memory_mib = $5, max_snapshots = $6 WHERE id = $1",
         )
-        .bind(id)
-        .bind(settings.replicas.map(i64::from))
-        .bind(q4.0)
-        .bind(q4.1)
-        .bind(q4.2)
-        .bind(q4.3)
-        .execute(self.pool())
-        .await
-        .map_err(q("set tenant"))?;
+        .bind(id);
+        for c in settings_columns(settings) {
+            query = query.bind(c);
+        }
+        let done = query.execute(self.pool()).await.map_err(q("set tenant"))?;
         Ok(done.rows_affected() == 1)
     }
 

@@ -21,7 +21,7 @@ use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{MethodRouter, any, delete, get, post, put};
 use tracing::Instrument;
 
@@ -263,10 +263,7 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         let err = ControlError::unauthorized(
             "missing or invalid API key (Authorization: Bearer <key>, or X-API-KEY)",
         );
-        if crate::e2b::is_control_path(req.uri().path()) {
-            return crate::e2b::E2bError(err).into_response();
-        }
-        return err.into_response();
+        return crate::tenants::refuse(req.uri().path(), err);
     };
     let route = req
         .extensions()
