@@ -159,6 +159,7 @@ pub fn prepare(cfg: &Config, req: &ExecRequest) -> Result<Prepared, ExecError> {
     // A new session: its own process group (Signal with `group` reaches the whole tree) and,
     // with a tty, that terminal as the controlling one. Credentials last: setsid needs none.
     space_sys::process::set_session(&mut cmd, req.tty);
+    space_sys::process::raise_oom_score_adj(&mut cmd);
     if let Some(u) = &user {
         space_sys::process::set_credentials(&mut cmd, u.uid, u.gid, u.groups.clone());
     }

@@ -38,6 +38,8 @@ pub const MAX_HOSTNAME_BYTES: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GuestInitError {
+    #[error("failed to set the guest's resource limits and OOM score")]
+    Limits(#[source] io::Error),
     #[error("failed to mount {what} on {target}")]
     Mount {
         what: String,
@@ -520,6 +522,18 @@ pub fn setup() -> Result<(), GuestInitError> {
     ] {
         let _ = std::os::unix::fs::symlink(target, link);
     }
+    // The same resource limits and OOM standing as in a namespace sandbox, where the node
+    // sets them from outside (decision 0041).
+    step("resource limits and OOM score set", || {
+        space_sys::process::set_own_rlimits(&space_sys::process::DEFAULT_RLIMITS)
+            .and_then(|()| {
+                fs::write(
+                    "/proc/self/oom_score_adj",
+                    space_sys::process::DAEMON_OOM_SCORE_ADJ.to_string(),
+                )
+            })
+            .map_err(GuestInitError::Limits)
+    })?;
     tracing::info!(
         ms = start.elapsed().as_secs_f64() * 1e3,
         kernel_uptime_s = kernel_uptime().unwrap_or(-1.0),

@@ -27,6 +27,7 @@ use crate::mount::{
     OPEN_TREE_CLOEXEC, OPEN_TREE_CLONE, raw_close, raw_fsmount, raw_mount, raw_mount_setattr,
     raw_move_mount, raw_open_tree, raw_pivot_root_dot, raw_umount_detach,
 };
+use crate::process::Rlimit;
 
 /// Linux capability numbers (`<linux/capability.h>`).
 pub mod caps {
@@ -134,6 +135,8 @@ pub enum InitStep {
     DevSymlinks,
     MountShm,
     MountTmp,
+    MaskPaths,
+    ReadOnlyPaths,
     BindDaemon,
     Fds,
     Seccomp,
@@ -144,7 +147,7 @@ pub enum InitStep {
 }
 
 impl InitStep {
-    const ALL: [InitStep; 28] = [
+    const ALL: [InitStep; 30] = [
         InitStep::Signals,
         InitStep::WaitParent,
         InitStep::Setsid,
@@ -166,6 +169,8 @@ impl InitStep {
         InitStep::DevSymlinks,
         InitStep::MountShm,
         InitStep::MountTmp,
+        InitStep::MaskPaths,
+        InitStep::ReadOnlyPaths,
         InitStep::BindDaemon,
         InitStep::Fds,
         InitStep::Seccomp,
@@ -202,6 +207,8 @@ impl InitStep {
             InitStep::DevSymlinks => "create /dev symlinks",
             InitStep::MountShm => "mount /dev/shm",
             InitStep::MountTmp => "mount /tmp",
+            InitStep::MaskPaths => "mask paths of /proc and /sys",
+            InitStep::ReadOnlyPaths => "make paths of /proc read-only",
             InitStep::BindDaemon => "bind the daemon binary",
             InitStep::Fds => "set up file descriptors",
             InitStep::CapBounding => "drop the capability bounding set",
@@ -259,6 +266,44 @@ const DEV_SYMLINKS: [(&CStr, &CStr); 5] = [
     (c"/proc/self/fd/0", c"/dev/stdin"),
     (c"/proc/self/fd/1", c"/dev/stdout"),
     (c"/proc/self/fd/2", c"/dev/stderr"),
+];
+
+/// Hidden inside the sandbox (decision 0041): what OCI runtimes mask by default, plus what
+/// reveals kernel addresses (`kallsyms`, `modules`) or host devices and paths (the host's
+/// block devices, whose loop entries name their backing files). A file is covered with
+/// /dev/null, a directory with an empty read-only tmpfs; a path this kernel lacks is skipped.
+pub const MASKED_PATHS: [&CStr; 21] = [
+    c"/proc/acpi",
+    c"/proc/asound",
+    c"/proc/interrupts",
+    c"/proc/kcore",
+    c"/proc/keys",
+    c"/proc/key-users",
+    c"/proc/latency_stats",
+    c"/proc/timer_list",
+    c"/proc/timer_stats",
+    c"/proc/sched_debug",
+    c"/proc/scsi",
+    c"/proc/kallsyms",
+    c"/proc/modules",
+    c"/proc/vmallocinfo",
+    c"/proc/iomem",
+    c"/sys/firmware",
+    c"/sys/devices/virtual/powercap",
+    c"/sys/devices/virtual/block",
+    c"/sys/block",
+    c"/sys/class/block",
+    c"/sys/fs",
+];
+
+/// Read-only inside the sandbox (what OCI runtimes make read-only by default): no sysctl,
+/// sysrq or IRQ affinity write reaches the kernel even if a permission check were missed.
+pub const READ_ONLY_PATHS: [&CStr; 5] = [
+    c"/proc/bus",
+    c"/proc/fs",
+    c"/proc/irq",
+    c"/proc/sys",
+    c"/proc/sysrq-trigger",
 ];
 
 /// Data prepared in the parent before `clone3`; the child only reads it.
@@ -522,6 +567,49 @@ impl InitChild {
             std::fs::write(format!("/proc/{}/{file}", self.pid), &line).map_err(parent_err(op))?;
         }
         Ok(())
+    }
+
+    /// Set the init's resource limits (its children inherit them), from the host before the
+    /// init runs. Raising a hard limit needs CAP_SYS_RESOURCE in the initial user namespace;
+    /// a node without it (some container hosts drop it) clamps each limit to its own hard
+    /// limit instead. Returns the limits set.
+    pub fn set_rlimits(&self, limits: &[Rlimit]) -> Result<Vec<Rlimit>, NsError> {
+        let mut set = Vec::with_capacity(limits.len());
+        for l in limits {
+            let l = match prlimit(self.pid, l) {
+                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                    let own = getrlimit(l.resource)
+                        .map_err(parent_err("read the node's own resource limits"))?;
+                    let hard = l.hard.min(own.hard);
+                    let clamped = Rlimit {
+                        soft: l.soft.min(hard),
+                        hard,
+                        ..*l
+                    };
+                    prlimit(self.pid, &clamped)
+                        .map_err(parent_err("set the sandbox's resource limits"))?;
+                    clamped
+                }
+                other => {
+                    other.map_err(parent_err("set the sandbox's resource limits"))?;
+                    *l
+                }
+            };
+            set.push(l);
+        }
+        Ok(set)
+    }
+
+    /// Lower the init's OOM score adjustment, if the node may (CAP_SYS_RESOURCE): the value
+    /// is then also the floor the init's descendants inherit; they may raise theirs
+    /// (space-daemon raises every child's) and lower it again only down to the floor.
+    /// Returns false when the node lacks the privilege, which leaves the node's own value.
+    pub fn lower_oom_score_adj(&self, adj: i32) -> Result<bool, NsError> {
+        match std::fs::write(format!("/proc/{}/oom_score_adj", self.pid), adj.to_string()) {
+            Ok(()) => Ok(true),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => Ok(false),
+            Err(e) => Err(parent_err("set the sandbox init's OOM score adjustment")(e)),
+        }
     }
 
     /// Hand over the detached rootfs mount; this lets the child proceed.
@@ -862,6 +950,42 @@ struct CapData {
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
+/// Covers `path` (resolved inside the sandbox root): a file with /dev/null, a directory
+/// with an empty read-only tmpfs. A missing path is fine (this kernel lacks it).
+fn mask_path(path: &CStr) -> io::Result<()> {
+    match raw_mount(c"/dev/null", path, None, libc::MS_BIND, None) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => raw_mount(
+            c"tmpfs",
+            path,
+            Some(c"tmpfs"),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            Some(c"size=0,mode=555"),
+        ),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        other => other,
+    }
+}
+
+/// Binds `path` onto itself and makes that bind read-only. A missing path is fine.
+fn read_only_path(path: &CStr) -> io::Result<()> {
+    match raw_mount(path, path, None, libc::MS_BIND | libc::MS_REC, None) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+        other => other?,
+    }
+    raw_mount(
+        path,
+        path,
+        None,
+        libc::MS_BIND
+            | libc::MS_REMOUNT
+            | libc::MS_RDONLY
+            | libc::MS_NOSUID
+            | libc::MS_NODEV
+            | libc::MS_NOEXEC,
+        None,
+    )
+}
+
 fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Infallible> {
     use InitStep::*;
 
@@ -1033,6 +1157,13 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     )
     .at(MountTmp)?;
 
+    for path in MASKED_PATHS {
+        mask_path(path).at(MaskPaths)?;
+    }
+    for path in READ_ONLY_PATHS {
+        read_only_path(path).at(ReadOnlyPaths)?;
+    }
+
     mkdir_p(c"/.space", 0o755).at(BindDaemon)?;
     touch(&p.exec_path, 0o755).at(BindDaemon)?;
     raw_move_mount(daemon_fd, &p.exec_path).at(BindDaemon)?;
@@ -1138,6 +1269,29 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
         )
     };
     Err((Exec, errno()))
+}
+
+fn prlimit(pid: libc::pid_t, l: &Rlimit) -> io::Result<()> {
+    let new = libc::rlimit64 {
+        rlim_cur: l.soft,
+        rlim_max: l.hard,
+    };
+    // SAFETY: `new` is a live rlimit64; the old-value pointer is NULL (not wanted).
+    check(unsafe { libc::prlimit64(pid, l.resource, &new, std::ptr::null_mut()) }).map(drop)
+}
+
+fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<Rlimit> {
+    let mut old = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `old` is a live rlimit64 the kernel fills; no new value is passed.
+    check(unsafe { libc::prlimit64(0, resource, std::ptr::null(), &mut old) })?;
+    Ok(Rlimit {
+        resource,
+        soft: old.rlim_cur,
+        hard: old.rlim_max,
+    })
 }
 
 /// Sets the hostname of the UTS namespace of process `pid` (a sandbox's init) from the host:

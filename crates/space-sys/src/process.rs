@@ -68,6 +68,86 @@ pub fn set_credentials(cmd: &mut Command, uid: u32, gid: u32, groups: Vec<u32>) 
     }
 }
 
+/// A resource limit (`setrlimit(2)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rlimit {
+    /// `libc::RLIMIT_*`.
+    pub resource: libc::__rlimit_resource_t,
+    pub soft: u64,
+    pub hard: u64,
+}
+
+/// What every sandbox starts with unless its create says otherwise (decision 0041): 1,024
+/// open files (raisable to 524,288 without privilege, as systemd sets it), no core dumps,
+/// and 8 MiB of locked memory.
+pub const DEFAULT_RLIMITS: [Rlimit; 3] = [
+    Rlimit {
+        resource: libc::RLIMIT_NOFILE,
+        soft: 1024,
+        hard: 524_288,
+    },
+    Rlimit {
+        resource: libc::RLIMIT_CORE,
+        soft: 0,
+        hard: 0,
+    },
+    Rlimit {
+        resource: libc::RLIMIT_MEMLOCK,
+        soft: 8 << 20,
+        hard: 8 << 20,
+    },
+];
+
+/// space-daemon's OOM score adjustment where the node may lower it (decision 0041). Not
+/// -1000 (never killed): a sandbox whose only process left is the daemon must still be able
+/// to free its memory.
+pub const DAEMON_OOM_SCORE_ADJ: i32 = -998;
+
+/// What space-daemon raises every process it starts to: the kernel, short of memory in a
+/// sandbox, picks one of them before the daemon even where the daemon could not be lowered.
+pub const CHILD_OOM_SCORE_ADJ: i32 = 500;
+
+/// Apply `limits` to this process (the microvm guest's init, which is root of its own kernel
+/// and may raise hard limits).
+pub fn set_own_rlimits(limits: &[Rlimit]) -> io::Result<()> {
+    for l in limits {
+        let new = libc::rlimit64 {
+            rlim_cur: l.soft,
+            rlim_max: l.hard,
+        };
+        // SAFETY: `new` is a live rlimit64; the old-value pointer is NULL (not wanted).
+        let r = unsafe { libc::prlimit64(0, l.resource, &new, std::ptr::null_mut()) };
+        cvt(r as libc::c_long)?;
+    }
+    Ok(())
+}
+
+/// Give the child an OOM score adjustment of [`CHILD_OOM_SCORE_ADJ`], whatever the caller's.
+/// Raising one's own value needs no privilege. Best effort: without /proc the child keeps
+/// the caller's value.
+pub fn raise_oom_score_adj(cmd: &mut Command) {
+    const VALUE: &[u8] = b"500";
+    const _: () = assert!(
+        CHILD_OOM_SCORE_ADJ == 500,
+        "VALUE spells CHILD_OOM_SCORE_ADJ"
+    );
+    // SAFETY: the closure runs in the forked child before exec; open/write/close of a static
+    // path and buffer are async-signal-safe and nothing allocates.
+    unsafe {
+        cmd.pre_exec(|| {
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd >= 0 {
+                libc::write(fd, VALUE.as_ptr().cast(), VALUE.len());
+                libc::close(fd);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Fds already taken by [`take_inherited_fd`], so no fd gets two owners.
 static TAKEN_FDS: Mutex<Vec<RawFd>> = Mutex::new(Vec::new());
 

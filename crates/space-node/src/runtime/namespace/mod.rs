@@ -30,15 +30,22 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use space_sys::mount::{MOUNT_ATTR_NODEV, idmapped_clone};
 use space_sys::ns::{self, InitSpec, NsError, SockFilter, caps};
+use space_sys::process::{DAEMON_OOM_SCORE_ADJ, DEFAULT_RLIMITS};
 
-pub use self::seccomp::{DENIED as SECCOMP_DENIED, SeccompError};
+pub use self::seccomp::{
+    ALLOWED as SECCOMP_ALLOWED, DENIED as SECCOMP_DENIED, IOCTL_FAMILIES, IoctlFamily,
+    SOCKET_FAMILIES, SeccompError,
+};
 use super::{LaunchPlan, Launched, Runtime, RuntimeError};
 use crate::api::Limits;
 use crate::cgroup::{CgroupError, CgroupManager, LinuxCgroups};
 
-/// Capabilities the sandbox keeps (Docker's default set). Everything else, CAP_SYS_ADMIN,
-/// CAP_SYS_PTRACE, CAP_SYS_MODULE and CAP_NET_ADMIN included, is dropped from every set.
-pub const KEPT_CAPS: [u32; 14] = [
+/// Capabilities the sandbox keeps (decision 0041): what its root needs to install packages,
+/// manage its own users and files, and run servers on low ports. Docker's default set less
+/// CAP_NET_RAW (raw and packet sockets), CAP_MKNOD (device nodes), CAP_AUDIT_WRITE and
+/// CAP_SETFCAP (file capabilities). Everything else, CAP_SYS_ADMIN, CAP_SYS_PTRACE,
+/// CAP_SYS_MODULE and CAP_NET_ADMIN included, is dropped from every set.
+pub const KEPT_CAPS: [u32; 10] = [
     caps::CHOWN,
     caps::DAC_OVERRIDE,
     caps::FOWNER,
@@ -48,11 +55,7 @@ pub const KEPT_CAPS: [u32; 14] = [
     caps::SETUID,
     caps::SETPCAP,
     caps::NET_BIND_SERVICE,
-    caps::NET_RAW,
     caps::SYS_CHROOT,
-    caps::AUDIT_WRITE,
-    caps::SETFCAP,
-    caps::MKNOD,
 ];
 
 /// The kept capabilities as a bit mask (bit n = capability n).
@@ -362,6 +365,8 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
     let child = ns::spawn_sandbox_init(&spec)?;
     let released = (|| -> Result<(), RuntimeError> {
         child.write_id_maps(plan.uid_base, plan.id_count)?;
+        child.set_rlimits(&DEFAULT_RLIMITS)?;
+        child.lower_oom_score_adj(DAEMON_OOM_SCORE_ADJ)?;
         if cgroup_fd.is_none() {
             inner.cgroups.add_process(&plan.id, child.pid())?;
         }

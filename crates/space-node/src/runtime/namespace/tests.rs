@@ -30,12 +30,15 @@ fn parses_proc_stat_with_odd_comm() {
 #[test]
 fn kept_caps_exclude_admin_and_ptrace() {
     let m = kept_caps_mask();
-    assert_eq!(m.count_ones(), 14);
+    assert_eq!(m.count_ones(), 10);
     for c in [
         caps::SYS_ADMIN,
         caps::SYS_PTRACE,
         caps::SYS_MODULE,
         caps::NET_ADMIN,
+        caps::NET_RAW,
+        caps::MKNOD,
+        caps::SETFCAP,
     ] {
         assert_eq!(m & (1 << c), 0, "cap {c} must be dropped");
     }
@@ -265,6 +268,16 @@ echo "netdevs=$(ls /sys/class/net | tr '\n' ' ')"
 echo "procs=$(ls /proc | grep '^[0-9]' | tr '\n' ' ')"
 echo "cgroup=$(grep memory /proc/self/cgroup)"
 echo "daemonro=$(touch /.space/space-daemon 2>/dev/null && echo rw || echo ro)"
+echo "kcore=$( [ -e /proc/kcore ] && wc -c < /proc/kcore || echo absent)"
+echo "kallsyms=$(wc -c < /proc/kallsyms)"
+echo "acpi=$(ls -A /proc/acpi 2>/dev/null | wc -l)"
+echo "firmware=$(ls -A /sys/firmware 2>/dev/null | wc -l)"
+echo "sysctl=$(echo 1 2>/dev/null > /proc/sys/kernel/ns_last_pid && echo rw || echo ro)"
+echo "sysctlmount=$(grep ' /proc/sys ' /proc/self/mountinfo | grep -c ' ro,')"
+echo "nofile=$(ulimit -n):$(ulimit -Hn)"
+echo "core=$(ulimit -c)"
+echo "oom=$(cat /proc/self/oom_score_adj)"
+echo "oomlower=$(echo -999 2>/dev/null > /proc/self/oom_score_adj && echo lowered || echo refused)"
 touch /written-inside
 echo DONE
 exec sleep 1000
@@ -319,6 +332,35 @@ async fn real_sandbox_is_isolated() {
     assert_eq!(line(&log, "tmp"), "1777");
     assert_eq!(line(&log, "lo"), "0x9");
     assert_eq!(line(&log, "netdevs").trim(), "lo");
+    // Masked and read-only paths of /proc and /sys (decision 0041).
+    let kcore = line(&log, "kcore");
+    assert!(kcore == "0" || kcore == "absent", "/proc/kcore: {kcore}");
+    assert_eq!(line(&log, "kallsyms"), "0");
+    assert_eq!(line(&log, "acpi"), "0");
+    assert_eq!(line(&log, "firmware"), "0");
+    assert_eq!(line(&log, "sysctl"), "ro");
+    assert_eq!(line(&log, "sysctlmount"), "1");
+    // Resource limits and the OOM floor the node set.
+    // Resource limits: the defaults, hard ones clamped to the node's own where it may not
+    // raise them.
+    let own_hard_nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .unwrap_or(u64::MAX);
+    assert_eq!(
+        line(&log, "nofile"),
+        format!("1024:{}", own_hard_nofile.min(524_288))
+    );
+    assert_eq!(line(&log, "core"), "0");
+    // The OOM floor: -998 where the node may lower it, the node's own value otherwise;
+    // nothing inside goes below it.
+    let own_oom: i32 = fs::read_to_string("/proc/self/oom_score_adj")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let oom: i32 = line(&log, "oom").parse().unwrap();
+    assert!(oom == -998 || oom == own_oom, "oom_score_adj {oom}");
+    assert_eq!(line(&log, "oomlower"), "refused");
     // A fresh pid namespace: pid 1 (the probe) and the few processes of its pipeline.
     let pids: Vec<u32> = line(&log, "procs")
         .split_whitespace()
