@@ -96,6 +96,19 @@ fn base_is_debian_with_user_python_node_and_git() {
     );
     assert_eq!(out, "hi from npm\n");
 
+    // dpkg, as root through sudo, installs a package under the namespace boundary's
+    // capabilities and syscalls (decision 0041): chown, set-id bits, renames, fsync.
+    let out = sh_ok(
+        &s,
+        &[&id],
+        "set -e; d=/tmp/deb; mkdir -p $d/DEBIAN $d/usr/local/bin; \
+         printf 'Package: hello-deb\\nVersion: 1.0\\nArchitecture: all\\nMaintainer: t <t@t>\\nDescription: t\\n' > $d/DEBIAN/control; \
+         printf '#!/bin/sh\\necho hi from dpkg\\n' > $d/usr/local/bin/hello-deb; chmod 755 $d/usr/local/bin/hello-deb; \
+         dpkg-deb --root-owner-group --build $d /tmp/hello.deb >/dev/null; \
+         sudo -n dpkg -i /tmp/hello.deb >/dev/null; hello-deb; dpkg-query -W -f='${Status}' hello-deb",
+    );
+    assert_eq!(out, "hi from dpkg\ninstall ok installed");
+
     // Files written through the API belong to the default user.
     let work = tempfile::tempdir().unwrap();
     let f = work.path().join("in.txt");
