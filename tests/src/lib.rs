@@ -1041,6 +1041,29 @@ impl Spaced {
         v["snapshots"].as_array().cloned().unwrap_or_default()
     }
 
+    /// The probe's arguments that name host things it must not reach: a marker file, this
+    /// test process's pid, and an abstract unix socket this test listens on (kept alive by
+    /// the returned listener).
+    pub fn host_references(&self) -> (Vec<String>, std::os::unix::net::UnixListener) {
+        use std::os::linux::net::SocketAddrExt;
+        let marker = self.dir.path().join("host-only-marker");
+        std::fs::write(&marker, "x").expect("write the host marker");
+        let name = format!("space-it-{}", random_hex(8));
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+            .expect("an abstract socket name");
+        let listener =
+            std::os::unix::net::UnixListener::bind_addr(&addr).expect("bind an abstract socket");
+        let args = vec![
+            "--host-marker".to_owned(),
+            marker.to_string_lossy().into_owned(),
+            "--host-pid".to_owned(),
+            std::process::id().to_string(),
+            "--host-abstract".to_owned(),
+            name,
+        ];
+        (args, listener)
+    }
+
     /// Copy the static probe into the sandbox and run it; returns its JSON report.
     pub fn probe(&self, id: &str, args: &[&str]) -> Value {
         self.probe_via(id, &[], args)

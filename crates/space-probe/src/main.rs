@@ -3,7 +3,12 @@
 //! isolation HELD. Exit status 0 if every check held, 1 otherwise, 2 on bad usage.
 //!
 //! usage: space-probe [--host-marker PATH]... [--host-hostname NAME] [--expect-hostname NAME]
+//!                    [--host-pid PID] [--host-abstract NAME]
+//!        space-probe --list                (every check's name and class, as JSON)
 //!        space-probe net SUBCOMMAND ...   (network checks, see net.rs)
+//!
+//! Each entry of the report also names its class (`syscall`, `ioctl`, `socket`, `mount`,
+//! `capability`, `proc-sys`, `cgroup`, `device`, `rlimit`, `namespace`, `host`).
 //!
 //! Every attempt is harmless if it unexpectedly succeeds (see space_sys::process probes).
 //! The checks that can change the probe's own state (setns, unshare) run last.
@@ -15,6 +20,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 
+mod escape;
 mod net;
 
 #[derive(Serialize)]
@@ -23,11 +29,37 @@ struct Check {
     detail: String,
 }
 
+impl Check {
+    fn ok(detail: impl Into<String>) -> Check {
+        Check {
+            ok: true,
+            detail: detail.into(),
+        }
+    }
+
+    fn fail(detail: impl Into<String>) -> Check {
+        Check {
+            ok: false,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// A check's result in the report.
+#[derive(Serialize)]
+struct Entry {
+    ok: bool,
+    detail: String,
+    class: &'static str,
+}
+
 #[derive(Default)]
 struct Args {
     host_markers: Vec<String>,
     host_hostname: Option<String>,
     expect_hostname: Option<String>,
+    host_pid: Option<i32>,
+    host_abstract: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -39,13 +71,19 @@ fn parse_args() -> Result<Args, String> {
             "--host-marker" => args.host_markers.push(val()?),
             "--host-hostname" => args.host_hostname = Some(val()?),
             "--expect-hostname" => args.expect_hostname = Some(val()?),
+            "--host-pid" => {
+                let v = val()?;
+                args.host_pid = Some(v.parse().map_err(|_| format!("bad --host-pid {v:?}"))?);
+            }
+            "--host-abstract" => args.host_abstract = Some(val()?),
             _ => return Err(format!("unknown argument {a:?}")),
         }
     }
     Ok(args)
 }
 
-/// Denied: the kernel (or seccomp) refused for lack of privilege, or the call does not exist.
+/// Denied: the kernel (or seccomp) refused for lack of privilege, a read-only mount refused
+/// the write, or the call does not exist.
 fn denied(r: &io::Result<()>) -> Check {
     match r {
         Ok(()) => Check {
@@ -54,7 +92,10 @@ fn denied(r: &io::Result<()>) -> Check {
         },
         Err(e) => {
             let errno = e.raw_os_error().unwrap_or(0);
-            let ok = matches!(errno, libc::EPERM | libc::EACCES | libc::ENOSYS);
+            let ok = matches!(
+                errno,
+                libc::EPERM | libc::EACCES | libc::ENOSYS | libc::EROFS
+            );
             Check {
                 ok,
                 detail: if ok {
@@ -287,10 +328,77 @@ fn setns_denied() -> Check {
     denied(&r)
 }
 
+/// The original checks, before the battery of escape.rs.
+const FIRST: &[escape::Probe] = &[
+    ("pid1_is_daemon", "namespace", |_| pid1_is_daemon()),
+    ("host_processes_invisible", "namespace", |_| {
+        host_processes_invisible()
+    }),
+    ("mount_denied", "mount", |_| mount_denied()),
+    ("umount_denied", "mount", |_| umount_denied()),
+    ("module_load_denied", "syscall", |_| module_load_denied()),
+    ("bpf_denied", "syscall", |_| {
+        denied(&space_sys::process::probe_bpf())
+    }),
+    ("perf_event_open_denied", "syscall", |_| {
+        denied(&space_sys::process::probe_perf_event_open())
+    }),
+    ("keyctl_denied", "syscall", |_| {
+        denied(&space_sys::process::probe_keyctl())
+    }),
+    ("ptrace_pid1_denied", "syscall", |_| {
+        denied(&space_sys::process::probe_ptrace_seize(1))
+    }),
+    ("uid_map", "namespace", |_| uid_map()),
+    ("caps", "capability", |_| caps("CapEff:")),
+    ("bounding_set", "capability", |_| caps("CapBnd:")),
+    ("seccomp", "syscall", |_| status_equals("Seccomp:", "2")),
+    ("hostname", "namespace", hostname),
+    ("proc_1_mem_denied", "proc-sys", |_| proc_1_mem_denied()),
+    ("reboot_denied", "syscall", |_| {
+        denied(&space_sys::process::probe_reboot())
+    }),
+    ("kexec_denied", "syscall", |_| {
+        denied(&space_sys::process::probe_kexec_load())
+    }),
+    ("host_root_invisible", "host", host_root_invisible),
+    ("iopl_denied", "syscall", |_| {
+        denied(&space_sys::process::probe_iopl())
+    }),
+    ("clock_settime_denied", "syscall", |_| {
+        denied(&space_sys::process::probe_clock_settime())
+    }),
+];
+
+/// Last: these change the probe's own namespaces if they succeed.
+const LAST: &[escape::Probe] = &[
+    ("setns_denied", "namespace", |_| setns_denied()),
+    ("unshare_userns_denied", "namespace", |_| {
+        denied(&space_sys::process::probe_unshare_userns())
+    }),
+    ("unshare_mountns_denied", "namespace", |_| {
+        denied(&space_sys::probe::unshare(libc::CLONE_NEWNS))
+    }),
+    ("unshare_netns_denied", "namespace", |_| {
+        denied(&space_sys::probe::unshare(libc::CLONE_NEWNET))
+    }),
+];
+
+fn all_probes() -> impl Iterator<Item = &'static escape::Probe> {
+    FIRST.iter().chain(escape::PROBES).chain(LAST)
+}
+
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.first().map(String::as_str) == Some("net") {
         return net::main(&argv[1..]);
+    }
+    if argv.first().map(String::as_str) == Some("--list") {
+        let list: Vec<serde_json::Value> = all_probes()
+            .map(|(name, class, _)| serde_json::json!({"name": name, "class": class}))
+            .collect();
+        println!("{}", serde_json::Value::Array(list));
+        return ExitCode::SUCCESS;
     }
     let args = match parse_args() {
         Ok(a) => a,
@@ -299,34 +407,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    use space_sys::process as p;
-    let mut report: BTreeMap<&str, Check> = BTreeMap::new();
-    report.insert("pid1_is_daemon", pid1_is_daemon());
-    report.insert("host_processes_invisible", host_processes_invisible());
-    report.insert("mount_denied", mount_denied());
-    report.insert("umount_denied", umount_denied());
-    report.insert("module_load_denied", module_load_denied());
-    report.insert("bpf_denied", denied(&p::probe_bpf()));
-    report.insert(
-        "perf_event_open_denied",
-        denied(&p::probe_perf_event_open()),
-    );
-    report.insert("keyctl_denied", denied(&p::probe_keyctl()));
-    report.insert("ptrace_pid1_denied", denied(&p::probe_ptrace_seize(1)));
-    report.insert("uid_map", uid_map());
-    report.insert("caps", caps("CapEff:"));
-    report.insert("bounding_set", caps("CapBnd:"));
-    report.insert("seccomp", status_equals("Seccomp:", "2"));
-    report.insert("hostname", hostname(&args));
-    report.insert("proc_1_mem_denied", proc_1_mem_denied());
-    report.insert("reboot_denied", denied(&p::probe_reboot()));
-    report.insert("kexec_denied", denied(&p::probe_kexec_load()));
-    report.insert("host_root_invisible", host_root_invisible(&args));
-    report.insert("iopl_denied", denied(&p::probe_iopl()));
-    report.insert("clock_settime_denied", denied(&p::probe_clock_settime()));
-    // Last: these change the probe's own namespaces if they succeed.
-    report.insert("setns_denied", setns_denied());
-    report.insert("unshare_userns_denied", denied(&p::probe_unshare_userns()));
+    let mut report: BTreeMap<&str, Entry> = BTreeMap::new();
+    for (name, class, probe) in all_probes() {
+        let c = probe(&args);
+        report.insert(
+            name,
+            Entry {
+                ok: c.ok,
+                detail: c.detail,
+                class,
+            },
+        );
+    }
 
     let all_ok = report.values().all(|c| c.ok);
     match serde_json::to_string(&report) {

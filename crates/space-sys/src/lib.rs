@@ -10,4 +10,5 @@ pub mod mount;
 pub mod netif;
 pub mod netns;
 pub mod ns;
+pub mod probe;
 pub mod process;

@@ -97,6 +97,32 @@ fn a_microvm_sandbox_runs_its_own_kernel_behind_the_same_api() {
     s.space_ok(&["cp", &format!("{id}:/root/in.txt"), back.to_str().unwrap()]);
     assert_eq!(std::fs::read_to_string(&back).unwrap(), "hello microvm\n");
 
+    // The escape battery at the VM boundary: the guest's root owns its kernel, so what must
+    // hold is everything that faces the host (docs/THREAT_MODEL.md, "Escape battery").
+    let (args, _listener) = s.host_references();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let report = s.probe(&id, &args);
+    let checks = report.as_object().expect("a probe report");
+    for (name, c) in checks {
+        if c["class"] == "host" || name == "host_processes_invisible" {
+            assert_eq!(c["ok"], true, "{name} failed in a microvm: {c}");
+        }
+    }
+    // The guest's root rewrites the guest's core_pattern; the host's stays as it was.
+    let host_pattern = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap();
+    assert_eq!(
+        out(
+            &s,
+            &id,
+            "echo '|/bin/false %p' > /proc/sys/kernel/core_pattern && cat /proc/sys/kernel/core_pattern"
+        ),
+        "|/bin/false %p"
+    );
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap(),
+        host_pattern
+    );
+
     // A background process survives a node crash; the VM is re-adopted.
     let pid = s.space_ok(&[
         "exec",
