@@ -87,6 +87,10 @@ pub struct InitSpec<'a> {
     pub devpts_gid: Option<u32>,
     /// Mount a read-only sysfs at /sys (skipped silently if the kernel refuses).
     pub mount_sysfs: bool,
+    /// Paths covered inside (those of [`MASKED_PATHS`] this kernel has, normally: see
+    /// [`present_masks`]) and bound read-only ([`READ_ONLY_PATHS`]).
+    pub masked: &'a [MaskedPath],
+    pub read_only: &'a [&'a CStr],
     /// A cgroup v2 directory to start the child in (`CLONE_INTO_CGROUP`): no migration
     /// afterwards, so no wait for an RCU grace period in the kernel.
     pub cgroup: Option<BorrowedFd<'a>>,
@@ -296,6 +300,30 @@ pub const MASKED_PATHS: [&CStr; 21] = [
     c"/sys/fs",
 ];
 
+/// A path to mask, and whether it is a directory (covered by an empty tmpfs) or a file
+/// (covered by /dev/null).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaskedPath {
+    pub path: &'static CStr,
+    pub dir: bool,
+}
+
+/// The paths of [`MASKED_PATHS`] that exist on this host, typed. /proc's and these /sys
+/// entries are the kernel's, the same inside a sandbox as outside, so the init skips the
+/// lookups of paths this kernel lacks and never tries a file's mask on a directory.
+pub fn present_masks() -> Vec<MaskedPath> {
+    MASKED_PATHS
+        .iter()
+        .filter_map(|p| {
+            let md = std::fs::symlink_metadata(std::ffi::OsStr::from_bytes(p.to_bytes())).ok()?;
+            Some(MaskedPath {
+                path: p,
+                dir: md.is_dir(),
+            })
+        })
+        .collect()
+}
+
 /// Read-only inside the sandbox (what OCI runtimes make read-only by default): no sysctl,
 /// sysrq or IRQ affinity write reaches the kernel even if a permission check were missed.
 pub const READ_ONLY_PATHS: [&CStr; 5] = [
@@ -319,6 +347,8 @@ struct Prepared {
     keep_caps: u64,
     last_cap: u32,
     mount_sysfs: bool,
+    masked: Vec<MaskedPath>,
+    read_only: Vec<CString>,
     /// A fresh network namespace (bring its loopback up) rather than the node's slot.
     own_netns: bool,
     stdin: RawFd,
@@ -434,6 +464,8 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
         keep_caps: spec.keep_caps,
         last_cap: last_cap(),
         mount_sysfs: spec.mount_sysfs,
+        masked: spec.masked.to_vec(),
+        read_only: spec.read_only.iter().map(|p| (*p).to_owned()).collect(),
         own_netns: spec.netns.is_none(),
         stdin: spec.stdin.as_raw_fd(),
         stdout: spec.stdout.as_raw_fd(),
@@ -950,17 +982,23 @@ struct CapData {
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
-/// Covers `path` (resolved inside the sandbox root): a file with /dev/null, a directory
-/// with an empty read-only tmpfs. A missing path is fine (this kernel lacks it).
-fn mask_path(path: &CStr) -> io::Result<()> {
-    match raw_mount(c"/dev/null", path, None, libc::MS_BIND, None) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => raw_mount(
+/// Covers a path (resolved inside the sandbox root): a file with /dev/null, a directory with
+/// an empty read-only tmpfs. The first directory masked gets the tmpfs; later ones are bound
+/// from it (`empty_dir`), which is cheaper than a superblock each. A missing path is fine.
+fn mask_path(m: &MaskedPath, empty_dir: &mut Option<&'static CStr>) -> io::Result<()> {
+    let r = match (m.dir, *empty_dir) {
+        (false, _) => raw_mount(c"/dev/null", m.path, None, libc::MS_BIND, None),
+        (true, Some(dir)) => raw_mount(dir, m.path, None, libc::MS_BIND, None),
+        (true, None) => raw_mount(
             c"tmpfs",
-            path,
+            m.path,
             Some(c"tmpfs"),
             libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
             Some(c"size=0,mode=555"),
-        ),
+        )
+        .map(|()| *empty_dir = Some(m.path)),
+    };
+    match r {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         other => other,
     }
@@ -1105,12 +1143,10 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     // rootfs cannot point anywhere else.
     mkdir_p(c"/proc", 0o555).at(AttachProc)?;
     raw_move_mount(proc_fd, c"/proc").at(AttachProc)?;
-    if sys_fd >= 0 {
-        // Best effort: /sys is optional.
-        if mkdir_p(c"/sys", 0o555).is_ok() {
-            let _ = raw_move_mount(sys_fd, c"/sys");
-        }
-    }
+    // Best effort: /sys is optional (a user namespace may mount sysfs only over a network
+    // namespace it owns).
+    let have_sys =
+        sys_fd >= 0 && mkdir_p(c"/sys", 0o555).is_ok() && raw_move_mount(sys_fd, c"/sys").is_ok();
 
     mkdir_p(c"/dev", 0o755).at(MountDev)?;
     raw_mount(
@@ -1157,10 +1193,14 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     )
     .at(MountTmp)?;
 
-    for path in MASKED_PATHS {
-        mask_path(path).at(MaskPaths)?;
+    let mut empty_dir = None;
+    for m in &p.masked {
+        if !have_sys && m.path.to_bytes().starts_with(b"/sys/") {
+            continue;
+        }
+        mask_path(m, &mut empty_dir).at(MaskPaths)?;
     }
-    for path in READ_ONLY_PATHS {
+    for path in &p.read_only {
         read_only_path(path).at(ReadOnlyPaths)?;
     }
 

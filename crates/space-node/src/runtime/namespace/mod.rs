@@ -18,6 +18,7 @@ mod seccomp;
 mod tests;
 
 use std::collections::HashMap;
+use std::ffi::CStr;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use space_sys::mount::{MOUNT_ATTR_NODEV, idmapped_clone};
 use space_sys::ns::{self, InitSpec, NsError, SockFilter, caps};
-use space_sys::process::{DAEMON_OOM_SCORE_ADJ, DEFAULT_RLIMITS};
+use space_sys::process::{DAEMON_OOM_SCORE_ADJ, DEFAULT_RLIMITS, Rlimit};
 
 pub use self::seccomp::{
     ALLOWED as SECCOMP_ALLOWED, DENIED as SECCOMP_DENIED, IOCTL_FAMILIES, IoctlFamily,
@@ -98,11 +99,36 @@ struct Tracked {
     socket: PathBuf,
 }
 
+/// What the sandbox init is confined by beyond its namespaces: the seccomp programs, the
+/// masked and read-only paths, the resource limits. Always [`Boundary::hardened`] outside
+/// the benchmark that compares it with the boundary before decision 0041.
+#[derive(Debug)]
+struct Boundary {
+    seccomp: Vec<Vec<SockFilter>>,
+    masked: Vec<ns::MaskedPath>,
+    read_only: &'static [&'static CStr],
+    rlimits: &'static [Rlimit],
+}
+
+impl Boundary {
+    fn hardened() -> Result<Boundary, RuntimeError> {
+        Ok(Boundary {
+            seccomp: seccomp::programs().map_err(|e| RuntimeError::Setup {
+                step: "compile the seccomp filter",
+                source: io::Error::other(e),
+            })?,
+            masked: ns::present_masks(),
+            read_only: &ns::READ_ONLY_PATHS,
+            rlimits: &DEFAULT_RLIMITS,
+        })
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     cfg: NamespaceConfig,
     cgroups: Arc<dyn CgroupManager>,
-    seccomp: Vec<Vec<SockFilter>>,
+    boundary: Boundary,
     dev_null: OwnedFd,
     tracked: Mutex<HashMap<String, Tracked>>,
     reaper: std::sync::OnceLock<()>,
@@ -188,10 +214,14 @@ impl NamespaceRuntime {
         cfg: NamespaceConfig,
         cgroups: Arc<dyn CgroupManager>,
     ) -> Result<NamespaceRuntime, RuntimeError> {
-        let seccomp = seccomp::programs().map_err(|e| RuntimeError::Setup {
-            step: "compile the seccomp filter",
-            source: io::Error::other(e),
-        })?;
+        Self::with_boundary(cfg, cgroups, Boundary::hardened()?)
+    }
+
+    fn with_boundary(
+        cfg: NamespaceConfig,
+        cgroups: Arc<dyn CgroupManager>,
+        boundary: Boundary,
+    ) -> Result<NamespaceRuntime, RuntimeError> {
         let dev_null = fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -201,7 +231,7 @@ impl NamespaceRuntime {
             inner: Arc::new(Inner {
                 cfg,
                 cgroups,
-                seccomp,
+                boundary,
                 dev_null: dev_null.into(),
                 tracked: Mutex::new(HashMap::new()),
                 reaper: std::sync::OnceLock::new(),
@@ -352,10 +382,12 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
         stdin: inner.dev_null.as_fd(),
         stdout: log.as_fd(),
         channel: listener.as_fd(),
-        seccomp: &inner.seccomp,
+        seccomp: &inner.boundary.seccomp,
         keep_caps: kept_caps_mask(),
         devpts_gid: (plan.id_count > 5).then_some(5),
         mount_sysfs: inner.cfg.mount_sysfs,
+        masked: &inner.boundary.masked,
+        read_only: inner.boundary.read_only,
         cgroup: cgroup_fd.as_ref().map(|fd| fd.as_fd()),
         netns: plan.netns.as_ref().map(|n| ns::NetnsJoin {
             ns: n.ns.as_fd(),
@@ -365,7 +397,7 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
     let child = ns::spawn_sandbox_init(&spec)?;
     let released = (|| -> Result<(), RuntimeError> {
         child.write_id_maps(plan.uid_base, plan.id_count)?;
-        child.set_rlimits(&DEFAULT_RLIMITS)?;
+        child.set_rlimits(inner.boundary.rlimits)?;
         child.lower_oom_score_adj(DAEMON_OOM_SCORE_ADJ)?;
         if cgroup_fd.is_none() {
             inner.cgroups.add_process(&plan.id, child.pid())?;

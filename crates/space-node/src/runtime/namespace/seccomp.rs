@@ -708,6 +708,30 @@ pub fn programs() -> Result<Vec<Vec<SockFilter>>, SeccompError> {
     Ok(vec![allowlist()?, prefix()?])
 }
 
+/// The policy before decision 0041, for the benchmark that compares the two: the same
+/// prefix, then a deny list of [`DENIED`] (allow by default).
+#[cfg(test)]
+pub(super) fn programs_before_allowlist() -> Result<Vec<Vec<SockFilter>>, SeccompError> {
+    let rules = DENIED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        target_arch()?,
+    )?;
+    let prog: seccompiler::BpfProgram = filter.try_into()?;
+    let deny = prog
+        .into_iter()
+        .map(|i| SockFilter {
+            code: i.code,
+            jt: i.jt,
+            jf: i.jf,
+            k: i.k,
+        })
+        .collect();
+    Ok(vec![deny, prefix()?])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

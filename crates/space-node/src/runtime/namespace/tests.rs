@@ -499,6 +499,84 @@ async fn real_destroy_kills_every_process_and_adopted_inits() {
     assert!(!plan.channel_socket.exists());
 }
 
+/// The namespace boundary's cost (decision 0041): launches alternate between the hardened
+/// boundary and the one before it (a deny list; no masks, no resource limits), on the same
+/// kernel, rootfs and cgroups, so the noise of a shared machine falls on both alike.
+/// `cargo test -p space-node --lib boundary_cost -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark"]
+async fn boundary_cost() {
+    let Some(fs_) = Btrfs::new() else { return };
+    let daemon = fs_.daemon("idle.sh", "exec sleep 1000");
+    let runtime = |boundary: Boundary| {
+        let cfg = NamespaceConfig {
+            cgroup_parent: "space-bench".into(),
+            ..NamespaceConfig::default()
+        };
+        let cgroups = LinuxCgroups::detect(&cfg.cgroup_root, &cfg.cgroup_parent).unwrap();
+        NamespaceRuntime::with_boundary(cfg, Arc::new(cgroups), boundary).unwrap()
+    };
+    let hardened = runtime(Boundary::hardened().unwrap());
+    let before = runtime(Boundary {
+        seccomp: seccomp::programs_before_allowlist().unwrap(),
+        masked: Vec::new(),
+        read_only: &[],
+        rlimits: &[],
+    });
+    let allowlist_only = runtime(Boundary {
+        masked: Vec::new(),
+        read_only: &[],
+        rlimits: &[],
+        ..Boundary::hardened().unwrap()
+    });
+    // Rounds of three launches (one per boundary, in a rotating order); each rootfs is
+    // deleted after its sandbox, so the test's image never fills.
+    let n = 300;
+    let runtimes = [&hardened, &allowlist_only, &before];
+    let mut times: [Vec<f64>; 3] = Default::default();
+    for round in 0..n {
+        for k in 0..3 {
+            let which = (round + k) % 3;
+            let name = format!("c{round}-{which}");
+            let rootfs = fs_.rootfs(&name);
+            let plan = plan_in(fs_.dir.path(), &name, rootfs.clone(), daemon.clone());
+            let t = Instant::now();
+            let l = runtimes[which].launch(&plan).await.unwrap();
+            times[which].push(t.elapsed().as_secs_f64() * 1e3);
+            runtimes[which].destroy(&plan.id, Some(&l)).await.unwrap();
+            sh(
+                "btrfs",
+                &["-q", "subvolume", "delete", rootfs.to_str().unwrap()],
+            );
+        }
+    }
+    let pct = |v: &[f64], p: usize| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[(v.len() * p / 100).min(v.len() - 1)]
+    };
+    let names = [
+        "hardened (allowlist, masks, rlimits)",
+        "allowlist only",
+        "before 0041 (deny list)",
+    ];
+    for (name, v) in names.iter().zip(&times) {
+        eprintln!(
+            "{name:38} launch p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  (n={})",
+            pct(v, 50),
+            pct(v, 90),
+            pct(v, 99),
+            v.len()
+        );
+    }
+    // Within a round the three launches meet the same machine: the median of the per-round
+    // differences is the cost, with most of the noise taken out.
+    for (k, name) in [(0, names[0]), (1, names[1])] {
+        let d: Vec<f64> = times[k].iter().zip(&times[2]).map(|(a, b)| a - b).collect();
+        eprintln!("{name:38} minus before: median {:+.2} ms", pct(&d, 50));
+    }
+}
+
 /// `cargo test -p space-node --lib launch_latency -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark"]
