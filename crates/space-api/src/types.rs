@@ -100,6 +100,22 @@ pub struct E2bSettings {
     pub ca: Option<String>,
 }
 
+/// Per-sandbox resource limits, each soft and hard alike (decision 0041). Unset fields keep
+/// the defaults: 1,024 open files (hard 524,288), no core dumps, 8 MiB of locked memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rlimits {
+    /// Open files, 16..=1048576.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nofile: Option<u64>,
+    /// Core dump size in bytes, at most the sandbox's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core: Option<u64>,
+    /// Locked memory in bytes, at most the sandbox's memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memlock: Option<u64>,
+}
+
 /// `POST /v1/sandboxes`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,6 +132,9 @@ pub struct CreateSandbox {
     /// 8..=1000000; default 512.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u32>,
+    /// Resource limits of the sandbox's processes (namespace runtime); none = the defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rlimits: Option<Rlimits>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// The caller's own labels (at most 64; keys 1..=128 bytes, values up to 512); listed
@@ -300,6 +319,9 @@ pub struct Sandbox {
     pub cpu: f64,
     pub memory_mib: u64,
     pub pids: u32,
+    /// The resource limits the create set (absent: the defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rlimits: Option<Rlimits>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -186,6 +186,10 @@ struct CreateArgs {
     /// Maximum number of tasks.
     #[arg(long)]
     pids: Option<u32>,
+    /// A resource limit of every process, soft and hard alike (repeatable): nofile=N,
+    /// core=BYTES, memlock=BYTES. Default: nofile 1024 (hard 524288), core 0, memlock 8 MiB.
+    #[arg(long = "rlimit", value_name = "NAME=N", value_parser = parse_rlimit)]
+    rlimit: Vec<(String, u64)>,
     /// Environment variable (repeatable).
     #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_kv)]
     env: Vec<(String, String)>,
@@ -351,6 +355,37 @@ async fn main() {
     std::process::exit(code);
 }
 
+/// `NAME=N` of `--rlimit`, for the names the API knows.
+fn parse_rlimit(s: &str) -> Result<(String, u64), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=N, got {s:?}"))?;
+    if !["nofile", "core", "memlock"].contains(&k) {
+        return Err(format!(
+            "unknown rlimit {k:?}: expected nofile, core or memlock"
+        ));
+    }
+    let n = v
+        .parse()
+        .map_err(|_| format!("rlimit {k}: {v:?} is not a whole number"))?;
+    Ok((k.to_owned(), n))
+}
+
+fn rlimits_of(given: &[(String, u64)]) -> Option<space_api::Rlimits> {
+    if given.is_empty() {
+        return None;
+    }
+    let mut r = space_api::Rlimits::default();
+    for (k, v) in given {
+        match k.as_str() {
+            "nofile" => r.nofile = Some(*v),
+            "core" => r.core = Some(*v),
+            _ => r.memlock = Some(*v),
+        }
+    }
+    Some(r)
+}
+
 async fn run(cli: Cli) -> Result<i32> {
     match cli.cmd {
         Command::Create(a) => {
@@ -360,6 +395,7 @@ async fn run(cli: Cli) -> Result<i32> {
                 cpu: a.cpu,
                 memory_mib: a.memory,
                 pids: a.pids,
+                rlimits: rlimits_of(&a.rlimit),
                 env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
                 metadata: a.metadata.into_iter().collect(),
                 hostname: a.hostname,

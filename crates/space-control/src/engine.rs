@@ -329,6 +329,9 @@ pub fn validate_create_with(
             "pids must be between 8 and 1000000, got {pids}"
         )));
     }
+    if let Some(r) = &req.rlimits {
+        check_rlimits(r, memory_mib)?;
+    }
     check_env(&req.env)?;
     check_metadata(&req.metadata)?;
     let hostname = req.hostname.unwrap_or_else(|| id.to_string());
@@ -346,6 +349,7 @@ pub fn validate_create_with(
         cpu,
         memory_mib,
         pids,
+        rlimits: req.rlimits.filter(|r| *r != space_api::Rlimits::default()),
         env: req.env,
         metadata: req.metadata,
         hostname,
@@ -354,6 +358,29 @@ pub fn validate_create_with(
         runtime: req.runtime,
         replicas: req.replicas.unwrap_or(0),
     })
+}
+
+/// A create's resource limits: open files within what Linux allows a process
+/// (`fs.nr_open`'s default), core size and locked memory within the sandbox's memory.
+fn check_rlimits(r: &space_api::Rlimits, memory_mib: u64) -> ControlResult<()> {
+    if let Some(n) = r.nofile
+        && !(16..=1_048_576).contains(&n)
+    {
+        return Err(ControlError::invalid(format!(
+            "rlimits.nofile must be between 16 and 1048576, got {n}"
+        )));
+    }
+    let memory = memory_mib << 20;
+    for (name, v) in [("core", r.core), ("memlock", r.memlock)] {
+        if let Some(v) = v
+            && v > memory
+        {
+            return Err(ControlError::invalid(format!(
+                "rlimits.{name} must be at most the sandbox's memory ({memory} bytes), got {v}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A `user` field: a name or numeric uid ("" for the sandbox's default user).
@@ -393,6 +420,7 @@ pub(crate) fn node_spec(id: &str, spec: &SandboxSpecRecord) -> SandboxSpec {
             cpu_millis: ((spec.cpu * 1000.0).round() as u32).max(10),
             memory_mib: spec.memory_mib,
             pids: spec.pids,
+            rlimits: spec.rlimits.map(node_rlimits).unwrap_or_default(),
         },
         env: spec
             .env
@@ -410,6 +438,14 @@ pub(crate) fn node_spec(id: &str, spec: &SandboxSpecRecord) -> SandboxSpec {
         secrets: crate::net::node_bindings(&spec.secrets),
         // Validated against RUNTIMES when the row was made.
         runtime: spec.runtime.as_deref().and_then(|r| r.parse().ok()),
+    }
+}
+
+fn node_rlimits(r: space_api::Rlimits) -> space_node_api::Rlimits {
+    space_node_api::Rlimits {
+        nofile: r.nofile,
+        core: r.core,
+        memlock: r.memlock,
     }
 }
 
@@ -438,6 +474,7 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
         cpu: row.spec.cpu,
         memory_mib: row.spec.memory_mib,
         pids: row.spec.pids,
+        rlimits: row.spec.rlimits,
         env: row.spec.env.clone(),
         metadata: row.spec.metadata.clone(),
         hostname: row.spec.hostname.clone(),

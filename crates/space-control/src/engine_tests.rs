@@ -12,6 +12,26 @@ fn create_validation() {
     assert_eq!(ok.memory_mib, 512);
     assert_eq!(ok.pids, 512);
     assert_eq!(ok.hostname, id);
+    assert_eq!(ok.rlimits, None);
+    let limited = validate_create(
+        CreateSandbox {
+            rlimits: Some(space_api::Rlimits {
+                nofile: Some(65_536),
+                core: Some(1 << 20),
+                memlock: None,
+            }),
+            ..Default::default()
+        },
+        id,
+    )
+    .unwrap();
+    assert_eq!(limited.rlimits.unwrap().nofile, Some(65_536));
+    // An empty rlimits object is the defaults, stored as none.
+    let empty = CreateSandbox {
+        rlimits: Some(space_api::Rlimits::default()),
+        ..Default::default()
+    };
+    assert_eq!(validate_create(empty, id).unwrap().rlimits, None);
 
     let bad: Vec<CreateSandbox> = vec![
         CreateSandbox {
@@ -36,6 +56,35 @@ fn create_validation() {
         },
         CreateSandbox {
             pids: Some(7),
+            ..Default::default()
+        },
+        CreateSandbox {
+            rlimits: Some(space_api::Rlimits {
+                nofile: Some(8),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        CreateSandbox {
+            rlimits: Some(space_api::Rlimits {
+                nofile: Some(2_000_000),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        CreateSandbox {
+            memory_mib: Some(64),
+            rlimits: Some(space_api::Rlimits {
+                memlock: Some(65 << 20),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        CreateSandbox {
+            rlimits: Some(space_api::Rlimits {
+                core: Some(u64::MAX),
+                ..Default::default()
+            }),
             ..Default::default()
         },
         CreateSandbox {

@@ -65,6 +65,9 @@ pub struct SandboxSpecRecord {
     pub cpu: f64,
     pub memory_mib: u64,
     pub pids: u32,
+    /// Resource limits the create set (rows from before decision 0041 have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rlimits: Option<space_api::Rlimits>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -419,6 +422,7 @@ pub(crate) mod tests {
             cpu: 1.0,
             memory_mib: 512,
             pids: 512,
+            rlimits: None,
             env: BTreeMap::from([("A".to_string(), "1".to_string())]),
             metadata: BTreeMap::new(),
             hostname: "h".into(),

@@ -32,6 +32,9 @@ pub struct Limits {
     pub memory_mib: u64,
     /// Maximum number of tasks (processes + threads).
     pub pids: u32,
+    /// Resource limits of every process, where they differ from the defaults.
+    #[serde(default, skip_serializing_if = "Rlimits::is_default")]
+    pub rlimits: Rlimits,
 }
 
 impl Default for Limits {
@@ -40,7 +43,29 @@ impl Default for Limits {
             cpu_millis: 1000,
             memory_mib: 512,
             pids: 512,
+            rlimits: Rlimits::default(),
         }
+    }
+}
+
+/// Per-sandbox resource limits (`setrlimit`), each soft and hard alike; `None` keeps the
+/// platform's default (1,024 open files with a hard limit of 524,288, no core dumps, 8 MiB
+/// of locked memory: decision 0041).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rlimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nofile: Option<u64>,
+    /// Bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core: Option<u64>,
+    /// Bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memlock: Option<u64>,
+}
+
+impl Rlimits {
+    pub fn is_default(&self) -> bool {
+        *self == Rlimits::default()
     }
 }
 

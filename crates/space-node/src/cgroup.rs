@@ -629,6 +629,7 @@ mod tests {
             cpu_millis: 1500,
             memory_mib: 256,
             pids: 64,
+            rlimits: Default::default(),
         };
         cg.create("sb1", &limits).unwrap();
         assert_eq!(read(&mem.join("memory.limit_in_bytes")), "268435456");
@@ -658,6 +659,7 @@ mod tests {
                 cpu_millis: 0,
                 memory_mib: 0,
                 pids: 0,
+                rlimits: Default::default(),
             },
         )
         .unwrap();
@@ -696,6 +698,7 @@ mod tests {
                 cpu_millis: 500,
                 memory_mib: 64,
                 pids: 10,
+                rlimits: Default::default(),
             },
         )
         .unwrap();

@@ -606,30 +606,7 @@ impl InitChild {
     /// a node without it (some container hosts drop it) clamps each limit to its own hard
     /// limit instead. Returns the limits set.
     pub fn set_rlimits(&self, limits: &[Rlimit]) -> Result<Vec<Rlimit>, NsError> {
-        let mut set = Vec::with_capacity(limits.len());
-        for l in limits {
-            let l = match prlimit(self.pid, l) {
-                Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
-                    let own = getrlimit(l.resource)
-                        .map_err(parent_err("read the node's own resource limits"))?;
-                    let hard = l.hard.min(own.hard);
-                    let clamped = Rlimit {
-                        soft: l.soft.min(hard),
-                        hard,
-                        ..*l
-                    };
-                    prlimit(self.pid, &clamped)
-                        .map_err(parent_err("set the sandbox's resource limits"))?;
-                    clamped
-                }
-                other => {
-                    other.map_err(parent_err("set the sandbox's resource limits"))?;
-                    *l
-                }
-            };
-            set.push(l);
-        }
-        Ok(set)
+        set_rlimits_of(self.pid as u32, limits)
     }
 
     /// Lower the init's OOM score adjustment, if the node may (CAP_SYS_RESOURCE): the value
@@ -1309,6 +1286,35 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
         )
     };
     Err((Exec, errno()))
+}
+
+/// Set the resource limits of process `pid` (a sandbox's init) from the host; see
+/// [`InitChild::set_rlimits`] for the clamping. Returns the limits set.
+pub fn set_rlimits_of(pid: u32, limits: &[Rlimit]) -> Result<Vec<Rlimit>, NsError> {
+    let pid = pid as libc::pid_t;
+    let mut set = Vec::with_capacity(limits.len());
+    for l in limits {
+        let l = match prlimit(pid, l) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                let own = getrlimit(l.resource)
+                    .map_err(parent_err("read the node's own resource limits"))?;
+                let hard = l.hard.min(own.hard);
+                let clamped = Rlimit {
+                    soft: l.soft.min(hard),
+                    hard,
+                    ..*l
+                };
+                prlimit(pid, &clamped).map_err(parent_err("set the sandbox's resource limits"))?;
+                clamped
+            }
+            other => {
+                other.map_err(parent_err("set the sandbox's resource limits"))?;
+                *l
+            }
+        };
+        set.push(l);
+    }
+    Ok(set)
 }
 
 fn prlimit(pid: libc::pid_t, l: &Rlimit) -> io::Result<()> {

@@ -186,3 +186,79 @@ fn sudo_gives_the_sandboxes_own_root_and_no_more() {
     assert_eq!(fields[0], 0);
     assert!(fields[1] >= s.uid_base as u64, "uid_map {map}");
 }
+
+/// `(soft, hard)` of a line of /proc/self/limits inside the sandbox.
+fn limit(s: &Spaced, id: &str, name: &str) -> (String, String) {
+    let (_, out, _) = s.sh(id, &format!("grep '^{name}' /proc/self/limits"));
+    let f: Vec<&str> = out[name.len()..].split_whitespace().collect();
+    (f[0].to_owned(), f[1].to_owned())
+}
+
+/// Resource limits (decision 0041): the defaults, a create's own (both through the warm pool
+/// and cold), and clear refusals.
+#[test]
+fn resource_limits_are_sane_by_default_and_set_per_sandbox() {
+    let s = Spaced::start().unwrap();
+    let own_hard = std::fs::read_to_string("/proc/self/limits")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(4).map(str::to_owned))
+        .unwrap();
+    let own_hard: u64 = own_hard.parse().unwrap_or(u64::MAX);
+    let id = s.create(&[]);
+    assert_eq!(
+        limit(&s, &id, "Max open files"),
+        ("1024".to_owned(), own_hard.min(524_288).to_string())
+    );
+    assert_eq!(
+        limit(&s, &id, "Max core file size"),
+        ("0".into(), "0".into())
+    );
+    assert_eq!(
+        limit(&s, &id, "Max locked memory"),
+        ("8388608".into(), "8388608".into())
+    );
+    // The daemon's children are first in line for the OOM killer.
+    let (_, adj, _) = s.sh(&id, "cat /proc/self/oom_score_adj");
+    assert_eq!(adj.trim(), "500");
+
+    // A create's own limits, with and without other limits changed (the pool path is
+    // pool::a_pooled_sandbox_carries_nothing_from_one_user_to_the_next).
+    for extra in [&[][..], &["--memory", "300"][..]] {
+        let mut args = vec!["--rlimit", "nofile=4096", "--rlimit", "core=1048576"];
+        args.extend_from_slice(extra);
+        let id = s.create(&args);
+        assert_eq!(
+            limit(&s, &id, "Max open files"),
+            ("4096".into(), "4096".into())
+        );
+        assert_eq!(
+            limit(&s, &id, "Max core file size"),
+            ("1048576".into(), "1048576".into())
+        );
+        assert_eq!(s.inspect(&id)["rlimits"]["nofile"], 4096);
+    }
+
+    // Clear refusals, and nothing made.
+    let before = s.space_ok(&["ls", "--json"]);
+    for (args, needle) in [
+        (
+            &["--rlimit", "nofile=8"][..],
+            "rlimits.nofile must be between 16",
+        ),
+        (&["--rlimit", "stack=1"][..], "unknown rlimit \"stack\""),
+        (
+            &["--memory", "64", "--rlimit", "memlock=1000000000"][..],
+            "rlimits.memlock must be at most",
+        ),
+    ] {
+        let mut all = vec!["create"];
+        all.extend_from_slice(args);
+        let out = s.space(&all);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    assert_eq!(s.space_ok(&["ls", "--json"]), before);
+}

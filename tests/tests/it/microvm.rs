@@ -218,6 +218,24 @@ fn bad_runtime_requests_get_clear_errors() {
         json!({"runtime": "microvm"}),
     );
     assert!(msg.contains("--microvm off"), "{msg}");
+    // Resource limits are the namespace runtime's (decision 0041); unknown ones are refused.
+    let msg = refused(
+        &s,
+        Method::POST,
+        "/v1/sandboxes",
+        json!({"runtime": "microvm", "rlimits": {"nofile": 4096}}),
+    );
+    assert!(
+        msg.contains("rlimits are set only in namespace sandboxes"),
+        "{msg}"
+    );
+    let msg = refused(
+        &s,
+        Method::POST,
+        "/v1/sandboxes",
+        json!({"rlimits": {"stack": 1}}),
+    );
+    assert!(msg.contains("stack"), "{msg}");
     // A microvm pool on a node without the runtime: refused, the pool left as it was.
     let msg = refused(
         &s,

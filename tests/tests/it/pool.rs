@@ -82,9 +82,20 @@ fn a_pooled_sandbox_carries_nothing_from_one_user_to_the_next() {
         "200",
         "--pids",
         "24",
+        "--rlimit",
+        "nofile=2048",
     ]);
     let ia = s.inspect(&a);
     assert_eq!(ia["pooled"], true, "{ia}");
+    // Its resource limits too (decision 0041): set on the member's daemon at hand-out.
+    assert_eq!(
+        out(
+            &s,
+            &a,
+            "grep '^Max open files' /proc/self/limits | tr -s ' '"
+        ),
+        "Max open files 2048 2048 files"
+    );
     assert_eq!(out(&s, &a, "hostname"), "alpha-host");
     assert_eq!(
         out(&s, &a, "echo $FOO:$SPACE_SANDBOX_ID:$HOSTNAME"),
@@ -123,6 +134,15 @@ fn a_pooled_sandbox_carries_nothing_from_one_user_to_the_next() {
     assert_eq!(code, 200);
     assert_eq!(procs["processes"], json!([]), "{procs}");
     assert_eq!(out(&s, &b, "hostname"), b, "default hostname is the id");
+    assert!(
+        out(
+            &s,
+            &b,
+            "grep '^Max open files' /proc/self/limits | tr -s ' '"
+        )
+        .starts_with("Max open files 1024 "),
+        "A's resource limits carried over"
+    );
     assert_eq!(
         out(&s, &b, "echo ${FOO:-unset}:$SPACE_SANDBOX_ID"),
         format!("unset:{b}")

@@ -753,6 +753,14 @@ impl Node {
         let kind = spec.runtime.unwrap_or(self.cfg.default_runtime);
         let mut from = None;
         if kind == MICROVM {
+            if !spec.limits.rlimits.is_default() {
+                return Err(NodeError::InvalidArgument(
+                    "rlimits are set only in namespace sandboxes: a microvm's guest has the \
+                     defaults (1024 open files, no core dumps, 8 MiB of locked memory), and its \
+                     root may raise them within its own kernel"
+                        .to_owned(),
+                ));
+            }
             let vm = match self.microvm().await {
                 Ok(vm) => vm.clone(),
                 Err(why) => {

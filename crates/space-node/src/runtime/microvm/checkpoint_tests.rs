@@ -154,6 +154,7 @@ fn plan(dir: &Path, id: &str, disk: PathBuf, memory_mib: u64) -> LaunchPlan {
             cpu_millis: 1000,
             memory_mib,
             pids: 256,
+            rlimits: Default::default(),
         },
         env: Vec::new(),
         daemon_binary: dir.join("unused-daemon"),

@@ -60,6 +60,7 @@ pub fn cgroup_limits(sandbox: &Limits, memory_mib: u64, accel: AccelKind) -> Lim
         cpu_millis: sandbox.cpu_millis,
         memory_mib: memory_mib + OVERHEAD_MIB + tb,
         pids: QEMU_PIDS,
+        rlimits: Default::default(),
     }
 }
 
@@ -296,6 +297,7 @@ pub(super) mod tests {
             cpu_millis: 1500,
             memory_mib: 512,
             pids: 10,
+            rlimits: Default::default(),
         };
         let tcg = cgroup_limits(&l, 512, AccelKind::Tcg);
         assert_eq!(tcg.memory_mib, 512 + OVERHEAD_MIB + TCG_TB_MIB);

@@ -137,6 +137,7 @@ fn sizes_follow_the_limits() {
         cpu_millis,
         memory_mib,
         pids: 100,
+        rlimits: Default::default(),
     };
     assert_eq!(vcpus_for(&l(1, 512), 8), 1);
     assert_eq!(vcpus_for(&l(1000, 512), 8), 1);
@@ -470,6 +471,7 @@ fn plan(dir: &Path, id: &str, disk: Option<PathBuf>) -> LaunchPlan {
             cpu_millis: 1000,
             memory_mib: 256,
             pids: 256,
+            rlimits: Default::default(),
         },
         env: Vec::new(),
         daemon_binary: dir.join("unused-daemon"),

@@ -257,6 +257,28 @@ impl NamespaceRuntime {
     }
 }
 
+/// `base` with the create's overrides (each soft and hard alike).
+fn with_overrides(base: &[Rlimit], r: &crate::api::Rlimits) -> Vec<Rlimit> {
+    let mut out = base.to_vec();
+    for (resource, value) in [
+        (libc::RLIMIT_NOFILE, r.nofile),
+        (libc::RLIMIT_CORE, r.core),
+        (libc::RLIMIT_MEMLOCK, r.memlock),
+    ] {
+        let Some(v) = value else { continue };
+        let l = Rlimit {
+            resource,
+            soft: v,
+            hard: v,
+        };
+        match out.iter_mut().find(|o| o.resource == resource) {
+            Some(o) => *o = l,
+            None => out.push(l),
+        }
+    }
+    out
+}
+
 /// Removes what a failed launch created, unless disarmed.
 struct Cleanup<'a> {
     inner: &'a Inner,
@@ -397,7 +419,10 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
     let child = ns::spawn_sandbox_init(&spec)?;
     let released = (|| -> Result<(), RuntimeError> {
         child.write_id_maps(plan.uid_base, plan.id_count)?;
-        child.set_rlimits(inner.boundary.rlimits)?;
+        child.set_rlimits(&with_overrides(
+            inner.boundary.rlimits,
+            &plan.limits.rlimits,
+        ))?;
         child.lower_oom_score_adj(DAEMON_OOM_SCORE_ADJ)?;
         if cgroup_fd.is_none() {
             inner.cgroups.add_process(&plan.id, child.pid())?;
@@ -579,6 +604,10 @@ impl Runtime for NamespaceRuntime {
             if let Some(l) = limits {
                 // Idempotent: applies the limits to the existing cgroups.
                 inner.cgroups.create(&id, &l)?;
+                // The init's resource limits, which the processes it starts from now on
+                // inherit (a pooled sandbox has run only the node's warm-up command).
+                ns::set_rlimits_of(pid, &with_overrides(inner.boundary.rlimits, &l.rlimits))
+                    .map_err(RuntimeError::from)?;
             }
             ns::set_hostname_of(pid, &hostname).map_err(setup("set the sandbox's hostname"))
         })

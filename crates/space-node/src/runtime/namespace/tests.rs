@@ -56,6 +56,7 @@ fn plan_in(dir: &Path, id: &str, rootfs: PathBuf, daemon: PathBuf) -> LaunchPlan
             cpu_millis: 500,
             memory_mib: 128,
             pids: 64,
+            rlimits: Default::default(),
         },
         env: vec![("PATH".into(), "/bin".into())],
         daemon_binary: daemon,
