@@ -704,7 +704,12 @@ impl Engine {
         use tonic::Code;
         if !matches!(
             status.code(),
-            Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal | Code::Aborted
+            Code::Unknown
+                | Code::Unavailable
+                | Code::Cancelled
+                | Code::Internal
+                | Code::Aborted
+                | Code::DeadlineExceeded
         ) {
             return status.into();
         }

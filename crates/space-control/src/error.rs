@@ -181,6 +181,8 @@ impl From<tonic::Status> for ControlError {
                 tracing::warn!(status = ?s, "guest unavailable");
                 Self::unavailable("the sandbox's guest is not answering")
             }
+            // A guest call past its deadline (space_node_api::guest::deadline_of).
+            Code::DeadlineExceeded => Self::unavailable(msg),
             _ => Self::internal(format_args!("guest rpc failed: {s:?}")),
         }
     }
@@ -226,6 +228,7 @@ mod tests {
             (tonic::Code::OutOfRange, OutOfRange),
             (tonic::Code::PermissionDenied, PermissionDenied),
             (tonic::Code::Unavailable, Unavailable),
+            (tonic::Code::DeadlineExceeded, Unavailable),
             (tonic::Code::ResourceExhausted, ResourceExhausted),
             (tonic::Code::Internal, Internal),
             (tonic::Code::Unknown, Internal),
