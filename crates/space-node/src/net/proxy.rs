@@ -104,9 +104,10 @@ impl LogLimiter {
     }
 }
 
-/// Presents, for any SNI, a leaf of the node CA.
+/// Presents, for any SNI, a leaf of the node CA. The SNI is the sandbox's choice, so the
+/// warning a bad one causes is rate-limited.
 #[derive(Debug)]
-struct LeafResolver(Arc<Ca>);
+struct LeafResolver(Arc<Ca>, LogLimiter);
 
 impl ResolvesServerCert for LeafResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
@@ -114,7 +115,9 @@ impl ResolvesServerCert for LeafResolver {
         match self.0.leaf(name) {
             Ok(leaf) => Some(leaf),
             Err(e) => {
-                tracing::warn!(error = %e, "failed to make a leaf certificate");
+                if self.1.allow() {
+                    tracing::warn!(error = %e, "failed to make a leaf certificate");
+                }
                 None
             }
         }
@@ -306,7 +309,7 @@ impl EgressProxy {
             .with_safe_default_protocol_versions()
             .map_err(ProxyError::Tls)?
             .with_no_client_auth()
-            .with_cert_resolver(Arc::new(LeafResolver(ca)));
+            .with_cert_resolver(Arc::new(LeafResolver(ca, LogLimiter::new())));
         server.alpn_protocols = vec![b"http/1.1".to_vec()];
         let mut client = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
