@@ -76,6 +76,8 @@ pub struct ControlConfig {
     /// `--node-lost-after`, decision 0037): its sandboxes with a replica are then restored
     /// on another node from their newest replicated snapshot, and the others marked lost.
     pub node_lost_after: Duration,
+    /// How long events are kept (spaced's `--events-retention-days`); None: forever.
+    pub events_retention: Option<Duration>,
 }
 
 impl ControlConfig {
@@ -98,6 +100,7 @@ impl ControlConfig {
             e2b_domain: None,
             e2b_ca_pem: None,
             node_lost_after: Duration::from_secs(300),
+            events_retention: Some(crate::events::DEFAULT_RETENTION),
         }
     }
 }

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
 
 use sqlx::Row;
 use tokio::sync::{mpsc, oneshot};
@@ -194,6 +195,48 @@ async fn writer(store: Store, mut rx: mpsc::UnboundedReceiver<Msg>) {
     }
 }
 
+/// How long events are kept unless spaced says otherwise.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 86_400);
+/// How often the retention task runs.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// Rows one DELETE removes: short statements, so creates never wait long behind one.
+const PRUNE_BATCH: i64 = 10_000;
+
+/// Deletes the events older than `keep`, in batches; returns how many went.
+pub async fn prune_older_than(store: &Store, keep: Duration) -> Result<u64, StoreError> {
+    let cutoff_ms = now_ms().saturating_sub(keep.as_millis() as i64).max(0);
+    let mut total = 0;
+    loop {
+        let n = store.prune_events(cutoff_ms, PRUNE_BATCH).await?;
+        total += n;
+        if n < PRUNE_BATCH as u64 {
+            return Ok(total);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Prunes events older than `keep` now and every hour, for the life of the process (each
+/// control replica does; the deletes are idempotent).
+pub fn spawn_retention(store: Store, keep: Duration) {
+    tokio::spawn(async move {
+        loop {
+            match prune_older_than(&store, keep).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    events = n,
+                    days = keep.as_secs() / 86_400,
+                    "pruned old events"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning old events failed; trying again later")
+                }
+            }
+            tokio::time::sleep(PRUNE_EVERY).await;
+        }
+    });
+}
+
 fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| StoreError::Query { what, source }
 }
@@ -239,6 +282,22 @@ impl Store {
             .await
             .map_err(q("insert events"))?;
         Ok(())
+    }
+
+    /// Deletes at most `limit` of the oldest events from before `before_ms` (unix ms). An
+    /// event's id starts with its time in ms (`unix ms << 12 | sequence`), so this walks the
+    /// primary key.
+    pub async fn prune_events(&self, before_ms: i64, limit: i64) -> Result<u64, StoreError> {
+        let r = sqlx::query(
+            "DELETE FROM events WHERE id IN \
+             (SELECT id FROM events WHERE id < $1 ORDER BY id LIMIT $2)",
+        )
+        .bind(before_ms << 12)
+        .bind(limit)
+        .execute(self.pool())
+        .await
+        .map_err(q("prune events"))?;
+        Ok(r.rows_affected())
     }
 
     /// A sandbox's events with id > `after`, oldest first, at most `limit`.
@@ -545,5 +604,41 @@ mod cost_tests {
             .await
             .unwrap();
         assert_eq!(rest.len(), n as usize - 1000);
+    }
+
+    fn event_at(time: i64, seq: i64) -> EventRow {
+        EventRow {
+            id: (time << 12) | seq,
+            time,
+            actor: "node".into(),
+            sandbox_id: "aaaaaaaaaaaaaaaaaaaa".into(),
+            action: "exec".into(),
+            result: "ok".into(),
+            detail: String::new(),
+        }
+    }
+
+    /// Events older than the retention go, in batches, and nothing newer does.
+    #[tokio::test]
+    async fn retention_deletes_only_what_is_older() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("s.db")).await.unwrap();
+        let day = 86_400_000;
+        let now = now_ms();
+        let old: Vec<EventRow> = (0..25).map(|i| event_at(now - 40 * day, i)).collect();
+        let recent: Vec<EventRow> = (0..5).map(|i| event_at(now - day, i)).collect();
+        store.insert_events(&old).await.unwrap();
+        store.insert_events(&recent).await.unwrap();
+        // One batch takes at most its limit, oldest first.
+        assert_eq!(store.prune_events(now - 30 * day, 10).await.unwrap(), 10);
+        let keep = Duration::from_secs(30 * 86_400);
+        assert_eq!(prune_older_than(&store, keep).await.unwrap(), 15);
+        assert_eq!(prune_older_than(&store, keep).await.unwrap(), 0);
+        let left = store
+            .list_events("aaaaaaaaaaaaaaaaaaaa", i64::MIN, MAX_LIMIT)
+            .await
+            .unwrap();
+        assert_eq!(left.len(), 5);
+        assert!(left.iter().all(|e| e.time == now - day));
     }
 }

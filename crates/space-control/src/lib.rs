@@ -151,6 +151,9 @@ impl ControlPlane {
         let admin_key_path = auth::ensure_admin_key(&store, &cfg.data_dir).await?;
         let auth = Arc::new(Auth::load(&store).await?);
         auth::spawn_reload(&auth, store.clone());
+        if let Some(keep) = cfg.events_retention {
+            events::spawn_retention(store.clone(), keep);
+        }
         let nodes = cluster.as_ref().map(|c| {
             Arc::new(cluster_nodes::ClusterNodes::new(
                 store.clone(),

@@ -224,6 +224,10 @@ struct ControlArgs {
     /// Limit of streamed uploads (files, templates), bytes or K/M/G/T.
     #[arg(long, default_value = "10G", value_parser = parse_size)]
     max_upload: u64,
+    /// Days events are kept (the audit trail of every sandbox, removed ones included); older
+    /// ones are deleted every hour. 0 keeps them forever.
+    #[arg(long, value_name = "DAYS", default_value_t = 30)]
+    events_retention_days: u64,
     /// Warm pool of the `base` template as MIN:MAX ready sandboxes, while none was set through
     /// the API (`space pool set base`); 0:0 turns it off.
     #[arg(long, default_value = "4:32", value_name = "MIN:MAX", value_parser = parse_pool)]
@@ -538,6 +542,8 @@ async fn run_control(
 ) -> Result<()> {
     let mut cfg = ControlConfig::new(&common.data_dir);
     cfg.max_upload_bytes = args.max_upload;
+    cfg.events_retention = (args.events_retention_days > 0)
+        .then(|| Duration::from_secs(args.events_retention_days.saturating_mul(86_400)));
     cfg.shutdown_timeout = Duration::from_secs(5);
     cfg.default_egress = space_control::net::egress_from_node(common.default_egress);
     cfg.default_pool = Some(args.warm_pool).filter(|p| p.max > 0);
@@ -880,6 +886,10 @@ mod tests {
             (4, 32),
             "--warm-pool default"
         );
+        assert_eq!(a.control.events_retention_days, 30, "events kept 30 days");
+        let a = all(&["spaced", "--events-retention-days", "0"]).unwrap();
+        assert_eq!(a.control.events_retention_days, 0);
+        assert!(all(&["spaced", "--events-retention-days", "-1"]).is_err());
         let a = all(&["spaced", "--warm-pool", "0:0"]).unwrap();
         assert_eq!((a.control.warm_pool.min, a.control.warm_pool.max), (0, 0));
         let a = all(&["spaced", "--warm-pool", "2:2"]).unwrap();

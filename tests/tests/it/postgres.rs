@@ -118,3 +118,42 @@ fn a_postgresql_restart_is_503_with_retry_after_then_recovers() {
     assert_eq!(n, 1, "a create during the outage left a sandbox: {list}");
     s.space_ok(&["rm", &id]);
 }
+
+/// Event retention's batched DELETE on PostgreSQL (the unit test runs it on SQLite): old
+/// events go in batches, recent ones stay.
+#[test]
+fn event_retention_on_postgresql() {
+    use space_control::events::{EventRow, prune_older_than};
+    use space_control::store::{Store, now_ms};
+    let pg = Postgres::start().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = Store::open(&pg.socket_url).await.unwrap();
+        let day = 86_400_000;
+        let now = now_ms();
+        let at = |time: i64, seq: i64| EventRow {
+            id: (time << 12) | seq,
+            time,
+            actor: "node".into(),
+            sandbox_id: "aaaaaaaaaaaaaaaaaaaa".into(),
+            action: "exec".into(),
+            result: "ok".into(),
+            detail: String::new(),
+        };
+        let old: Vec<EventRow> = (0..25).map(|i| at(now - 40 * day, i)).collect();
+        let recent: Vec<EventRow> = (0..5).map(|i| at(now - day, i)).collect();
+        store.insert_events(&old).await.unwrap();
+        store.insert_events(&recent).await.unwrap();
+        assert_eq!(store.prune_events(now - 30 * day, 10).await.unwrap(), 10);
+        let keep = std::time::Duration::from_secs(30 * 86_400);
+        assert_eq!(prune_older_than(&store, keep).await.unwrap(), 15);
+        let left = store
+            .list_events("aaaaaaaaaaaaaaaaaaaa", i64::MIN, 1000)
+            .await
+            .unwrap();
+        assert_eq!(left.len(), 5);
+    });
+}
