@@ -475,6 +475,18 @@ pub struct IoctlFamily {
     pub except: &'static [(&'static str, u32)],
 }
 
+impl IoctlFamily {
+    /// One request exactly.
+    const fn exact(name: &'static str, value: u32) -> IoctlFamily {
+        IoctlFamily {
+            name,
+            mask: u32::MAX,
+            value,
+            except: &[],
+        }
+    }
+}
+
 const TIOCSTI: u32 = 0x5412;
 const TIOCLINUX: u32 = 0x541C;
 const TIOCCONS: u32 = 0x541D;
@@ -517,50 +529,15 @@ pub const IOCTL_FAMILIES: &[IoctlFamily] = &[
         value: 0x6600,
         except: &[],
     },
-    IoctlFamily {
-        name: "FS_IOC_FSGETXATTR",
-        mask: u32::MAX,
-        value: 0x801c_581f,
-        except: &[],
-    },
-    IoctlFamily {
-        name: "FS_IOC_FSSETXATTR",
-        mask: u32::MAX,
-        value: 0x401c_5820,
-        except: &[],
-    },
-    IoctlFamily {
-        name: "FS_IOC_GETVERSION",
-        mask: u32::MAX,
-        value: 0x8008_7601,
-        except: &[],
-    },
-    IoctlFamily {
-        name: "FIGETBSZ",
-        mask: u32::MAX,
-        value: 0x2,
-        except: &[],
-    },
-    IoctlFamily {
-        // Reflinks (cp --reflink, the default of coreutils' cp): VFS calls, not btrfs's,
-        // though they share its type byte. Their space is charged like any write.
-        name: "FICLONE",
-        mask: u32::MAX,
-        value: 0x4004_9409,
-        except: &[],
-    },
-    IoctlFamily {
-        name: "FICLONERANGE",
-        mask: u32::MAX,
-        value: 0x4020_940d,
-        except: &[],
-    },
-    IoctlFamily {
-        name: "FIDEDUPERANGE",
-        mask: u32::MAX,
-        value: 0xc018_9436,
-        except: &[],
-    },
+    IoctlFamily::exact("FS_IOC_FSGETXATTR", 0x801c_581f),
+    IoctlFamily::exact("FS_IOC_FSSETXATTR", 0x401c_5820),
+    IoctlFamily::exact("FS_IOC_GETVERSION", 0x8008_7601),
+    IoctlFamily::exact("FIGETBSZ", 0x2),
+    // Reflinks (cp --reflink, the default of coreutils' cp): VFS calls, not btrfs's,
+    // though they share its type byte. Their space is charged like any write.
+    IoctlFamily::exact("FICLONE", 0x4004_9409),
+    IoctlFamily::exact("FICLONERANGE", 0x4020_940d),
+    IoctlFamily::exact("FIDEDUPERANGE", 0xc018_9436),
 ];
 
 fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, v: u64) -> SeccompCondition {
@@ -635,6 +612,11 @@ fn allowlist() -> Result<Vec<SockFilter>, SeccompError> {
         SeccompAction::Allow,
         target_arch()?,
     )?;
+    compile(filter)
+}
+
+/// A seccompiler filter as the classic-BPF program the init installs.
+fn compile(filter: SeccompFilter) -> Result<Vec<SockFilter>, SeccompError> {
     let prog: seccompiler::BpfProgram = filter.try_into()?;
     Ok(prog
         .into_iter()
@@ -719,17 +701,7 @@ pub(super) fn programs_before_allowlist() -> Result<Vec<Vec<SockFilter>>, Seccom
         SeccompAction::Errno(libc::EPERM as u32),
         target_arch()?,
     )?;
-    let prog: seccompiler::BpfProgram = filter.try_into()?;
-    let deny = prog
-        .into_iter()
-        .map(|i| SockFilter {
-            code: i.code,
-            jt: i.jt,
-            jf: i.jf,
-            k: i.k,
-        })
-        .collect();
-    Ok(vec![deny, prefix()?])
+    Ok(vec![compile(filter)?, prefix()?])
 }
 
 #[cfg(test)]
