@@ -313,7 +313,11 @@ pub struct Volume {
 /// 1.3 ms with `nobarrier`. Every btrfs commit flushes, and a flush on a loop device is an
 /// fsync of the image; `nobarrier` would save ~2.6 ms per create but lets a host crash
 /// corrupt the whole volume, so it is not used. The loop device is buffered (faster here).
-pub const LOOP_MOUNT_FLAGS: MountFlags = MountFlags::NOATIME;
+/// The volume image's mount: no set-id programs and no device nodes work through it on the
+/// host (a sandbox's own mount clears nosuid again for sudo inside: decision 0021).
+pub const LOOP_MOUNT_FLAGS: MountFlags = MountFlags::NOATIME
+    .union(MountFlags::NOSUID)
+    .union(MountFlags::NODEV);
 pub const LOOP_MOUNT_DATA: &str = "";
 
 /// Makes sure a btrfs volume backs `data_dir`: the data dir itself when it is btrfs;
@@ -325,6 +329,12 @@ pub fn prepare_volume(data_dir: &Path, image_size_bytes: u64) -> Result<Volume, 
         std::fs::canonicalize(data_dir).map_err(|e| StorageError::io("resolve", data_dir, e))?;
     if btrfs::is_btrfs(&data_dir)? {
         tracing::info!(path = %data_dir.display(), "data dir is btrfs; using it directly");
+        if !mount_has_nosuid_nodev(&data_dir) {
+            tracing::warn!(path = %data_dir.display(),
+                "the data dir's filesystem is mounted without nosuid and nodev: mount it with \
+                 both, so that no set-id program or device node in a template or sandbox tree \
+                 works on the host");
+        }
         return Ok(Volume {
             root: data_dir,
             image: None,
@@ -337,6 +347,9 @@ pub fn prepare_volume(data_dir: &Path, image_size_bytes: u64) -> Result<Volume, 
         if fstype == "btrfs" {
             tracing::info!(mount = %mnt.display(), image = %image.display(),
                 "reusing the already mounted btrfs volume");
+            // A mount made before the volume was nosuid and nodev gets them now.
+            rustix::mount::mount_remount(&mnt, MountFlags::BIND | LOOP_MOUNT_FLAGS, "")
+                .map_err(|e| StorageError::io("remount nosuid,nodev", &mnt, e.into()))?;
             return Ok(Volume {
                 root: mnt,
                 image: Some(image),
@@ -410,6 +423,14 @@ fn create_image(image: &Path, size: u64) -> Result<(), StorageError> {
 
 /// The filesystem type mounted exactly at `path` (the top-most mount there), from
 /// /proc/self/mountinfo.
+/// Whether the mount that holds `path` has both nosuid and nodev.
+fn mount_has_nosuid_nodev(path: &Path) -> bool {
+    rustix::fs::statvfs(path).is_ok_and(|s| {
+        s.f_flag.contains(rustix::fs::StatVfsMountFlags::NOSUID)
+            && s.f_flag.contains(rustix::fs::StatVfsMountFlags::NODEV)
+    })
+}
+
 pub fn mounted_fstype(path: &Path) -> Result<Option<String>, StorageError> {
     let mi = Path::new("/proc/self/mountinfo");
     let text = std::fs::read_to_string(mi).map_err(|e| StorageError::io("read", mi, e))?;

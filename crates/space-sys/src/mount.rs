@@ -97,18 +97,20 @@ pub fn set_mount_attrs(
 }
 
 /// A detached, idmapped copy of the mount at `path`: ids on disk are read through the
-/// mappings of `userns` (disk uid 0 = uid 0 inside `userns`). `extra` attributes
-/// (e.g. `MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID`) are set at the same time.
+/// mappings of `userns` (disk uid 0 = uid 0 inside `userns`). `set` attributes (e.g.
+/// `MOUNT_ATTR_NODEV`) are set and `clear` ones (e.g. the volume's `MOUNT_ATTR_NOSUID`)
+/// cleared at the same time.
 pub fn idmapped_clone(
     path: &Path,
     userns: BorrowedFd<'_>,
-    extra: u64,
+    set: u64,
+    clear: u64,
 ) -> Result<OwnedFd, MountError> {
     let fd = open_tree_clone(path, false)?;
     set_mount_attrs(
         std::os::fd::AsFd::as_fd(&fd),
-        MOUNT_ATTR_IDMAP | extra,
-        0,
+        MOUNT_ATTR_IDMAP | set,
+        clear,
         Some(userns),
     )
     .map_err(|source| MountError::Io {

@@ -46,6 +46,20 @@ fn assert_contained(report: &Value) {
 fn probe_cannot_break_out() {
     let s = Spaced::start().unwrap();
     let id = s.create(&[]);
+    // The volume is nosuid and nodev on the host: nothing set-id or a device node in a
+    // template or sandbox tree works there (the sandbox's own mount clears nosuid for sudo).
+    let volume = s.data_dir().join("volume");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let opts = mountinfo
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == volume.to_str())
+        .and_then(|l| l.split(' ').nth(5))
+        .unwrap_or_else(|| panic!("{} is not a mount point", volume.display()))
+        .to_owned();
+    assert!(
+        opts.split(',').any(|o| o == "nosuid") && opts.split(',').any(|o| o == "nodev"),
+        "volume mount options: {opts}"
+    );
     // Host things the probe must not reach: a file, a process, an abstract socket.
     let (args, _listener) = s.host_references();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -241,7 +255,18 @@ fn resource_limits_are_sane_by_default_and_set_per_sandbox() {
     }
 
     // Clear refusals, and nothing made.
-    let before = s.space_ok(&["ls", "--json"]);
+    let ids = || -> Vec<String> {
+        let v: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
+        let mut ids: Vec<String> = v["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x["id"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let before = ids();
     for (args, needle) in [
         (
             &["--rlimit", "nofile=8"][..],
@@ -260,5 +285,5 @@ fn resource_limits_are_sane_by_default_and_set_per_sandbox() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
-    assert_eq!(s.space_ok(&["ls", "--json"]), before);
+    assert_eq!(ids(), before, "a refused create left a sandbox");
 }

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use space_sys::mount::{MOUNT_ATTR_NODEV, idmapped_clone};
+use space_sys::mount::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, idmapped_clone};
 use space_sys::ns::{self, InitSpec, NsError, SockFilter, caps};
 use space_sys::process::{DAEMON_OOM_SCORE_ADJ, DEFAULT_RLIMITS, Rlimit};
 
@@ -429,14 +429,17 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
         }
         let userns = child.open_userns()?;
         // nodev, but set-uid bits count: sudo inside becomes the sandbox's own root
-        // (decision 0021).
-        let rootfs =
-            idmapped_clone(&plan.rootfs, userns.as_fd(), MOUNT_ATTR_NODEV).map_err(|e| {
-                RuntimeError::Setup {
-                    step: "create the idmapped rootfs mount",
-                    source: io::Error::other(e),
-                }
-            })?;
+        // (decision 0021), though the volume itself is nosuid on the host.
+        let rootfs = idmapped_clone(
+            &plan.rootfs,
+            userns.as_fd(),
+            MOUNT_ATTR_NODEV,
+            MOUNT_ATTR_NOSUID,
+        )
+        .map_err(|e| RuntimeError::Setup {
+            step: "create the idmapped rootfs mount",
+            source: io::Error::other(e),
+        })?;
         child.release(rootfs.as_fd())?;
         Ok(())
     })();
