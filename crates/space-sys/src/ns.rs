@@ -27,7 +27,7 @@ use crate::mount::{
     OPEN_TREE_CLOEXEC, OPEN_TREE_CLONE, raw_close, raw_fsmount, raw_mount, raw_mount_setattr,
     raw_move_mount, raw_open_tree, raw_pivot_root_dot, raw_umount_detach,
 };
-use crate::process::Rlimit;
+use crate::process::{Rlimit, getrlimit, prlimit};
 
 /// Linux capability numbers (`<linux/capability.h>`).
 pub mod caps {
@@ -1315,29 +1315,6 @@ pub fn set_rlimits_of(pid: u32, limits: &[Rlimit]) -> Result<Vec<Rlimit>, NsErro
         set.push(l);
     }
     Ok(set)
-}
-
-fn prlimit(pid: libc::pid_t, l: &Rlimit) -> io::Result<()> {
-    let new = libc::rlimit64 {
-        rlim_cur: l.soft,
-        rlim_max: l.hard,
-    };
-    // SAFETY: `new` is a live rlimit64; the old-value pointer is NULL (not wanted).
-    check(unsafe { libc::prlimit64(pid, l.resource, &new, std::ptr::null_mut()) }).map(drop)
-}
-
-fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<Rlimit> {
-    let mut old = libc::rlimit64 {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `old` is a live rlimit64 the kernel fills; no new value is passed.
-    check(unsafe { libc::prlimit64(0, resource, std::ptr::null(), &mut old) })?;
-    Ok(Rlimit {
-        resource,
-        soft: old.rlim_cur,
-        hard: old.rlim_max,
-    })
 }
 
 /// Sets the hostname of the UTS namespace of process `pid` (a sandbox's init) from the host:

@@ -110,16 +110,34 @@ pub const CHILD_OOM_SCORE_ADJ: i32 = 500;
 /// Apply `limits` to this process (the microvm guest's init, which is root of its own kernel
 /// and may raise hard limits).
 pub fn set_own_rlimits(limits: &[Rlimit]) -> io::Result<()> {
-    for l in limits {
-        let new = libc::rlimit64 {
-            rlim_cur: l.soft,
-            rlim_max: l.hard,
-        };
-        // SAFETY: `new` is a live rlimit64; the old-value pointer is NULL (not wanted).
-        let r = unsafe { libc::prlimit64(0, l.resource, &new, std::ptr::null_mut()) };
-        cvt(r as libc::c_long)?;
-    }
-    Ok(())
+    limits.iter().try_for_each(|l| prlimit(0, l))
+}
+
+/// Set one resource limit of process `pid` (0: this one).
+pub(crate) fn prlimit(pid: libc::pid_t, l: &Rlimit) -> io::Result<()> {
+    let new = libc::rlimit64 {
+        rlim_cur: l.soft,
+        rlim_max: l.hard,
+    };
+    // SAFETY: `new` is a live rlimit64; the old-value pointer is NULL (not wanted).
+    let r = unsafe { libc::prlimit64(pid, l.resource, &new, std::ptr::null_mut()) };
+    cvt(r as libc::c_long).map(drop)
+}
+
+/// This process's limit of `resource`.
+pub(crate) fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<Rlimit> {
+    let mut old = libc::rlimit64 {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `old` is a live rlimit64 the kernel fills; no new value is passed.
+    let r = unsafe { libc::prlimit64(0, resource, std::ptr::null(), &mut old) };
+    cvt(r as libc::c_long)?;
+    Ok(Rlimit {
+        resource,
+        soft: old.rlim_cur,
+        hard: old.rlim_max,
+    })
 }
 
 /// Give the child an OOM score adjustment of [`CHILD_OOM_SCORE_ADJ`], whatever the caller's.
