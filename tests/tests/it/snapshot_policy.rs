@@ -76,8 +76,9 @@ fn after_exec_and_retention_keep_last_with_labelled_kept() {
             s.snapshots(&id)
         );
     }
-    // More execs: retention keeps exactly the newest two automatic ones.
-    let mut last = None;
+    // More execs: retention keeps exactly the newest two automatic ones (each exec's own
+    // snapshot is the newest before the next exec starts).
+    let mut last = autos(&s, &id).last().map(|v| v["id"].clone());
     for i in 3..=5 {
         let (code, _, _) = s.sh(&id, &format!("echo {i} > /root/f{i}"));
         assert_eq!(code, 0);

@@ -1156,13 +1156,16 @@ impl NodeApi for Node {
     }
 
     async fn guest_channel(&self, id: &str) -> Result<GuestChannel, NodeError> {
-        let entry = self.running_entry(id)?;
-        if self
-            .rt(&entry.record)
-            .is_frozen(entry.record.runtime_name())
-        {
-            // Its daemon is frozen too: a call would hang until resume.
-            return Err(NodeError::Conflict(format!("sandbox {id} is paused")));
+        let mut entry = self.running_entry(id)?;
+        let frozen = |e: &Entry| self.rt(&e.record).is_frozen(e.record.runtime_name());
+        if frozen(&entry) {
+            // A snapshot freezes it for a moment while holding the sandbox's lock: wait that
+            // out. Still frozen after is a pause (its daemon too: a call would hang).
+            drop(self.lock_for(id).lock().await);
+            entry = self.running_entry(id)?;
+            if frozen(&entry) {
+                return Err(NodeError::Conflict(format!("sandbox {id} is paused")));
+            }
         }
         if let Some(c) = entry.client {
             // tonic's Channel reconnects by itself (through the same socket path) after the

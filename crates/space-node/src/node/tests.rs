@@ -733,6 +733,24 @@ async fn pause_and_resume_follow_the_freezer_and_survive_reopen() {
 }
 
 /// Waits (bounded) until `template`'s pool holds `n` ready sandboxes.
+#[tokio::test]
+async fn a_call_during_a_snapshot_freeze_waits_for_it_instead_of_failing() {
+    let f = fixture().await;
+    let id = "freezefreezefreezefr";
+    f.node.create_sandbox(&spec(id)).await.unwrap();
+    // What a snapshot does: the sandbox's lock held while it is frozen.
+    let lock = f.node.lock_for(id);
+    let guard = lock.lock().await;
+    f.rt.set_frozen(id, true).await.unwrap();
+    let node = f.node.clone();
+    let call = tokio::spawn(async move { node.guest(id).await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!call.is_finished(), "the call waits for the snapshot");
+    f.rt.set_frozen(id, false).await.unwrap();
+    drop(guard);
+    call.await.unwrap().unwrap();
+}
+
 async fn wait_pool_ready(node: &Node, template: &str, n: u32) -> PoolStatus {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
