@@ -132,6 +132,11 @@ pub struct CreateSandbox {
     /// 8..=1000000; default 512.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u32>,
+    /// Disk limit in MiB, 16..=16777216: what the sandbox's files and its snapshots may hold
+    /// together (namespace runtime; decision 0043). A write past it fails inside with
+    /// EDQUOT. None: bounded by the node's volume only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
     /// Resource limits of the sandbox's processes (namespace runtime); none = the defaults.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rlimits: Option<Rlimits>,
@@ -319,6 +324,12 @@ pub struct Sandbox {
     pub cpu: f64,
     pub memory_mib: u64,
     pub pids: u32,
+    /// Its disk limit in MiB, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
+    /// Bytes charged to its disk limit now: its files and what its snapshots keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
     /// The resource limits the create set (absent: the defaults).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rlimits: Option<Rlimits>,

@@ -186,6 +186,10 @@ struct CreateArgs {
     /// Maximum number of tasks.
     #[arg(long)]
     pids: Option<u32>,
+    /// Disk limit in MiB: what the sandbox's files and snapshots may hold together; a write
+    /// past it fails inside with "Disk quota exceeded" (namespace runtime).
+    #[arg(long, value_name = "MIB")]
+    disk: Option<u64>,
     /// A resource limit of every process, soft and hard alike (repeatable): nofile=N,
     /// core=BYTES, memlock=BYTES. Default: nofile 1024 (hard 524288), core 0, memlock 8 MiB.
     #[arg(long = "rlimit", value_name = "NAME=N", value_parser = parse_rlimit)]
@@ -395,6 +399,7 @@ async fn run(cli: Cli) -> Result<i32> {
                 cpu: a.cpu,
                 memory_mib: a.memory,
                 pids: a.pids,
+                disk_mib: a.disk,
                 rlimits: rlimits_of(&a.rlimit),
                 env: a.env.into_iter().collect::<BTreeMap<_, _>>(),
                 metadata: a.metadata.into_iter().collect(),

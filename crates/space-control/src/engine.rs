@@ -332,6 +332,13 @@ pub fn validate_create_with(
             "pids must be between 8 and 1000000, got {pids}"
         )));
     }
+    if let Some(d) = req.disk_mib
+        && !(16..=16_777_216).contains(&d)
+    {
+        return Err(ControlError::invalid(format!(
+            "disk_mib must be between 16 and 16777216, got {d}"
+        )));
+    }
     if let Some(r) = &req.rlimits {
         check_rlimits(r, memory_mib)?;
     }
@@ -352,6 +359,7 @@ pub fn validate_create_with(
         cpu,
         memory_mib,
         pids,
+        disk_mib: req.disk_mib,
         rlimits: req.rlimits.filter(|r| *r != space_api::Rlimits::default()),
         env: req.env,
         metadata: req.metadata,
@@ -424,6 +432,7 @@ pub(crate) fn node_spec(id: &str, spec: &SandboxSpecRecord) -> SandboxSpec {
             memory_mib: spec.memory_mib,
             pids: spec.pids,
             rlimits: spec.rlimits.map(node_rlimits).unwrap_or_default(),
+            disk_mib: spec.disk_mib,
         },
         env: spec
             .env
@@ -477,6 +486,7 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
         cpu: row.spec.cpu,
         memory_mib: row.spec.memory_mib,
         pids: row.spec.pids,
+        disk_mib: row.spec.disk_mib,
         rlimits: row.spec.rlimits,
         env: row.spec.env.clone(),
         metadata: row.spec.metadata.clone(),
@@ -488,6 +498,7 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
         uid_base: live.map(|s| s.uid_base),
         memory_bytes: live.and_then(|s| s.memory_bytes),
         cpu_usage_usec: live.and_then(|s| s.cpu_usage_usec),
+        disk_bytes: live.and_then(|s| s.disk_bytes),
         // Filled by `lifecycle::decorate`.
         timeout_at: None,
         on_timeout: None,

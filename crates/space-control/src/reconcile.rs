@@ -393,6 +393,7 @@ mod tests {
             channel: PathBuf::from("/run/space/x.sock"),
             memory_bytes: None,
             cpu_usage_usec: None,
+            disk_bytes: None,
             network: None,
             pooled: false,
             restored: false,

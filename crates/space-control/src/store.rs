@@ -65,6 +65,9 @@ pub struct SandboxSpecRecord {
     pub cpu: f64,
     pub memory_mib: u64,
     pub pids: u32,
+    /// Disk limit in MiB (decision 0043; rows from before have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
     /// Resource limits the create set (rows from before decision 0041 have none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rlimits: Option<space_api::Rlimits>,
@@ -422,6 +425,7 @@ pub(crate) mod tests {
             cpu: 1.0,
             memory_mib: 512,
             pids: 512,
+            disk_mib: None,
             rlimits: None,
             env: BTreeMap::from([("A".to_string(), "1".to_string())]),
             metadata: BTreeMap::new(),

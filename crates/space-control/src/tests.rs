@@ -379,6 +379,7 @@ impl FakeNode {
             channel: PathBuf::from("/nonexistent"),
             memory_bytes: Some(1_000_000),
             cpu_usage_usec: Some(2_000_000),
+            disk_bytes: None,
             network: None,
             pooled: false,
             restored: false,

@@ -35,6 +35,10 @@ pub struct Limits {
     /// Resource limits of every process, where they differ from the defaults.
     #[serde(default, skip_serializing_if = "Rlimits::is_default")]
     pub rlimits: Rlimits,
+    /// Disk limit in MiB: what its rootfs and snapshots may hold together (decision 0043);
+    /// none: bounded by the node's volume only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
 }
 
 impl Default for Limits {
@@ -44,6 +48,7 @@ impl Default for Limits {
             memory_mib: 512,
             pids: 512,
             rlimits: Rlimits::default(),
+            disk_mib: None,
         }
     }
 }
@@ -175,6 +180,9 @@ pub struct SandboxStatus {
     /// CPU time used by the sandbox so far, in microseconds, when known (running only).
     #[serde(default)]
     pub cpu_usage_usec: Option<u64>,
+    /// Bytes charged to its disk limit (its files and snapshots), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
     /// Its network slot and policy (None: networking off on this node).
     #[serde(default)]
     pub network: Option<crate::net::NetworkStatus>,

@@ -630,6 +630,7 @@ mod tests {
             memory_mib: 256,
             pids: 64,
             rlimits: Default::default(),
+            disk_mib: None,
         };
         cg.create("sb1", &limits).unwrap();
         assert_eq!(read(&mem.join("memory.limit_in_bytes")), "268435456");
@@ -660,6 +661,7 @@ mod tests {
                 memory_mib: 0,
                 pids: 0,
                 rlimits: Default::default(),
+                disk_mib: None,
             },
         )
         .unwrap();
@@ -699,6 +701,7 @@ mod tests {
                 memory_mib: 64,
                 pids: 10,
                 rlimits: Default::default(),
+                disk_mib: None,
             },
         )
         .unwrap();

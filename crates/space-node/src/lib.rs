@@ -9,6 +9,7 @@ pub(crate) mod moves;
 pub mod net;
 pub mod node;
 pub mod oci;
+pub(crate) mod quota;
 pub mod run_dir;
 pub mod runtime;
 pub mod state;

@@ -34,6 +34,7 @@ fn status(spec: &SandboxSpec) -> SandboxStatus {
         channel: PathBuf::from("/run/x"),
         memory_bytes: None,
         cpu_usage_usec: None,
+        disk_bytes: None,
         network: None,
         pooled: false,
         restored: false,

@@ -16,6 +16,8 @@ use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
+pub mod quota;
+
 /// `BTRFS_SUPER_MAGIC` from `<linux/magic.h>`.
 pub const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 /// Inode number of the root directory of every subvolume (`BTRFS_FIRST_FREE_OBJECTID`).

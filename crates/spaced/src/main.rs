@@ -171,6 +171,11 @@ struct NodeArgs {
     /// metrics; decision 0024). 0 turns sampling off.
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     usage_interval: u64,
+    /// Per-sandbox disk limits (`disk_mib`, decision 0043): `on` turns btrfs simple quotas on
+    /// for the volume (Linux 6.7+; a volume with full qgroups keeps them); `off` refuses
+    /// creates that ask for a disk limit.
+    #[arg(long, value_enum, default_value = "on")]
+    disk_quotas: OnOff,
     /// Seconds a finished process stays listed and attachable. Applies to sandboxes started
     /// from now on.
     #[arg(long, default_value_t = NodeConfig::default().exited_retention_secs)]
@@ -508,6 +513,7 @@ async fn open_node(
             .parse()
             .map_err(|e: space_node::api::NodeError| anyhow::anyhow!("--default-runtime: {e}"))?,
         usage_interval: Duration::from_secs(args.usage_interval),
+        disk_quotas: args.disk_quotas == OnOff::On,
         ..NodeConfig::default()
     };
     if let Some(ca) = &args.upstream_ca {

@@ -12,6 +12,7 @@ mod cli;
 mod cluster;
 mod cp_hostile;
 mod diff;
+mod disk_quota;
 mod e2b;
 mod isolation;
 mod metrics;

@@ -51,6 +51,7 @@ fn sandbox(i: usize) -> SandboxRow {
             cpu: 8.0,
             memory_mib: 512,
             pids: 512,
+            disk_mib: None,
             rlimits: None,
             env: Default::default(),
             metadata: Default::default(),

@@ -23,7 +23,7 @@ use crate::ids::{self, UidAllocator};
 use crate::net::{NetConfig, NetError, Network, NetworkSpec, SecretSource};
 use crate::runtime::{LaunchPlan, Launched, Runtime, SlotNetns};
 use crate::state::{RECORD_VERSION, SandboxRecord, now_unix_ms};
-use crate::storage::{self, Btrfs, Layout, StorageError, Subvolumes};
+use crate::storage::{self, Layout, StorageError, Subvolumes};
 use crate::template::{TemplateError, TemplateStore};
 
 /// The microvm runtime (decision 0014), as node code compares records with it.
@@ -140,6 +140,9 @@ pub struct NodeConfig {
     /// How often every sandbox's cgroup counters are sampled (`usage.rs`); zero: never.
     /// Default 5 s.
     pub usage_interval: std::time::Duration,
+    /// Per-sandbox disk limits (decision 0043): simple quotas are turned on for the volume
+    /// when it opens. Default on.
+    pub disk_quotas: bool,
 }
 
 impl Default for NodeConfig {
@@ -160,6 +163,7 @@ impl Default for NodeConfig {
             microvm: Some(Default::default()),
             default_runtime: RuntimeKind::Namespace,
             usage_interval: std::time::Duration::from_secs(5),
+            disk_quotas: true,
         }
     }
 }
@@ -224,7 +228,10 @@ impl std::fmt::Debug for Node {
 
 impl From<StorageError> for NodeError {
     fn from(e: StorageError) -> Self {
-        NodeError::Internal(e.to_string())
+        match e {
+            StorageError::Unsupported(m) => NodeError::InvalidArgument(m),
+            e => NodeError::Internal(e.to_string()),
+        }
     }
 }
 
@@ -267,6 +274,8 @@ impl Node {
         }
         let (data_dir, size) = (cfg.data_dir.clone(), cfg.image_size_bytes);
         let volume = blocking(move || Ok(storage::prepare_volume(&data_dir, size)?)).await?;
+        let (root, quotas) = (volume.root.clone(), cfg.disk_quotas);
+        let subvols = blocking(move || Ok(crate::quota::open_btrfs(&root, quotas))).await?;
         let runtime = crate::runtime::namespace::NamespaceRuntime::new(
             crate::runtime::namespace::NamespaceConfig {
                 cgroup_parent: cfg.cgroup_parent.clone(),
@@ -292,7 +301,7 @@ impl Node {
             cfg,
             NodeParts {
                 volume_root: volume.root,
-                subvols: Arc::new(Btrfs),
+                subvols: Arc::new(subvols),
                 runtime: Arc::new(runtime),
                 microvm: None,
                 connector: Arc::new(UnixConnector::default()),
@@ -497,6 +506,9 @@ impl Node {
             } else {
                 None
             },
+            disk_bytes: rec.spec.limits.disk_mib.and_then(|_| {
+                crate::quota::usage(&self.layout, self.subvols.as_ref(), &rec.spec.id)
+            }),
             network: self.network.as_ref().and_then(|n| n.status(&rec.spec.id)),
             pooled: rec.pooled,
             restored: rec.restored,
@@ -751,6 +763,7 @@ impl Node {
             }
         })?;
         let kind = spec.runtime.unwrap_or(self.cfg.default_runtime);
+        crate::quota::check_limit(&spec.limits, kind, self.subvols.as_ref())?;
         let mut from = None;
         if kind == MICROVM {
             if !spec.limits.rlimits.is_default() {
@@ -871,6 +884,12 @@ impl Node {
                     .map_err(|e| StorageError::io("reflink", &disk, e))?;
             } else {
                 subvols.snapshot(&tmpl_path, &dir, "rootfs", false)?;
+                crate::quota::set_limit(
+                    &layout,
+                    subvols.as_ref(),
+                    &rec2.spec.id,
+                    rec2.spec.limits.disk_mib,
+                )?;
             }
             // Atomic but not fsynced here: an fsync costs ~7 ms on the loop image (a flush is
             // an fsync of the image file). `sync_record_in_background` makes it durable right

@@ -219,6 +219,7 @@ impl Node {
                 "sandbox {id} came as a {came} sandbox, not the {named} its spec names"
             )));
         }
+        crate::quota::check_limit(&spec.limits, came, self.subvols.as_ref())?;
         if came == MICROVM
             && let Err(why) = self.microvm().await
         {
@@ -247,6 +248,8 @@ impl Node {
                 }
             } else {
                 subvols.snapshot(&from, &dir, "rootfs", false)?;
+                // Its limit here, with what came (its snapshots) charged to it.
+                crate::quota::set_limit(&layout, subvols.as_ref(), id, rec2.spec.limits.disk_mib)?;
             }
             // Made durable right after (as a create's is), not while it is down.
             storage::write_json_atomic(&layout.sandbox_record(id), &rec2, false)?;

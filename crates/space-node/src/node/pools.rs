@@ -525,6 +525,7 @@ impl Node {
         let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
         let (from_name, to_id) = (name.clone(), spec.id.clone());
         let vm = record.runtime == super::MICROVM;
+        let disk_mib = spec.limits.disk_mib;
         // A microvm's daemon sets its own hostname and takes a fresh identity (a member is a
         // restored copy of the template's checkpoint); its limits are the pool's.
         let guest_req = if vm {
@@ -559,7 +560,12 @@ impl Node {
                     remove_sandbox_storage(&layout, subvols.as_ref(), &to_id)?;
                 }
                 std::fs::rename(&from, &to).map_err(|e| StorageError::io("rename", &from, e))?;
-                Ok(())
+                Ok(crate::quota::set_limit(
+                    &layout,
+                    subvols.as_ref(),
+                    &to_id,
+                    disk_mib,
+                )?)
             }),
         );
         let step = personalized

@@ -38,6 +38,13 @@ impl Node {
             .await?;
             tracing::info!(member = %rec.runtime_name(), "stale pool sandbox destroyed");
         }
+        // Quota groups of sandboxes that are gone (a crash mid-remove or mid-create).
+        let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
+        match blocking(move || Ok(crate::quota::sweep(&layout, subvols.as_ref())?)).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(groups = n, "stale disk-quota groups destroyed"),
+            Err(e) => tracing::warn!(error = %e, "could not sweep the disk-quota groups"),
+        }
         let mut adopt = Vec::new();
         let mut dead = Vec::new();
         {

@@ -247,7 +247,8 @@ impl SnapshotStore {
         }
         self.subvols
             .snapshot(&self.layout.sandbox_rootfs(id), &dir, "rootfs", true)?;
-        Ok(())
+        // What the snapshot keeps alive stays charged to the sandbox (decision 0043).
+        crate::quota::join(&self.layout, self.subvols.as_ref(), id, &dir.join("rootfs"))
     }
 
     /// Deletes one snapshot. Missing is fine.
@@ -348,6 +349,8 @@ pub(super) fn remove_sandbox_storage(
     }
     crate::moves::remove_moves(layout, subvols, id)?;
     remove_all_snapshots(layout, subvols, id)?;
+    // After its subvolumes (a crash between leaves a group `quota::sweep` takes at start).
+    crate::quota::remove(layout, subvols, id)?;
     storage::remove_tree(&layout.sandbox_dir(id))?;
     storage::remove_tree(&layout.run_sandbox_dir(id))?;
     Ok(())
@@ -689,6 +692,7 @@ impl Node {
         let lock = self.lock_for(&id);
         let _guard = lock.lock().await;
         let mut entry = self.require_entry(&id)?;
+        crate::quota::check_limit(&spec.limits, entry.record.runtime, self.subvols.as_ref())?;
         let vm = entry.record.runtime == super::MICROVM;
         let source = self.require_snapshot(&id, snap)?;
         let snap_disk = source.clone();
@@ -705,6 +709,7 @@ impl Node {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.clone(), entry.clone());
         let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.clone());
+        let disk_mib = spec.limits.disk_mib;
         blocking(move || {
             let dir = layout.sandbox_dir(&id2);
             if vm {
@@ -717,6 +722,8 @@ impl Node {
                 }
             }
             subvols.snapshot(&source, &dir, "rootfs.new", false)?;
+            // The rootfs it replaces stays in the group while snapshots share its extents.
+            crate::quota::join(&layout, subvols.as_ref(), &id2, &new)?;
             let rootfs = layout.sandbox_rootfs(&id2);
             std::fs::rename(&rootfs, &old)
                 .map_err(|e| StorageError::io("move aside", &rootfs, e))?;
@@ -725,7 +732,12 @@ impl Node {
             if let Err(e) = subvols.delete(&old) {
                 tracing::warn!(error = %e, "failed to delete the rolled-back rootfs");
             }
-            Ok(())
+            Ok(crate::quota::set_limit(
+                &layout,
+                subvols.as_ref(),
+                &id2,
+                disk_mib,
+            )?)
         })
         .await?;
         self.persist(&id, false).await?;
@@ -765,6 +777,7 @@ impl Node {
             return Ok(self.status_of(&entry.record));
         }
         let src = self.require_entry(source)?;
+        crate::quota::check_limit(&spec.limits, src.record.runtime, self.subvols.as_ref())?;
         let vm = src.record.runtime == super::MICROVM;
         let src_rootfs = self.require_snapshot(source, snap)?;
         let snap_disk = src_rootfs.clone();
@@ -788,6 +801,14 @@ impl Node {
                     clone_file_atomic(&src_rootfs, &dir.join(super::SANDBOX_DISK))?;
                 } else {
                     subvols.snapshot(&src_rootfs, &dir, "rootfs", false)?;
+                    // Its own group and limit: what it shares with the source stays the
+                    // source's.
+                    crate::quota::set_limit(
+                        &layout,
+                        subvols.as_ref(),
+                        id,
+                        rec2.spec.limits.disk_mib,
+                    )?;
                     write_identity(&layout.sandbox_rootfs(id), &rec2.spec.hostname)?;
                 }
                 storage::write_json_atomic(&layout.sandbox_record(id), &rec2, false)?;

@@ -539,7 +539,7 @@ async fn real_btrfs_create_and_remove_with_nested_subvolumes() {
         c,
         NodeParts {
             volume_root: vol.root.clone(),
-            subvols: Arc::new(Btrfs),
+            subvols: Arc::new(storage::Btrfs::default()),
             runtime: rt.clone(),
             microvm: Some(Err("no microvm in these tests".into())),
             connector: Arc::new(FakeConnector::default()),

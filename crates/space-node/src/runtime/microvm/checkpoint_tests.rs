@@ -155,6 +155,7 @@ fn plan(dir: &Path, id: &str, disk: PathBuf, memory_mib: u64) -> LaunchPlan {
             memory_mib,
             pids: 256,
             rlimits: Default::default(),
+            disk_mib: None,
         },
         env: Vec::new(),
         daemon_binary: dir.join("unused-daemon"),

@@ -61,6 +61,7 @@ pub fn cgroup_limits(sandbox: &Limits, memory_mib: u64, accel: AccelKind) -> Lim
         memory_mib: memory_mib + OVERHEAD_MIB + tb,
         pids: QEMU_PIDS,
         rlimits: Default::default(),
+        disk_mib: None,
     }
 }
 
@@ -298,6 +299,7 @@ pub(super) mod tests {
             memory_mib: 512,
             pids: 10,
             rlimits: Default::default(),
+            disk_mib: None,
         };
         let tcg = cgroup_limits(&l, 512, AccelKind::Tcg);
         assert_eq!(tcg.memory_mib, 512 + OVERHEAD_MIB + TCG_TB_MIB);

@@ -138,6 +138,7 @@ fn sizes_follow_the_limits() {
         memory_mib,
         pids: 100,
         rlimits: Default::default(),
+        disk_mib: None,
     };
     assert_eq!(vcpus_for(&l(1, 512), 8), 1);
     assert_eq!(vcpus_for(&l(1000, 512), 8), 1);
@@ -472,6 +473,7 @@ fn plan(dir: &Path, id: &str, disk: Option<PathBuf>) -> LaunchPlan {
             memory_mib: 256,
             pids: 256,
             rlimits: Default::default(),
+            disk_mib: None,
         },
         env: Vec::new(),
         daemon_binary: dir.join("unused-daemon"),

@@ -57,6 +57,7 @@ fn plan_in(dir: &Path, id: &str, rootfs: PathBuf, daemon: PathBuf) -> LaunchPlan
             memory_mib: 128,
             pids: 64,
             rlimits: Default::default(),
+            disk_mib: None,
         },
         env: vec![("PATH".into(), "/bin".into())],
         daemon_binary: daemon,
