@@ -144,6 +144,27 @@ fn a_stale_quota_group_is_swept_at_start() {
         code != 0 && err.contains("Disk quota exceeded"),
         "{code} {err}"
     );
+
+    // `space bench disk` measures limited against unlimited sandboxes in one run, then
+    // leaves the node as it found it: its sandboxes and their groups are gone.
+    let out = s.space_ok(&["bench", "disk", "-n", "2", "--mib", "2", "--json"]);
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for m in ["create_ready_ms", "write_mb_per_s", "snapshot_ms"] {
+        for side in ["unlimited", "limited"] {
+            assert_eq!(r[m][side]["count"], 2, "{m} {side}: {r}");
+        }
+        assert!(r[m]["p50_ratio"].as_f64().unwrap() > 0.0, "{m}: {r}");
+    }
+    assert!(r["limited_disk_bytes"].as_u64().is_some(), "{r}");
+    let (_, list) = s.call(Method::GET, "/v1/sandboxes", None);
+    let ids: Vec<_> = list["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["id"].clone())
+        .collect();
+    assert_eq!(ids, vec![json!(id)], "{list}");
+    assert_eq!(space_groups(&s), live);
 }
 
 #[test]
@@ -163,6 +184,18 @@ fn bad_disk_limits_are_refused_by_name() {
         assert!(v.to_string().contains(want), "{body}: {v}");
     }
     // Nothing was made.
+    let (_, list) = s.call(Method::GET, "/v1/sandboxes", None);
+    assert_eq!(list["sandboxes"], json!([]), "{list}");
+    // The disk bench says why it cannot run here, and leaves nothing behind.
+    let out = s.space(&["bench", "disk", "-n", "1", "--mib", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no disk quotas"),
+        "{err}"
+    );
+    let out = s.space(&["bench", "disk", "-n", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("-n must be between 1 and 1000"), "{err}");
     let (_, list) = s.call(Method::GET, "/v1/sandboxes", None);
     assert_eq!(list["sandboxes"], json!([]), "{list}");
     // Without a limit a create works as ever.

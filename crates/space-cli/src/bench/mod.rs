@@ -8,6 +8,7 @@
 
 mod create;
 mod density;
+mod disk;
 mod exec;
 mod files;
 pub mod limits;
@@ -66,6 +67,9 @@ pub enum BenchCmd {
     /// The microvm runtime: cold boot, creates that restore the template's warm checkpoint
     /// (-n, default 20), exec round trip in a restored VM. Needs a node with microvm on.
     Microvm(MicrovmArgs),
+    /// What a disk limit costs: create, write and snapshot, limited against unlimited in
+    /// the same run (-n runs each, default 20). Needs spaced with --disk-quotas on.
+    Disk(DiskArgs),
     /// Every benchmark in sequence; tables on stdout, the whole report as JSON to --out.
     All(AllArgs),
 }
@@ -112,6 +116,18 @@ pub struct RunsArgs {
     /// Timed runs.
     #[arg(short = 'n', long)]
     pub n: Option<usize>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Args)]
+pub struct DiskArgs {
+    /// Timed runs of each measurement, limited and unlimited (1 to 1000).
+    #[arg(short = 'n', long, default_value_t = 20)]
+    pub n: usize,
+    /// MiB written per run (1 to 1024).
+    #[arg(long, default_value_t = 64)]
+    pub mib: u64,
     #[command(flatten)]
     pub common: Common,
 }
@@ -430,6 +446,13 @@ pub async fn run(c: Client, cmd: BenchCmd) -> Result<i32> {
             };
             let r = peers::measure(&s, plan).await;
             emit(a.common.json, &r, peers::print)
+        }
+        BenchCmd::Disk(a) => {
+            check_runs("-n", a.n, MAX_HEAVY_RUNS)?;
+            check_range("--mib", a.mib, 1, MAX_FILE_MIB)?;
+            let s = Session::new(c, &a.common.template);
+            let r = s.guarded(disk::measure(&s, a.n, a.mib)).await?;
+            emit(a.common.json, &r, disk::print)
         }
         BenchCmd::All(a) => run_all(c, a).await,
     }
