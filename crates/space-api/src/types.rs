@@ -327,7 +327,8 @@ pub struct Sandbox {
     /// Its disk limit in MiB, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_mib: Option<u64>,
-    /// Bytes charged to its disk limit now: its files and what its snapshots keep.
+    /// Bytes charged to its disk limit: its files and what its snapshots keep, as of btrfs's
+    /// last commit (at most about 30 s behind a write).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
     /// The resource limits the create set (absent: the defaults).
