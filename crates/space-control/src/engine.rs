@@ -1345,7 +1345,8 @@ impl Engine {
             return Err(too_large(limit));
         }
         let tmp_dir = self.cfg.data_dir.join("tmp");
-        tokio::fs::create_dir_all(&tmp_dir).await.map_err(|e| {
+        // Uploads and downloads pass through it: no other host user may list or read them.
+        crate::dir_with_mode(&tmp_dir, 0o700).map_err(|e| {
             ControlError::internal(format_args!("create {}: {e}", tmp_dir.display()))
         })?;
         let tmp = TempPath(tmp_dir.join(format!("{what}-{}.tar", new_sandbox_id())));

@@ -140,7 +140,8 @@ impl ControlPlane {
         node: Option<Arc<dyn NodeApi>>,
         cluster: Option<Arc<cluster::Cluster>>,
     ) -> Result<Self, OpenError> {
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|source| OpenError::DataDir {
+        // 0711, as the node keeps it: other host users can neither list nor read it.
+        dir_with_mode(&cfg.data_dir, 0o711).map_err(|source| OpenError::DataDir {
             path: cfg.data_dir.clone(),
             source,
         })?;
@@ -263,6 +264,16 @@ pub async fn serve_with_tls(
         abort.abort();
     }
     result
+}
+
+/// Creates `path` and its parents, and gives `path` itself `mode` even when it existed.
+pub(crate) fn dir_with_mode(path: &std::path::Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
 /// Formats an error with its whole source chain ("a: b: c").

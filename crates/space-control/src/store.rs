@@ -145,13 +145,38 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Creates the database file 0600 when missing, and makes it and its `-wal` and `-shm` 0600
+/// when they exist (a store made by an older spaced was 0644).
+fn private_db_files(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        match std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| StoreError::Query { what, source }
 }
 
 impl Store {
-    /// The embedded default: SQLite at `path` (created if missing).
+    /// The embedded default: SQLite at `path` (created if missing), readable by its owner
+    /// only (SQLite gives its `-wal` and `-shm` files the database file's mode).
     pub async fn open_sqlite(path: &Path) -> Result<Self> {
+        private_db_files(path).map_err(|e| StoreError::Open {
+            url: path.display().to_string(),
+            source: sqlx::Error::Io(e),
+        })?;
         Self::open(&format!("sqlite://{}?mode=rwc", path.display())).await
     }
 

@@ -12,7 +12,7 @@
 
 use std::ffi::CString;
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -299,13 +299,19 @@ impl Layout {
         self.run_sandbox_dir(id).join("guest.sock")
     }
 
-    /// Creates the top-level directories (0700 for the run dir's sandboxes).
+    /// Creates the top-level directories, and gives existing ones their modes: templates and
+    /// the run dir's sandboxes 0700; the sandboxes dir and the run dir 0711, traversable (a
+    /// sandbox's init, as its own host uid, attaches its rootfs at its host path) but not
+    /// listable, so another host user can neither read a template nor find a sandbox.
     pub fn create_dirs(&self) -> Result<(), StorageError> {
-        for d in [self.templates(), self.sandboxes()] {
-            mkdir_p(&d, 0o755)?;
+        for (d, mode) in [
+            (self.templates(), 0o700),
+            (self.sandboxes(), 0o711),
+            (self.run_dir.clone(), 0o711),
+            (self.run_sandboxes(), 0o700),
+        ] {
+            dir_with_mode(&d, mode)?;
         }
-        mkdir_p(&self.run_dir, 0o755)?;
-        mkdir_p(&self.run_sandboxes(), 0o700)?;
         Ok(())
     }
 }
@@ -316,6 +322,19 @@ pub(crate) fn mkdir_p(path: &Path, mode: u32) -> Result<(), StorageError> {
         .mode(mode)
         .create(path)
         .map_err(|e| StorageError::io("create directory", path, e))
+}
+
+/// Creates `path` and its parents, and gives `path` itself `mode` even when it existed (a
+/// data dir from an older spaced gets the modes this one keeps).
+pub fn dir_with_mode(path: &Path, mode: u32) -> Result<(), StorageError> {
+    mkdir_p(path, mode)?;
+    set_mode(path, mode)
+}
+
+/// `chmod path mode`.
+pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), StorageError> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| StorageError::io("chmod", path, e))
 }
 
 /// Creates `path` (mode 0700), failing if it exists.
@@ -423,8 +442,11 @@ pub const LOOP_MOUNT_DATA: &str = "";
 /// Makes sure a btrfs volume backs `data_dir`: the data dir itself when it is btrfs;
 /// otherwise the sparse image `data_dir/space-btrfs.img` (created with `mkfs.btrfs` when
 /// missing) loop-mounted at `data_dir/volume` (reused when already mounted there).
+///
+/// Host users other than root cannot read what is in it: the data dir and the volume's root
+/// are 0711 (traversable for a sandbox's init, not listable) and the image 0600.
 pub fn prepare_volume(data_dir: &Path, image_size_bytes: u64) -> Result<Volume, StorageError> {
-    mkdir_p(data_dir, 0o755)?;
+    dir_with_mode(data_dir, 0o711)?;
     let data_dir =
         std::fs::canonicalize(data_dir).map_err(|e| StorageError::io("resolve", data_dir, e))?;
     if btrfs::is_btrfs(&data_dir)? {
@@ -442,7 +464,7 @@ pub fn prepare_volume(data_dir: &Path, image_size_bytes: u64) -> Result<Volume, 
     }
     let image = data_dir.join("space-btrfs.img");
     let mnt = data_dir.join("volume");
-    mkdir_p(&mnt, 0o755)?;
+    mkdir_p(&mnt, 0o711)?;
     if let Some(fstype) = mounted_fstype(&mnt)? {
         if fstype == "btrfs" {
             tracing::info!(mount = %mnt.display(), image = %image.display(),
@@ -450,6 +472,8 @@ pub fn prepare_volume(data_dir: &Path, image_size_bytes: u64) -> Result<Volume, 
             // A mount made before the volume was nosuid and nodev gets them now.
             rustix::mount::mount_remount(&mnt, MountFlags::BIND | LOOP_MOUNT_FLAGS, "")
                 .map_err(|e| StorageError::io("remount nosuid,nodev", &mnt, e.into()))?;
+            set_mode(&image, 0o600)?;
+            set_mode(&mnt, 0o711)?;
             return Ok(Volume {
                 root: mnt,
                 image: Some(image),
@@ -464,6 +488,7 @@ pub fn prepare_volume(data_dir: &Path, image_size_bytes: u64) -> Result<Volume, 
     if !image.exists() {
         create_image(&image, image_size_bytes)?;
     }
+    set_mode(&image, 0o600)?;
     let dev = loopdev::attach(
         &image,
         LoopOptions {
@@ -484,6 +509,8 @@ pub fn prepare_volume(data_dir: &Path, image_size_bytes: u64) -> Result<Volume, 
     tracing::info!(image = %image.display(), device = %dev.path().display(),
         mount = %mnt.display(), "mounted the btrfs volume image");
     drop(dev);
+    // The mount's root is the filesystem's own root directory (0755 from mkfs).
+    set_mode(&mnt, 0o711)?;
     Ok(Volume {
         root: mnt,
         image: Some(image),
@@ -521,8 +548,6 @@ fn create_image(image: &Path, size: u64) -> Result<(), StorageError> {
     Ok(())
 }
 
-/// The filesystem type mounted exactly at `path` (the top-most mount there), from
-/// /proc/self/mountinfo.
 /// Whether the mount that holds `path` has both nosuid and nodev.
 fn mount_has_nosuid_nodev(path: &Path) -> bool {
     rustix::fs::statvfs(path).is_ok_and(|s| {
@@ -531,6 +556,8 @@ fn mount_has_nosuid_nodev(path: &Path) -> bool {
     })
 }
 
+/// The filesystem type mounted exactly at `path` (the top-most mount there), from
+/// /proc/self/mountinfo.
 pub fn mounted_fstype(path: &Path) -> Result<Option<String>, StorageError> {
     let mi = Path::new("/proc/self/mountinfo");
     let text = std::fs::read_to_string(mi).map_err(|e| StorageError::io("read", mi, e))?;

@@ -739,7 +739,7 @@ async fn node_role(args: NodeRole) -> Result<()> {
     );
     let (node, _run_lock) = open_node(&args.common, &args.node).await?;
     let scratch = args.common.data_dir.join("uploads");
-    std::fs::create_dir_all(&scratch)
+    space_node::storage::dir_with_mode(&scratch, 0o700)
         .with_context(|| format!("failed to create {}", scratch.display()))?;
     let service = space_rpc::NodeService::new(node.clone(), scratch, args.node_max_upload);
     let listener = tokio::net::TcpListener::bind(args.node_listen)

@@ -14,6 +14,7 @@ mod cp_hostile;
 mod diff;
 mod disk_quota;
 mod e2b;
+mod host_access;
 mod isolation;
 mod metrics;
 mod microvm;
