@@ -50,6 +50,15 @@ fn refused(s: &Spaced, method: Method, path: &str, body: serde_json::Value) -> S
     reply["error"]["message"].as_str().unwrap().to_owned()
 }
 
+/// Writes `kib` KiB to the guest's serial console, as the guest's root.
+fn flood_console(s: &Spaced, id: &str, kib: u32) {
+    let script = format!(
+        "head -c {} /dev/zero | tr '\\0' x > /dev/console",
+        kib << 10
+    );
+    out(s, id, &script);
+}
+
 fn pid_alive(pid: u64) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -123,6 +132,30 @@ fn a_microvm_sandbox_runs_its_own_kernel_behind_the_same_api() {
         host_pattern
     );
 
+    // The guest's root floods its serial console: the node keeps 1 MiB and the 1 MiB before
+    // it, and nothing more reaches the host's run dir (decision 0045).
+    flood_console(&s, &id, 2560);
+    let run = s.run_dir().join("sandboxes").join(&id);
+    assert!(run.join("console.sock").exists(), "{}", run.display());
+    let consoles = || -> (u64, bool) {
+        let mut total = 0;
+        let mut rotated = false;
+        for (name, is_rotated) in [("console.log", false), ("console.log.1", true)] {
+            if let Ok(m) = std::fs::metadata(run.join(name)) {
+                assert!(m.len() <= 1 << 20, "{name} holds {} bytes", m.len());
+                total += m.len();
+                rotated |= is_rotated;
+            }
+        }
+        (total, rotated)
+    };
+    let (kept, rotated) = consoles();
+    assert!(
+        rotated,
+        "2.5 MiB written, and the console was never rotated"
+    );
+    assert_eq!(out(&s, &id, "echo alive"), "alive");
+
     // A background process survives a node crash; the VM is re-adopted.
     let pid = s.space_ok(&[
         "exec",
@@ -142,6 +175,9 @@ fn a_microvm_sandbox_runs_its_own_kernel_behind_the_same_api() {
     assert_eq!(out(&s, &id, "echo after"), "after");
     let procs = s.space_ok(&["ps", &id]);
     assert!(procs.contains(&pid), "{procs}");
+    // Nobody reads the console after the restart: QEMU drops what the guest writes.
+    flood_console(&s, &id, 512);
+    assert_eq!(consoles().0, kept);
 
     // Pause and resume (the VM is stopped, not its processes one by one).
     s.space_ok(&["pause", &id]);

@@ -202,8 +202,8 @@ pub fn open_procs(dirs: &[PathBuf]) -> io::Result<Vec<OwnedFd>> {
 }
 
 /// Gives the jailed QEMU its files: the run dir and the disk image become `uid:gid`'s.
-pub fn chown_files(uid: u32, gid: u32, run_dir: &Path, disk: &Path) -> io::Result<()> {
-    for p in [run_dir, disk] {
+pub fn chown_files(uid: u32, gid: u32, paths: &[&Path]) -> io::Result<()> {
+    for p in paths {
         std::os::unix::fs::chown(p, Some(uid), Some(gid))
             .map_err(|e| io::Error::new(e.kind(), format!("cannot chown {}: {e}", p.display())))?;
     }
@@ -225,6 +225,7 @@ pub(super) mod tests {
             disk: "/var/lib/space/sandboxes/abc/disk.ext4".into(),
             channel_socket: "/run/space/sandboxes/abc/guest.sock".into(),
             console: "/run/space/sandboxes/abc/console.log".into(),
+            console_socket: "/run/space/sandboxes/abc/console.sock".into(),
             qmp: "/run/space/sandboxes/abc/qmp.sock".into(),
             mac: [0x02, 0, 0, 0, 0, 1],
         }

@@ -24,11 +24,13 @@
 //! - failure: a guest init that cannot go on writes `space-daemon: failed <why>` (exactly,
 //!   [`FAILED_MARKER`] + reason) to the console and powers off; `launch` reports `<why>`;
 //! - after connecting, the node sends `Personalize { env, hostname }`;
-//! - the serial console goes to `<run_dir>/console.log`.
+//! - the serial console goes to the node through `<run_dir>/console.sock`, which keeps it in
+//!   `<run_dir>/console.log` and `console.log.1`, 1 MiB each at most (`console.rs`).
 
 mod checkpoint;
 #[cfg(test)]
 mod checkpoint_tests;
+mod console;
 mod disk;
 mod initramfs;
 mod jail;
@@ -564,6 +566,7 @@ impl MicrovmRuntime {
             disk: disk.to_path_buf(),
             channel_socket: plan.channel_socket.clone(),
             console: plan.run_dir.join("console.log"),
+            console_socket: plan.run_dir.join("console.sock"),
             qmp: plan.run_dir.join("qmp.sock"),
             mac: vmnet::mac_for(&plan.id),
         }
@@ -606,7 +609,8 @@ fn prepare_dirs(plan: &LaunchPlan, spec: &VmSpec) -> Result<(), RuntimeError> {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
             .map_err(setup("restrict the channel socket directory"))?;
     }
-    for stale in [&spec.channel_socket, &spec.qmp, &spec.console] {
+    let rotated = console::rotated(&spec.console);
+    for stale in [&spec.channel_socket, &spec.qmp, &spec.console, &rotated] {
         remove_if_exists(stale).map_err(setup("remove a stale socket or console log"))?;
     }
     Ok(())
@@ -634,6 +638,8 @@ fn start_qemu(
         tap_fd: Some(link.tap.as_raw_fd()),
         ..extras
     };
+    let console = console::ConsoleListener::bind(&spec.console_socket)
+        .map_err(setup("listen for the VM's console"))?;
     let spawned = match &rt.inner.jail {
         Some(j) => spawn_jailed(rt, j, plan, spec, extras, link, log),
         None => qemu::spawn_with(
@@ -647,6 +653,7 @@ fn start_qemu(
     };
     let spawn_took = t0.elapsed();
     let mut child = spawned?;
+    console.keep(spec.console.clone(), rt.inner.cfg.boot_timeout);
     let pid = child.id();
     let pidfd = match ns::pidfd_open(pid) {
         Ok(fd) => fd,
@@ -666,8 +673,9 @@ fn start_qemu(
 fn kill_started(rt: &MicrovmRuntime, plan: &LaunchPlan, spec: &VmSpec, pidfd: &OwnedFd) {
     let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
     let _ = ns::waitid_pidfd(pidfd.as_fd(), 0);
-    let _ = remove_if_exists(&spec.channel_socket);
-    let _ = remove_if_exists(&spec.qmp);
+    for socket in [&spec.channel_socket, &spec.qmp, &spec.console_socket] {
+        let _ = remove_if_exists(socket);
+    }
     rt.inner.remove_cgroup(&plan.id);
 }
 
@@ -756,7 +764,7 @@ fn spawn_jailed(
     log: &Path,
 ) -> Result<std::process::Child, RuntimeError> {
     let (uid, gid) = (plan.uid_base, plan.uid_base);
-    jail::chown_files(uid, gid, &plan.run_dir, &spec.disk)
+    jail::chown_files(uid, gid, &[&plan.run_dir, &spec.disk, &spec.console_socket])
         .map_err(setup("give the VM's files to its uid"))?;
     if let Some(m) = extras.memory_file {
         std::os::unix::fs::chown(m, Some(uid), Some(gid))

@@ -51,7 +51,10 @@ pub struct VmSpec {
     pub vcpus: u32,
     pub disk: PathBuf,
     pub channel_socket: PathBuf,
+    /// Where the node keeps the serial console (`console.rs`).
     pub console: PathBuf,
+    /// The node's socket the serial chardev connects to.
+    pub console_socket: PathBuf,
     pub qmp: PathBuf,
     /// The guest NIC's MAC address (locally administered, from the sandbox id).
     pub mac: [u8; 6],
@@ -205,8 +208,10 @@ impl VmSpec {
         }
         // Chardevs rather than -serial file: / -qmp unix:, whose legacy syntax has no escape
         // for commas in paths.
+        // The serial console goes to the node, which bounds what it keeps (a `file` chardev
+        // would grow as long as the guest writes).
         a.push("-chardev".into());
-        a.push(opt_path("file,id=con,path=", &self.console));
+        a.push(opt_path("socket,id=con,path=", &self.console_socket));
         push(&mut a, &["-serial", "chardev:con"]);
         a.push("-chardev".into());
         a.push(opt_path(
@@ -336,6 +341,10 @@ impl ConsoleTail {
         let Ok(mut f) = fs::File::open(&self.path) else {
             return None;
         };
+        // Shorter than what was read: the node rotated it (`console.rs`), this is a new file.
+        if f.metadata().is_ok_and(|m| m.len() < self.offset) {
+            self.offset = 0;
+        }
         if f.seek(SeekFrom::Start(self.offset)).is_err() {
             return None;
         }

@@ -21,6 +21,7 @@ fn spec(accel: AccelKind) -> VmSpec {
         disk: "/data/sb/disk,1.ext4".into(),
         channel_socket: "/run/space/sandboxes/a1/guest.sock".into(),
         console: "/run/space/sandboxes/a1/console.log".into(),
+        console_socket: "/run/space/sandboxes/a1/console.sock".into(),
         qmp: "/run/space/sandboxes/a1/qmp.sock".into(),
         mac: [0x02, 0, 0, 0, 0, 1],
     }
@@ -78,7 +79,7 @@ fn tcg_command_line_follows_the_contract() {
         all_after(&args, "-chardev"),
         [
             "socket,id=ch0,server=on,wait=off,path=/run/space/sandboxes/a1/guest.sock",
-            "file,id=con,path=/run/space/sandboxes/a1/console.log",
+            "socket,id=con,path=/run/space/sandboxes/a1/console.sock",
             "socket,id=qmp,server=on,wait=off,path=/run/space/sandboxes/a1/qmp.sock",
         ]
     );
