@@ -80,6 +80,20 @@ ensure_rust() {
     command -v cargo >/dev/null 2>&1 || die "cargo not found: install a Rust toolchain >= 1.90 (https://rustup.rs), then rerun"
 }
 
+# cargo-fuzz and the nightly toolchain it builds with (docs/FUZZING.md). The version is pinned
+# so that a CI run builds what the last one did.
+CARGO_FUZZ_VERSION=0.13.2
+ensure_cargo_fuzz() {
+    rustup toolchain list 2>/dev/null | grep -q '^nightly' \
+        || rustup toolchain install nightly --profile minimal \
+        || die "cannot install the nightly toolchain cargo-fuzz needs"
+    if [ "$(cargo fuzz --version 2>/dev/null)" != "cargo-fuzz $CARGO_FUZZ_VERSION" ]; then
+        say "installing cargo-fuzz $CARGO_FUZZ_VERSION"
+        cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked -q \
+            || die "cannot install cargo-fuzz"
+    fi
+}
+
 # cargo SUBCOMMAND [ARGS...] with every unit static (crt-static) and built for TARGET_TRIPLE,
 # into target/$TARGET_TRIPLE/<profile>/. With --target, RUSTFLAGS reach only the target's
 # units, never build scripts or proc macros (which cannot be static).

@@ -200,7 +200,7 @@ fn read_metadata(path: &Path) -> std::collections::HashMap<String, String> {
 
 /// Checks the metadata of a write: keys are HTTP tokens (lowercased here), values printable
 /// ASCII, within the bounds above.
-fn check_metadata(
+pub(crate) fn check_metadata(
     m: &std::collections::HashMap<String, String>,
 ) -> Result<Vec<(String, String)>, FilesError> {
     if m.len() > METADATA_MAX_KEYS {

@@ -5,6 +5,8 @@
 pub mod config;
 pub mod exec;
 pub mod files;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod guest_init;
 pub mod netsetup;
 pub mod output;

@@ -130,6 +130,20 @@ type EventResultStream = Pin<Box<dyn Stream<Item = Result<ProcessEvent, Status>>
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<FileChunk, Status>> + Send>>;
 type WatchResultStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
 
+/// A base environment `Personalize` may set: names non-empty, without `=` or NUL, and no NUL
+/// in the values.
+pub(crate) fn check_env(env: &std::collections::HashMap<String, String>) -> Result<(), Status> {
+    match env
+        .iter()
+        .find(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'))
+    {
+        Some((k, _)) => Err(Status::invalid_argument(format!(
+            "invalid environment variable {k:?}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn uname_field(f: &std::ffi::CStr) -> String {
     f.to_string_lossy().into_owned()
 }
@@ -352,15 +366,7 @@ impl Guest for GuestService {
             unix_time_ns,
             mac,
         } = req.into_inner();
-        if let Some(k) = env
-            .iter()
-            .find(|(k, v)| k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0'))
-            .map(|(k, _)| k)
-        {
-            return Err(Status::invalid_argument(format!(
-                "invalid environment variable {k:?}"
-            )));
-        }
+        check_env(&env)?;
         let identity = crate::guest_init::Identity {
             entropy,
             machine_id,

@@ -672,5 +672,58 @@ pub fn open_channel(timeout: Duration) -> Result<VirtioPort, VportError> {
     VirtioPort::open(&loc.dev)
 }
 
+/// The `guest_daemon` fuzz target's check of how a session reads its host's bytes (first byte:
+/// the chunk size, 1 to 64; the rest: what the host sends). Fed in chunks or whole, the
+/// preface is found at the same offset, the first one in the stream, and the frame scan after
+/// it sees a new client's preface at the same offset.
+pub(crate) fn check_chunking(data: &[u8]) {
+    let Some((&k, stream)) = data.split_first() else {
+        return;
+    };
+    let k = usize::from(k % 64) + 1;
+    let first = stream.windows(PREFACE.len()).position(|w| w == PREFACE);
+    // Where each way of feeding saw the preface start.
+    let seen = |p: &Preface, fed: usize| match p {
+        Preface::Replay(v) => {
+            assert!(v.starts_with(PREFACE));
+            Some(fed - v.len())
+        }
+        Preface::Seeking { tail, discarded } => {
+            assert_eq!(tail.len() + discarded, fed);
+            assert!(tail.len() < PREFACE.len() && PREFACE.starts_with(tail));
+            None
+        }
+        Preface::Done => unreachable!("feed never ends a preface"),
+    };
+    let mut whole = Preface::new();
+    whole.feed(stream);
+    assert_eq!(seen(&whole, stream.len()), first);
+    let mut parts = Preface::new();
+    let mut fed = 0;
+    for c in stream.chunks(k) {
+        parts.feed(c);
+        fed += c.len();
+        if matches!(parts, Preface::Replay(_)) {
+            break;
+        }
+    }
+    assert_eq!(seen(&parts, fed), first);
+
+    let after = first.map_or(stream, |i| &stream[i..]);
+    let mut whole = Frames::new();
+    let at = whole.scan(after);
+    let mut parts = Frames::new();
+    let mut base = 0;
+    let mut at_parts = None;
+    for c in after.chunks(k) {
+        if let Some(i) = parts.scan(c) {
+            at_parts = Some(base + i);
+            break;
+        }
+        base += c.len();
+    }
+    assert_eq!(at, at_parts);
+}
+
 #[cfg(test)]
 mod tests;

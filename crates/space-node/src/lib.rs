@@ -4,6 +4,8 @@ pub mod api;
 pub mod cgroup;
 pub mod channel;
 pub mod diff;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ids;
 pub(crate) mod moves;
 pub mod net;

@@ -56,3 +56,33 @@ pub mod vm_link {
 /// "too slow" (seen under TCG on a starved host). Nothing would ever tick in that guest, so
 /// its init refuses to go on and the node boots the VM again (decision 0014, "Readiness").
 pub const GUEST_NO_TIMER: &str = "no local timer interrupts since boot";
+
+/// Test support for the crates whose fuzz entries live beside their code (docs/FUZZING.md).
+#[doc(hidden)]
+pub mod fuzz_corpus {
+    use std::path::PathBuf;
+
+    /// `fuzz/corpus/<target>` of this repository.
+    pub fn dir(target: &str) -> PathBuf {
+        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus")).join(target)
+    }
+
+    /// Runs every input of the target's committed corpus through `run` (a panic names the
+    /// input); returns how many there were.
+    pub fn replay(target: &str, run: impl Fn(&[u8])) -> usize {
+        let dir = dir(target);
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.expect("a corpus entry").path())
+            .collect();
+        paths.sort();
+        for path in &paths {
+            let data = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&data)));
+            if ran.is_err() {
+                panic!("fuzz input {} panicked", path.display());
+            }
+        }
+        paths.len()
+    }
+}

@@ -11,6 +11,9 @@
 //! - hardlinks, xattrs (file capabilities included), owners, modes and mtimes are kept;
 //!   device nodes are dropped with a note (a sandbox never gets a host device from an image).
 
+#[doc(hidden)]
+pub mod fuzzing;
+
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::io::{self, BufRead, BufReader, Read};

@@ -93,7 +93,7 @@ const NO_DEADLINE: &str = "9999-12-31T23:59:59Z";
 /// ignored, as E2B's API does; known features space does not serve are refused by name.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct NewSandbox {
+pub(crate) struct NewSandbox {
     #[serde(rename = "templateID")]
     template_id: String,
     timeout: Option<u64>,
@@ -243,7 +243,7 @@ async fn load(s: &AppState, id: &str) -> E2bResult<Sandbox> {
 /// `PUT /sandboxes/{id}/network`), as far as space's egress policy expresses them.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct E2bNetwork {
+pub(crate) struct E2bNetwork {
     allow_out: Option<Vec<String>>,
     deny_out: Option<Vec<String>>,
     /// Only in the update, and snake_case there, as E2B's API has it.
@@ -274,7 +274,7 @@ fn denies_all(rule: &str) -> bool {
 /// space has no deny rules: a `denyOut` of particular destinations is refused with a 400
 /// that says so, as are the settings space has no counterpart for (DNS servers, ...).
 /// `rules` are the caller's to read ([`secrets::rule_headers`]).
-fn network_policy(
+pub(crate) fn network_policy(
     n: &E2bNetwork,
     internet: Option<bool>,
 ) -> E2bResult<Option<space_api::NetworkPolicy>> {
@@ -320,6 +320,18 @@ fn network_policy(
         egress: Some(egress),
         allow,
     }))
+}
+
+/// What `create` checks of a body before it touches the engine (the `rest` fuzz target's way
+/// in): refusals are errors, never panics.
+pub(crate) fn check_new_sandbox(req: &NewSandbox) {
+    let _ = refuse_unsupported(req);
+    if let Some(n) = &req.network {
+        let _ = network_policy(n, req.allow_internet_access);
+        if let Some(rules) = &n.rules {
+            let _ = secrets::rule_headers(rules);
+        }
+    }
 }
 
 fn refuse_unsupported(req: &NewSandbox) -> E2bResult<()> {
@@ -407,7 +419,7 @@ async fn kill(
 
 /// `GET /sandboxes/{id}/metrics?start=&end=` (unix seconds).
 #[derive(Debug, Default, Deserialize)]
-struct MetricsQuery {
+pub(crate) struct MetricsQuery {
     start: Option<i64>,
     end: Option<i64>,
 }
@@ -463,7 +475,7 @@ async fn metrics(
 }
 
 #[derive(Debug, Deserialize)]
-struct TimeoutBody {
+pub(crate) struct TimeoutBody {
     timeout: u64,
 }
 
@@ -698,7 +710,7 @@ async fn create_snapshot(
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct SnapshotQuery {
+pub(crate) struct SnapshotQuery {
     #[serde(rename = "sandboxID")]
     sandbox_id: Option<String>,
     name: Option<String>,
@@ -796,7 +808,7 @@ async fn delete_snapshot(
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ListQuery {
+pub(crate) struct ListQuery {
     metadata: Option<String>,
     state: Option<String>,
     order: Option<String>,

@@ -93,6 +93,12 @@ fn go_mode(e: &space_api::EntryInfo) -> (u32, String) {
     (mode, text)
 }
 
+/// The range of a protobuf Timestamp (0001-01-01 to 9999-12-31, as its JSON form is defined).
+/// A sandbox may give a file any mtime its filesystem holds; one outside the range would fail
+/// the reply's encoding, so it is clamped (found by the `guest_node` fuzz target).
+const TIMESTAMP_MIN_SECS: i64 = -62_135_596_800;
+const TIMESTAMP_MAX_SECS: i64 = 253_402_300_799;
+
 /// An entry as envd describes it.
 pub(crate) fn entry(e: space_api::EntryInfo) -> pb::EntryInfo {
     let (mode, permissions) = go_mode(&e);
@@ -104,14 +110,16 @@ pub(crate) fn entry(e: space_api::EntryInfo) -> pb::EntryInfo {
     };
     let modified_time =
         space_api::unix_ms_from_rfc3339(&e.modified_at).map(|ms| pbjson_types::Timestamp {
-            seconds: ms.div_euclid(1000),
+            seconds: ms
+                .div_euclid(1000)
+                .clamp(TIMESTAMP_MIN_SECS, TIMESTAMP_MAX_SECS),
             nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
         });
     pb::EntryInfo {
         name: e.name,
         r#type: file_type as i32,
         path: e.path,
-        size: e.size as i64,
+        size: i64::try_from(e.size).unwrap_or(i64::MAX),
         mode,
         permissions,
         owner: e.owner.unwrap_or_else(|| e.uid.to_string()),
@@ -566,6 +574,23 @@ mod tests {
         let v = serde_json::to_value(entry(info(FileType::Dir, 0o700))).unwrap();
         assert_eq!(v["type"], "FILE_TYPE_DIRECTORY");
         assert_eq!(v["modifiedTime"], "2026-12-01T18:00:00.250+00:00");
+    }
+
+    #[test]
+    fn an_mtime_beyond_what_a_timestamp_holds_is_clamped_not_a_failed_reply() {
+        // btrfs keeps any 64-bit mtime: `touch -d @253402300800` (year 10000) in a sandbox.
+        for (ms, want) in [
+            (253_402_300_800_000_i64, "9999-12-31T23:59:59+00:00"),
+            (i64::MAX / 2 / 1000 * 1000, "9999-12-31T23:59:59+00:00"),
+            (-62_135_596_801_000, "0001-01-01T00:00:00+00:00"),
+        ] {
+            let mut e = info(FileType::File, 0o644);
+            e.modified_at = space_api::rfc3339_from_unix_ms(ms);
+            e.size = u64::MAX;
+            let v = serde_json::to_value(entry(e)).expect("an entry serializes");
+            assert_eq!(v["modifiedTime"], want, "{ms}");
+            assert_eq!(v["size"], i64::MAX.to_string());
+        }
     }
 
     #[test]

@@ -122,7 +122,7 @@ impl From<SecretInfo> for E2bSecret {
 
 /// `NewSecret` (POST /secrets).
 #[derive(Deserialize)]
-pub(super) struct NewSecret {
+pub(crate) struct NewSecret {
     name: String,
     value: String,
     metadata: Option<BTreeMap<String, String>>,
@@ -130,7 +130,7 @@ pub(super) struct NewSecret {
 
 /// `SecretUpdate` (POST /secrets/{id}).
 #[derive(Deserialize)]
-pub(super) struct SecretUpdate {
+pub(crate) struct SecretUpdate {
     value: String,
     metadata: Option<BTreeMap<String, String>>,
 }
@@ -142,7 +142,7 @@ pub(super) struct SecretPath {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct SecretQuery {
+pub(crate) struct SecretQuery {
     limit: Option<usize>,
     next_token: Option<String>,
 }

@@ -6,6 +6,8 @@
 pub mod error;
 mod extract;
 mod files;
+#[doc(hidden)]
+pub mod fuzzing;
 mod network;
 mod nodes;
 mod pools;

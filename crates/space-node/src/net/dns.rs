@@ -26,6 +26,7 @@ use tracing::debug;
 
 use super::nft::SlotFirewall;
 use super::{Egress, Resolve, SandboxNet};
+use space_node_api::policy::Policy;
 
 /// Wait for one upstream server at most this long.
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -236,6 +237,107 @@ fn formerr(raw: &[u8]) -> Option<Vec<u8>> {
     m.to_vec().ok()
 }
 
+/// What to do with one query from a sandbox, before any upstream is asked.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Answer this at once (None: send nothing).
+    Reply(Option<Vec<u8>>),
+    /// The policy does not allow the name: REFUSED.
+    Refused {
+        reply: Option<Vec<u8>>,
+        name: String,
+    },
+    /// Ask the upstreams about `name` (lowercase, no trailing dot).
+    Forward { req: Message, name: String },
+}
+
+/// Judges one query from a sandbox by its policy (see the module's doc).
+pub fn judge(raw: &[u8], policy: &Policy) -> Verdict {
+    let Ok(req) = Message::from_vec(raw) else {
+        return Verdict::Reply(formerr(raw));
+    };
+    if req.metadata.message_type != MessageType::Query {
+        return Verdict::Reply(None);
+    }
+    if req.metadata.op_code != OpCode::Query {
+        return Verdict::Reply(reply(&req, ResponseCode::NotImp));
+    }
+    if req.queries.len() != 1 {
+        return Verdict::Reply(reply(&req, ResponseCode::FormErr));
+    }
+    let q = &req.queries[0];
+    let name = dns_name(&q.name);
+    if !policy.allows_name(&name) {
+        return Verdict::Refused {
+            reply: reply(&req, ResponseCode::Refused),
+            name,
+        };
+    }
+    if q.query_type == RecordType::AAAA {
+        return Verdict::Reply(reply(&req, ResponseCode::NoError));
+    }
+    Verdict::Forward { req, name }
+}
+
+fn dns_name(n: &Name) -> String {
+    n.to_ascii().trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// An upstream's answer as the sandbox may see it.
+#[derive(Debug)]
+pub struct Screened {
+    /// The answer, under the query's id.
+    pub answer: Vec<u8>,
+    /// Its IPv4 addresses with their TTLs: what an allowlist admits for the name.
+    pub admit: Vec<(Ipv4Addr, u32)>,
+}
+
+/// Screens the upstream's answer `raw` to `req` (for `name`); None when it does not parse.
+/// - An address record stays only when it belongs to the name asked, directly or through the
+///   answer's CNAME chain from it: an answer cannot slip in addresses for other names (and an
+///   allowlist admits only what belongs to the name it allows).
+/// - An address the policy refuses after resolution (private, metadata, the node's subnet: DNS
+///   rebinding) never reaches the sandbox, and IPv6 addresses never do (slots are IPv4 only).
+/// - The additional section keeps no address records at all.
+pub fn screen(req: &Message, name: &str, raw: &[u8], policy: &Policy) -> Option<Screened> {
+    let mut resp = Message::from_vec(raw).ok()?;
+    // The names the answer's CNAMEs lead to from the name asked (bounded by the answer's size:
+    // each pass adds a name or ends).
+    let mut names = vec![name.to_string()];
+    for _ in 0..resp.answers.len() {
+        let next = resp.answers.iter().find_map(|r| match &r.data {
+            RData::CNAME(t) if names.contains(&dns_name(&r.name)) => {
+                Some(dns_name(&t.0)).filter(|t| !names.contains(t))
+            }
+            _ => None,
+        });
+        match next {
+            Some(n) => names.push(n),
+            None => break,
+        }
+    }
+    resp.answers.retain(|r| match &r.data {
+        RData::A(a) => names.contains(&dns_name(&r.name)) && policy.allows_resolved_ip(a.0),
+        RData::AAAA(_) => false,
+        _ => true,
+    });
+    resp.additionals
+        .retain(|r| !matches!(r.data, RData::A(_) | RData::AAAA(_)));
+    let admit = resp
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some((a.0, r.ttl)),
+            _ => None,
+        })
+        .collect();
+    resp.metadata.id = req.metadata.id;
+    Some(Screened {
+        answer: resp.to_vec().ok()?,
+        admit,
+    })
+}
+
 impl SlotDns {
     pub fn new(
         net: Arc<SandboxNet>,
@@ -253,29 +355,15 @@ impl SlotDns {
 
     /// The answer to one query from the sandbox (None: send nothing).
     pub async fn answer(&self, raw: &[u8], tcp: bool) -> Option<Vec<u8>> {
-        let Ok(req) = Message::from_vec(raw) else {
-            return formerr(raw);
-        };
-        if req.metadata.message_type != MessageType::Query {
-            return None;
-        }
-        if req.metadata.op_code != OpCode::Query {
-            return reply(&req, ResponseCode::NotImp);
-        }
-        if req.queries.len() != 1 {
-            return reply(&req, ResponseCode::FormErr);
-        }
-        let q = &req.queries[0];
-        let name = q.name.to_ascii();
-        let name = name.trim_end_matches('.').to_ascii_lowercase();
         let policy = self.net.policy();
-        if !policy.allows_name(&name) {
-            debug!(sandbox = %self.net.id(), name, "DNS query refused by policy");
-            return reply(&req, ResponseCode::Refused);
-        }
-        if q.query_type == RecordType::AAAA {
-            return reply(&req, ResponseCode::NoError);
-        }
+        let (req, name) = match judge(raw, &policy) {
+            Verdict::Reply(r) => return r,
+            Verdict::Refused { reply, name } => {
+                debug!(sandbox = %self.net.id(), name, "DNS query refused by policy");
+                return reply;
+            }
+            Verdict::Forward { req, name } => (req, name),
+        };
         let forward = async {
             let r = self.upstream.exchange(raw, false).await?;
             if tcp && r.len() >= 3 && r[2] & 0x02 != 0 {
@@ -293,41 +381,19 @@ impl SlotDns {
             }
             Err(_) => return reply(&req, ResponseCode::ServFail),
         };
-        let Ok(mut resp) = Message::from_vec(&raw_resp) else {
+        let Some(Screened { answer, admit }) = screen(&req, &name, &raw_resp, &policy) else {
             return reply(&req, ResponseCode::ServFail);
         };
-        // Addresses the sandbox may not reach by name never reach it (DNS rebinding).
-        let keep = |r: &hickory_proto::rr::Record| match &r.data {
-            RData::A(a) => policy.allows_resolved_ip(a.0),
-            RData::AAAA(_) => false,
-            _ => true,
+        let admitted = if policy.egress() == Egress::Allowlist && !admit.is_empty() {
+            self.firewall.allow_resolved(&policy, &name, &admit).await
+        } else {
+            Ok(())
         };
-        resp.answers.retain(keep);
-        resp.additionals.retain(keep);
-        if policy.egress() == Egress::Allowlist {
-            let addrs: Vec<(Ipv4Addr, u32)> = resp
-                .answers
-                .iter()
-                .filter_map(|r| match &r.data {
-                    RData::A(a) => Some((a.0, r.ttl)),
-                    _ => None,
-                })
-                .collect();
-            let admitted = if addrs.is_empty() {
-                Ok(())
-            } else {
-                self.firewall.allow_resolved(&policy, &name, &addrs).await
-            };
-            if let Err(e) = admitted {
-                debug!(sandbox = %self.net.id(), name, error = %e, "could not admit resolved addresses");
-                return reply(&req, ResponseCode::ServFail);
-            }
+        if let Err(e) = admitted {
+            debug!(sandbox = %self.net.id(), name, error = %e, "could not admit resolved addresses");
+            return reply(&req, ResponseCode::ServFail);
         }
-        resp.metadata.id = req.metadata.id;
-        match resp.to_vec() {
-            Ok(v) => Some(v),
-            Err(_) => reply(&req, ResponseCode::ServFail),
-        }
+        Some(answer)
     }
 
     /// Serves the slot's DNS listeners (bound inside the slot) until the handles are aborted.
@@ -488,6 +554,41 @@ pub(crate) mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn an_answer_keeps_only_addresses_of_the_name_asked_and_its_cnames() {
+        let name = |n: &str| Name::from_ascii(n).unwrap();
+        let a = |n: &str, ip: [u8; 4]| Record::from_rdata(name(n), 30, RData::A(A(ip.into())));
+        let policy = Policy::new(&spec(Egress::Allowlist, &["api.example.com"]), &[]).unwrap();
+        let raw = query("api.example.com.", RecordType::A, 7);
+        let Verdict::Forward { req, name: asked } = judge(&raw, &policy) else {
+            panic!("an allowed name is forwarded");
+        };
+        assert_eq!(asked, "api.example.com");
+        let mut resp = Message::response(99, OpCode::Query);
+        resp.add_query(req.queries[0].clone());
+        resp.add_answer(Record::from_rdata(
+            name("API.example.com."),
+            30,
+            RData::CNAME(hickory_proto::rr::rdata::CNAME(name("edge.cdn.test."))),
+        ));
+        resp.add_answer(a("edge.cdn.test.", [93, 184, 216, 34]));
+        // Not asked, not in the chain: an upstream (or an attacker on its path) slipping in
+        // an address for another name does not get it admitted under the allowed one.
+        resp.add_answer(a("other.test.", [93, 184, 216, 35]));
+        resp.add_additional(a("glue.test.", [93, 184, 216, 36]));
+        let s = screen(&req, &asked, &resp.to_vec().unwrap(), &policy).unwrap();
+        let m = Message::from_vec(&s.answer).unwrap();
+        assert_eq!(m.metadata.id, 7);
+        assert_eq!(a_records(&m), vec![Ipv4Addr::new(93, 184, 216, 34)]);
+        assert_eq!(s.admit, vec![(Ipv4Addr::new(93, 184, 216, 34), 30)]);
+        assert!(m.additionals.is_empty());
+        assert_eq!(m.answers.len(), 2, "the CNAME stays");
+        assert!(matches!(
+            judge(&query("other.test.", RecordType::A, 8), &policy),
+            Verdict::Refused { .. }
+        ));
     }
 
     #[test]

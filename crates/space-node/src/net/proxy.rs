@@ -21,7 +21,7 @@
 //! it may only go by name, to port 443 for TLS and 80 otherwise.
 
 mod mitm;
-mod sniff;
+pub mod sniff;
 #[cfg(test)]
 mod tests;
 
