@@ -7,6 +7,9 @@
 //!                                                                               203.0.113.53  DNS :53 (UDP+TCP)
 //!                                                                               198.51.100.20 TCP echo :7000
 //!                                                 also 169.254.169.254, 10.99.0.1, 172.16.5.1, 192.168.77.1, 100.64.0.1
+//!                                                      100.100.100.200, 168.63.129.16, 192.0.0.192
+//!                      inet0 2001:db8:113::1/64 ──────── node0 2001:db8:113::254/64
+//!                                                   lo: fd00:ec2::254, fd20:ce::254  TCP echo :7000
 //! ```
 //!
 //! HTTP, HTTPS and the echo server listen on 0.0.0.0 of the inet namespace, so every lab
@@ -24,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -56,6 +59,23 @@ pub const DNS_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
 pub const ECHO_PORT: u16 = 7000;
 /// The cloud metadata address: the lab serves it too, so that "blocked" means blocked.
 pub const META_IP: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
+/// The other cloud metadata addresses (Alibaba, Azure's WireServer, Oracle Cloud Classic),
+/// served like the rest.
+pub const METADATA_IPS: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(100, 100, 100, 200),
+    Ipv4Addr::new(168, 63, 129, 16),
+    Ipv4Addr::new(192, 0, 0, 192),
+];
+/// The IPv6 metadata addresses (AWS, GCP): the node reaches them over the lab's IPv6 link; a
+/// TCP echo listens on each.
+pub const METADATA_IPS6: [Ipv6Addr; 2] = [
+    Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254),
+    Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254),
+];
+/// The node's and the lab's ends of the IPv6 link.
+const NODE_IP6: &str = "2001:db8:113::1/64";
+const GATEWAY_IP6: &str = "2001:db8:113::254";
+
 /// Lab addresses in private and shared ranges (10/8, 172.16/12, 192.168/16, 100.64/10): served
 /// like the rest, default-denied by the egress policy.
 pub const PRIVATE_IPS: [Ipv4Addr; 4] = [
@@ -180,6 +200,7 @@ impl NetLab {
         for a in [WEB_IP, RAW_IP, DNS_IP, FAR_IP, META_IP]
             .into_iter()
             .chain(PRIVATE_IPS)
+            .chain(METADATA_IPS)
         {
             run_cmd(
                 "ip",
@@ -194,6 +215,13 @@ impl NetLab {
                 ],
             )?;
         }
+        for a in METADATA_IPS6 {
+            let a = format!("{a}/128");
+            run_cmd(
+                "ip",
+                &["-n", &lab.name, "addr", "add", &a, "dev", "lo", "nodad"],
+            )?;
+        }
         let (ca_pem, tls) = make_tls()?;
         std::fs::write(lab.ca_path(), &ca_pem)?;
         lab.ca_pem = ca_pem;
@@ -203,7 +231,14 @@ impl NetLab {
                 .with_context(|| format!("bind {ip}:{port} in the lab"))
         };
         let any = Ipv4Addr::UNSPECIFIED;
-        let (http, https, echo, dns_tcp, dns_udp) = in_netns(&lab.path(), || {
+        let (http, https, echo, dns_tcp, dns_udp, echo6) = in_netns(&lab.path(), || {
+            let echo6 = METADATA_IPS6
+                .iter()
+                .map(|ip| {
+                    std::net::TcpListener::bind(SocketAddrV6::new(*ip, ECHO_PORT, 0, 0))
+                        .with_context(|| format!("bind [{ip}]:{ECHO_PORT} in the lab"))
+                })
+                .collect::<Result<Vec<_>>>()?;
             Ok::<_, anyhow::Error>((
                 bind_tcp(any, 80)?,
                 bind_tcp(any, 443)?,
@@ -211,6 +246,7 @@ impl NetLab {
                 bind_tcp(DNS_IP, 53)?,
                 std::net::UdpSocket::bind(SocketAddrV4::new(DNS_IP, 53))
                     .context("bind the lab's DNS (UDP)")?,
+                echo6,
             ))
         })??;
 
@@ -228,6 +264,9 @@ impl NetLab {
             rt.spawn(serve_http(tcp(http)?, None, rec.clone()));
             rt.spawn(serve_http(tcp(https)?, Some(tls), rec.clone()));
             rt.spawn(serve_echo(tcp(echo)?, rec.clone()));
+            for l in echo6 {
+                rt.spawn(serve_echo(tcp(l)?, rec.clone()));
+            }
             rt.spawn(serve_dns_tcp(tcp(dns_tcp)?, rec.clone()));
             dns_udp.set_nonblocking(true)?;
             rt.spawn(serve_dns_udp(
@@ -319,6 +358,21 @@ impl NetLab {
                 "via",
                 &GATEWAY_IP.to_string(),
             ],
+        )?;
+        // IPv6, so that the node reaches the IPv6 metadata addresses (and a sandbox that
+        // cannot is stopped by its slot, not by routing).
+        let lab_ip6 = format!("{GATEWAY_IP6}/64");
+        run_cmd(
+            "ip",
+            &["-n", lab, "addr", "add", &lab_ip6, "dev", "node0", "nodad"],
+        )?;
+        run_cmd(
+            "ip",
+            &["-n", n, "addr", "add", NODE_IP6, "dev", "inet0", "nodad"],
+        )?;
+        run_cmd(
+            "ip",
+            &["-n", n, "-6", "route", "add", "default", "via", GATEWAY_IP6],
         )?;
         Ok(())
     }

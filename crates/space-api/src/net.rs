@@ -1,8 +1,8 @@
 //! Networking, egress policy, secrets and ports (decision 0012).
 //!
 //! - A sandbox's egress is `none` (nothing leaves), `allowlist` (only `allow` rules: CIDRs,
-//!   addresses, exact domains, `*.domain` wildcards) or `open` (the internet, not private
-//!   ranges unless a CIDR rule names them).
+//!   addresses, exact domains, `*.domain` wildcards, each on its `:PORTS`, 80 and 443 when it
+//!   names none) or `open` (the internet, not private ranges unless a CIDR rule names them).
 //! - A secret is a value kept by the control plane; a sandbox created with it sees only a
 //!   placeholder in its environment, which the node's egress proxy replaces in one header of
 //!   HTTPS requests to the secret's hosts. Values are never returned by the API.
@@ -69,7 +69,9 @@ pub struct NetworkPolicy {
     /// Absent: `allowlist` when `allow` has rules, else the node's default egress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<Egress>,
-    /// Rules: `203.0.113.0/24`, `198.51.100.7`, `api.example.com`, `*.example.com`.
+    /// Rules: `203.0.113.0/24`, `198.51.100.7`, `api.example.com`, `*.example.com`, each with
+    /// optional ports (`api.example.com:8443`, `10.0.0.0/8:5432,6379`, `x.example.com:8000-8100`,
+    /// `203.0.113.7:*`); without them a rule admits 80 and 443.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
 }

@@ -226,7 +226,8 @@ struct CreateArgs {
     /// Egress: none, allowlist or open (default: the server's; with --allow: allowlist).
     #[arg(long, value_name = "MODE")]
     egress: Option<space_api::Egress>,
-    /// Allow rule (repeatable): CIDR, address, domain or *.domain.
+    /// Allow rule (repeatable): CIDR, address, domain or *.domain, then :PORTS (443,
+    /// 8000-8100 or *; default 80 and 443).
     #[arg(long = "allow", value_name = "RULE")]
     allow: Vec<String>,
     /// Secret the sandbox may use (repeatable): env NAME holds a placeholder.

@@ -12,7 +12,8 @@ pub struct NetArgs {
     /// Replace the policy: none, allowlist or open (default with --allow: allowlist).
     #[arg(long, value_name = "MODE")]
     egress: Option<Egress>,
-    /// Allow rule (repeatable): CIDR, address, domain or *.domain. Replaces all rules.
+    /// Allow rule (repeatable): CIDR, address, domain or *.domain, then :PORTS (443,
+    /// 8000-8100 or *; default 80 and 443). Replaces all rules.
     #[arg(long = "allow", value_name = "RULE")]
     allow: Vec<String>,
     #[arg(long)]

@@ -320,6 +320,12 @@ impl Engine {
             .ok_or_else(|| {
                 ControlError::invalid(format!("port must be between 1 and 65535, got {port}"))
             })?;
+        if let Some(what) = space_node_api::net::node_port(port) {
+            return Err(ControlError::invalid(format!(
+                "port {port} in a sandbox's network is {what}, not a sandbox port; serve on \
+                 another port"
+            )));
+        }
         if !is_valid_sandbox_id(id) {
             return Err(ControlError::invalid(format!(
                 "invalid sandbox id {id:?}: expected 20 characters of [a-z0-9]"

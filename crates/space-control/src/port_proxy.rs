@@ -4,7 +4,8 @@
 //! both ways once the sandbox answers 101.
 //!
 //! Errors: a bad token is 404 (whatever is wrong with it); a sandbox that is gone is 404; one
-//! that does not listen (or is not running) is 502 `unavailable`.
+//! that does not listen (or is not running) is 502 `unavailable`; a port the node itself
+//! serves inside the sandbox's network (DNS, the egress proxy) is 400, whoever asks.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -131,6 +132,12 @@ pub(crate) async fn forward(
     prefix: Option<&str>,
 ) -> Response {
     let id = id.to_owned();
+    if let Some(what) = space_node_api::net::node_port(port) {
+        return ControlError::invalid(format!(
+            "port {port} in a sandbox's network is {what}, not a sandbox port"
+        ))
+        .into_response();
+    }
     let Ok(upstream_uri) = path.parse::<Uri>() else {
         return ControlError::invalid("invalid request path").into_response();
     };
@@ -147,6 +154,7 @@ pub(crate) async fn forward(
     let stream = match s.engine.node.connect_port(&id, port).await {
         Ok(st) => st,
         Err(NodeError::NotFound { .. }) => return bad_token(),
+        Err(NodeError::InvalidArgument(m)) => return ControlError::invalid(m).into_response(),
         Err(e) => {
             tracing::debug!(sandbox = %id, port, error = %e, "port connect failed");
             return unavailable(format!("nothing answers on port {port} in sandbox {id}"));

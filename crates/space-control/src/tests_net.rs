@@ -417,6 +417,18 @@ async fn port_urls_check_their_input() {
             .await
             .error(400, "invalid_argument");
     }
+    // The node's own listeners in the sandbox's network are nobody's port URL.
+    for (port, what) in [(53, "DNS resolver"), (15001, "egress proxy")] {
+        let msg = h
+            .call(Method::POST, &uri, format!(r#"{{"port":{port}}}"#))
+            .await
+            .error(400, "invalid_argument");
+        assert!(msg.contains(what), "{msg}");
+        let token = h.state.engine.ports.token(&sb.id, port);
+        h.call(Method::GET, &format!("/p/{token}/"), "")
+            .await
+            .error(400, "invalid_argument");
+    }
     h.call(
         Method::POST,
         "/v1/sandboxes/zzzzzzzzzzzzzzzzzzzz/ports",

@@ -7,6 +7,23 @@ use std::net::Ipv4Addr;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+/// Where the node's DNS resolver listens on the loopback of every sandbox's network slot.
+pub const SLOT_DNS_PORT: u16 = 53;
+/// Where the node's egress proxy listens on the loopback of every sandbox's network slot.
+pub const SLOT_PROXY_PORT: u16 = 15001;
+
+/// What the node serves on `port` of a sandbox's loopback, if anything: such a port is never a
+/// sandbox's own, so no port URL leads to it (a namespace sandbox shares its slot's loopback,
+/// and the egress proxy there would otherwise carry a stranger's requests out with the
+/// sandbox's secrets). Refused on both runtimes alike (decision 0047).
+pub fn node_port(port: u16) -> Option<&'static str> {
+    match port {
+        SLOT_DNS_PORT => Some("the node's DNS resolver"),
+        SLOT_PROXY_PORT => Some("the node's egress proxy"),
+        _ => None,
+    }
+}
+
 /// What a sandbox may reach.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -9,6 +9,8 @@ use crate::net::{Egress, NetworkSpec};
 
 /// At most this many allow rules per sandbox.
 pub const MAX_RULES: usize = 256;
+/// At most this many ports or port ranges in one rule.
+pub const MAX_PORT_RANGES: usize = 16;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
@@ -22,7 +24,120 @@ pub enum PolicyError {
     RulesWithNone(usize),
 }
 
-/// One validated allow rule.
+/// A set of TCP/UDP ports: sorted, disjoint, non-adjacent inclusive ranges.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Ports(Vec<(u16, u16)>);
+
+impl Ports {
+    /// What a rule without ports admits: HTTP and HTTPS (issue 15; decision 0047).
+    pub fn web() -> Ports {
+        Ports(vec![(80, 80), (443, 443)])
+    }
+
+    /// Every port (`:*`).
+    pub fn all() -> Ports {
+        Ports(vec![(1, 65535)])
+    }
+
+    /// The union of `ranges` (each `lo <= hi`; others are ignored).
+    pub fn new(ranges: impl IntoIterator<Item = (u16, u16)>) -> Ports {
+        let mut v: Vec<(u16, u16)> = ranges.into_iter().filter(|(lo, hi)| lo <= hi).collect();
+        v.sort_unstable();
+        let mut out: Vec<(u16, u16)> = Vec::with_capacity(v.len());
+        for (lo, hi) in v {
+            match out.last_mut() {
+                Some(last) if u32::from(lo) <= u32::from(last.1) + 1 => last.1 = last.1.max(hi),
+                _ => out.push((lo, hi)),
+            }
+        }
+        Ports(out)
+    }
+
+    pub fn ranges(&self) -> &[(u16, u16)] {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn contains(&self, port: u16) -> bool {
+        self.0.iter().any(|&(lo, hi)| lo <= port && port <= hi)
+    }
+
+    /// Whether every port of `other` is in `self`.
+    pub fn covers(&self, other: &Ports) -> bool {
+        other
+            .0
+            .iter()
+            .all(|&(lo, hi)| self.0.iter().any(|&(a, b)| a <= lo && hi <= b))
+    }
+
+    pub fn union(&self, other: &Ports) -> Ports {
+        Ports::new(self.0.iter().chain(&other.0).copied())
+    }
+
+    /// Parses what follows a rule's `:`: `*`, or ports and ranges separated by commas
+    /// (`443`, `8000-8100`, `22,80,8000-8100`).
+    pub fn parse(s: &str) -> Result<Ports, String> {
+        if s == "*" {
+            return Ok(Ports::all());
+        }
+        if s.is_empty() {
+            return Err("no port after ':' (name one, a range like 8000-8100, or *)".into());
+        }
+        let items: Vec<&str> = s.split(',').collect();
+        if items.len() > MAX_PORT_RANGES {
+            return Err(format!(
+                "{} ports or ranges; at most {MAX_PORT_RANGES} per rule",
+                items.len()
+            ));
+        }
+        let port = |p: &str| match p.trim().parse::<u16>() {
+            Ok(0) | Err(_) => Err(format!("{p:?} is not a port (1 to 65535)")),
+            Ok(n) => Ok(n),
+        };
+        let mut ranges = Vec::with_capacity(items.len());
+        for item in items {
+            let (lo, hi) = match item.split_once('-') {
+                Some((lo, hi)) => (port(lo)?, port(hi)?),
+                None => {
+                    let p = port(item)?;
+                    (p, p)
+                }
+            };
+            if lo > hi {
+                return Err(format!("port range {item:?} ends before it starts"));
+            }
+            ranges.push((lo, hi));
+        }
+        Ok(Ports::new(ranges))
+    }
+}
+
+impl std::fmt::Display for Ports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, &(lo, hi)) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "" } else { "," };
+            if lo == hi {
+                write!(f, "{sep}{lo}")?;
+            } else {
+                write!(f, "{sep}{lo}-{hi}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One validated allow rule: what it admits, on which ports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowRule {
+    pub target: Rule,
+    /// [`Ports::web`] when the rule names none.
+    pub ports: Ports,
+}
+
+/// What an allow rule or a secret's host pattern names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rule {
     Cidr(Ipv4Net),
@@ -86,13 +201,34 @@ fn parse_domain_pattern(s: &str) -> Result<Rule, String> {
 }
 
 /// Parses one allow rule: a CIDR (`203.0.113.0/24`), an IPv4 address (`/32`), an exact domain
-/// or a wildcard domain.
-pub fn parse_rule(s: &str) -> Result<Rule, PolicyError> {
+/// or a wildcard domain, then optionally `:` and its ports (`api.example.com:8443`,
+/// `10.0.0.0/8:5432,6379`, `db.example.com:5000-5100`, `203.0.113.7:*`). Without ports a rule
+/// admits 80 and 443.
+pub fn parse_rule(s: &str) -> Result<AllowRule, PolicyError> {
     let err = |reason: String| PolicyError::Rule {
         rule: s.to_owned(),
         reason,
     };
     let t = s.trim();
+    // One ':' separates the ports; more than one is an IPv6 address, refused below.
+    let (t, ports) = match t.rsplit_once(':') {
+        Some((target, ports)) if !target.contains(':') => {
+            (target, Ports::parse(ports.trim()).map_err(err)?)
+        }
+        _ => (t, Ports::web()),
+    };
+    Ok(AllowRule {
+        target: parse_target(s, t.trim())?,
+        ports,
+    })
+}
+
+/// The part of allow rule `s` before its ports, `t`.
+fn parse_target(s: &str, t: &str) -> Result<Rule, PolicyError> {
+    let err = |reason: String| PolicyError::Rule {
+        rule: s.to_owned(),
+        reason,
+    };
     if t.is_empty() {
         return Err(err("empty rule".into()));
     }
@@ -189,6 +325,18 @@ pub const ALWAYS_DENIED: [(u32, u8); 6] = [
     net(255, 255, 255, 255, 32),
 ];
 
+/// Cloud metadata services outside 169.254.0.0/16 (which [`ALWAYS_DENIED`] holds: AWS, GCP,
+/// Azure's IMDS, OpenStack, DigitalOcean, ECS task metadata): Alibaba Cloud's, Azure's
+/// WireServer, Oracle Cloud Classic's. Never reachable, whatever the rules say; unlike
+/// [`ALWAYS_DENIED`], a rule may contain them (`100.64.0.0/10`) and simply never reaches
+/// them. Their IPv6 counterparts (`fd00:ec2::254`, ...) are out of reach with all of IPv6:
+/// slots have none.
+pub const METADATA: [(u32, u8); 3] = [
+    net(100, 100, 100, 200, 32),
+    net(168, 63, 129, 16, 32),
+    net(192, 0, 0, 192, 32),
+];
+
 /// Not reachable in `open` mode unless an allow rule names them: private and shared ranges
 /// (a node's LAN, cloud VPC services).
 pub const DEFAULT_DENIED: [(u32, u8); 5] = [
@@ -207,12 +355,25 @@ pub fn always_denied_nets() -> Vec<Ipv4Net> {
     ALWAYS_DENIED.iter().copied().map(to_net).collect()
 }
 
+/// Every address a sandbox never reaches: [`ALWAYS_DENIED`] and [`METADATA`].
+pub fn never_reached_nets() -> Vec<Ipv4Net> {
+    ALWAYS_DENIED
+        .iter()
+        .chain(&METADATA)
+        .copied()
+        .map(to_net)
+        .collect()
+}
+
 pub fn default_denied_nets() -> Vec<Ipv4Net> {
     DEFAULT_DENIED.iter().copied().map(to_net).collect()
 }
 
 pub fn always_denied(ip: Ipv4Addr) -> bool {
-    ALWAYS_DENIED.iter().any(|&n| to_net(n).contains(&ip))
+    ALWAYS_DENIED
+        .iter()
+        .chain(&METADATA)
+        .any(|&n| to_net(n).contains(&ip))
 }
 
 pub fn default_denied(ip: Ipv4Addr) -> bool {
@@ -231,8 +392,8 @@ fn net_overlaps_always_denied(n: &Ipv4Net) -> bool {
 pub struct Policy {
     egress: Egress,
     spec: NetworkSpec,
-    cidrs: Vec<Ipv4Net>,
-    names: Vec<Rule>,
+    cidrs: Vec<(Ipv4Net, Ports)>,
+    names: Vec<(Rule, Ports)>,
     /// Ranges no rule can open: the node's slot subnet (other sandboxes).
     reserved: Vec<Ipv4Net>,
 }
@@ -249,7 +410,8 @@ impl Policy {
         let mut cidrs = Vec::new();
         let mut names = Vec::new();
         for r in &spec.allow {
-            match parse_rule(r)? {
+            let AllowRule { target, ports } = parse_rule(r)?;
+            match target {
                 Rule::Cidr(n) => {
                     if reserved
                         .iter()
@@ -262,9 +424,9 @@ impl Policy {
                                 .into(),
                         });
                     }
-                    cidrs.push(n);
+                    cidrs.push((n, ports));
                 }
-                other => names.push(other),
+                other => names.push((other, ports)),
             }
         }
         Ok(Policy {
@@ -298,14 +460,9 @@ impl Policy {
         &self.spec
     }
 
-    /// The CIDR rules (for the kernel's `allow4` set).
-    pub fn cidrs(&self) -> &[Ipv4Net] {
+    /// The CIDR rules with their ports (for the kernel's `allow4` set).
+    pub fn cidrs(&self) -> &[(Ipv4Net, Ports)] {
         &self.cidrs
-    }
-
-    /// Whether the domain rules cover anything (DNS answers then feed the kernel's `dns4`).
-    pub fn has_domain_rules(&self) -> bool {
-        !self.names.is_empty()
     }
 
     fn reserved(&self, ip: Ipv4Addr) -> bool {
@@ -313,27 +470,56 @@ impl Policy {
     }
 
     fn in_cidrs(&self, ip: Ipv4Addr) -> bool {
-        self.cidrs.iter().any(|n| n.contains(&ip))
+        self.cidrs.iter().any(|(n, _)| n.contains(&ip))
     }
 
-    /// Whether the sandbox may look up and reach `name` (DNS, SNI, Host).
+    /// Whether the sandbox may look up `name` (DNS), on whichever ports its rules name.
     pub fn allows_name(&self, name: &str) -> bool {
         match self.egress {
             Egress::None => false,
-            Egress::Allowlist => self.names.iter().any(|r| r.matches_name(name)),
+            Egress::Allowlist => self.names.iter().any(|(r, _)| r.matches_name(name)),
             Egress::Open => true,
         }
     }
 
-    /// Whether the sandbox may connect to `ip` by address (no name involved).
-    pub fn allows_ip(&self, ip: Ipv4Addr) -> bool {
+    /// The ports the sandbox may reach `name` on: those of every rule naming it.
+    pub fn name_ports(&self, name: &str) -> Ports {
+        match self.egress {
+            Egress::None => Ports::default(),
+            Egress::Allowlist => self
+                .names
+                .iter()
+                .filter(|(r, _)| r.matches_name(name))
+                .fold(Ports::default(), |acc, (_, p)| acc.union(p)),
+            Egress::Open => Ports::all(),
+        }
+    }
+
+    /// Whether the sandbox may reach `name` on `port` (SNI, Host).
+    pub fn allows_name_on(&self, name: &str, port: u16) -> bool {
+        match self.egress {
+            Egress::None => false,
+            Egress::Allowlist => self
+                .names
+                .iter()
+                .any(|(r, p)| p.contains(port) && r.matches_name(name)),
+            Egress::Open => true,
+        }
+    }
+
+    /// Whether the sandbox may connect to `ip` port `port` by address (no name involved).
+    pub fn allows_ip(&self, ip: Ipv4Addr, port: u16) -> bool {
         if self.reserved(ip) {
             return false;
         }
+        let by_rule = self
+            .cidrs
+            .iter()
+            .any(|(n, p)| p.contains(port) && n.contains(&ip));
         match self.egress {
             Egress::None => false,
-            Egress::Allowlist => self.in_cidrs(ip),
-            Egress::Open => !default_denied(ip) || self.in_cidrs(ip),
+            Egress::Allowlist => by_rule,
+            Egress::Open => !default_denied(ip) || by_rule,
         }
     }
 
@@ -347,11 +533,12 @@ impl Policy {
         !default_denied(ip) || self.in_cidrs(ip)
     }
 
-    /// Whether a connection to `ip`, allowed by `name` if any, is allowed: by name and
-    /// resolved address, or by address alone.
-    pub fn allows_connection(&self, name: Option<&str>, ip: Ipv4Addr) -> bool {
-        let by_name = name.is_some_and(|n| self.allows_name(n) && self.allows_resolved_ip(ip));
-        by_name || self.allows_ip(ip)
+    /// Whether a connection to `ip` port `port`, allowed by `name` if any, is allowed: by name
+    /// and resolved address, or by address alone.
+    pub fn allows_connection(&self, name: Option<&str>, ip: Ipv4Addr, port: u16) -> bool {
+        let by_name =
+            name.is_some_and(|n| self.allows_name_on(n, port) && self.allows_resolved_ip(ip));
+        by_name || self.allows_ip(ip, port)
     }
 }
 
@@ -373,19 +560,19 @@ mod tests {
     #[test]
     fn rules_parse_and_bad_ones_are_named() {
         assert_eq!(
-            parse_rule("203.0.113.0/24").unwrap(),
+            parse_rule("203.0.113.0/24").unwrap().target,
             Rule::Cidr("203.0.113.0/24".parse().unwrap())
         );
         assert_eq!(
-            parse_rule("203.0.113.7").unwrap(),
+            parse_rule("203.0.113.7").unwrap().target,
             Rule::Cidr("203.0.113.7/32".parse().unwrap())
         );
         assert_eq!(
-            parse_rule("API.Example.com.").unwrap(),
+            parse_rule("API.Example.com.").unwrap().target,
             Rule::Exact("api.example.com".into())
         );
         assert_eq!(
-            parse_rule("*.example.com").unwrap(),
+            parse_rule("*.example.com").unwrap().target,
             Rule::Wildcard("example.com".into())
         );
         for bad in [
@@ -428,7 +615,7 @@ mod tests {
 
     #[test]
     fn wildcard_matches_only_below() {
-        let r = parse_rule("*.example.com").unwrap();
+        let r = parse_rule("*.example.com").unwrap().target;
         assert!(r.matches_name("a.example.com"));
         assert!(r.matches_name("a.b.example.com."));
         assert!(!r.matches_name("example.com"));
@@ -441,8 +628,8 @@ mod tests {
         let subnet: Ipv4Net = "10.213.0.0/16".parse().unwrap();
         let none = Policy::new(&spec(Egress::None, &[]), &[subnet]).unwrap();
         assert!(!none.allows_name("example.com"));
-        assert!(!none.allows_ip(ip("203.0.113.10")));
-        assert!(!none.allows_connection(Some("example.com"), ip("203.0.113.10")));
+        assert!(!none.allows_ip(ip("203.0.113.10"), 443));
+        assert!(!none.allows_connection(Some("example.com"), ip("203.0.113.10"), 443));
 
         let allow = Policy::new(
             &spec(
@@ -460,17 +647,20 @@ mod tests {
         assert!(allow.allows_name("api.example.test"));
         assert!(allow.allows_name("x.svc.test"));
         assert!(!allow.allows_name("other.example.test"));
-        assert!(allow.allows_ip(ip("203.0.113.11")));
-        assert!(!allow.allows_ip(ip("203.0.113.10")));
-        assert!(allow.allows_ip(ip("10.9.1.1")), "explicit private CIDR");
-        assert!(allow.allows_connection(Some("api.example.test"), ip("203.0.113.10")));
-        assert!(!allow.allows_connection(Some("api.example.test"), ip("192.168.1.1")));
-        assert!(!allow.allows_connection(Some("api.example.test"), ip("169.254.169.254")));
-        assert!(!allow.allows_connection(Some("other.example.test"), ip("203.0.113.10")));
+        assert!(allow.allows_ip(ip("203.0.113.11"), 443));
+        assert!(!allow.allows_ip(ip("203.0.113.10"), 443));
+        assert!(
+            allow.allows_ip(ip("10.9.1.1"), 443),
+            "explicit private CIDR"
+        );
+        assert!(allow.allows_connection(Some("api.example.test"), ip("203.0.113.10"), 443));
+        assert!(!allow.allows_connection(Some("api.example.test"), ip("192.168.1.1"), 443));
+        assert!(!allow.allows_connection(Some("api.example.test"), ip("169.254.169.254"), 443));
+        assert!(!allow.allows_connection(Some("other.example.test"), ip("203.0.113.10"), 443));
 
         let open = Policy::new(&spec(Egress::Open, &[]), &[subnet]).unwrap();
         assert!(open.allows_name("anything.example"));
-        assert!(open.allows_ip(ip("203.0.113.10")));
+        assert!(open.allows_ip(ip("203.0.113.10"), 443));
         for denied in [
             "10.0.0.1",
             "192.168.1.1",
@@ -478,13 +668,104 @@ mod tests {
             "100.64.0.1",
             "127.0.0.1",
         ] {
-            assert!(!open.allows_ip(ip(denied)), "{denied}");
+            assert!(!open.allows_ip(ip(denied), 443), "{denied}");
         }
-        assert!(!open.allows_ip(ip("169.254.169.254")));
-        assert!(!open.allows_ip(ip("10.213.0.6")), "other sandboxes");
+        assert!(!open.allows_ip(ip("169.254.169.254"), 443));
+        // Metadata outside link-local: never, even through a rule that contains it.
+        let cgnat = Policy::new(
+            &spec(
+                Egress::Allowlist,
+                &["100.64.0.0/10:*", "168.63.0.0/16:*", "192.0.0.0/24:*"],
+            ),
+            &[subnet],
+        )
+        .unwrap();
+        assert!(cgnat.allows_ip(ip("100.64.0.1"), 80));
+        for meta in ["100.100.100.200", "168.63.129.16", "192.0.0.192"] {
+            assert!(!cgnat.allows_ip(ip(meta), 80), "{meta}");
+            assert!(!cgnat.allows_resolved_ip(ip(meta)), "{meta}");
+            assert!(!open.allows_ip(ip(meta), 80), "{meta}");
+        }
+        assert!(!open.allows_ip(ip("10.213.0.6"), 443), "other sandboxes");
         let open_lan = Policy::new(&spec(Egress::Open, &["192.168.5.0/24"]), &[subnet]).unwrap();
-        assert!(open_lan.allows_ip(ip("192.168.5.9")));
-        assert!(!open_lan.allows_ip(ip("192.168.6.9")));
+        assert!(open_lan.allows_ip(ip("192.168.5.9"), 443));
+        assert!(!open_lan.allows_ip(ip("192.168.6.9"), 443));
+    }
+
+    #[test]
+    fn rules_name_their_ports_and_default_to_80_and_443() {
+        let rule = |s: &str| parse_rule(s).unwrap();
+        assert_eq!(rule("api.example.com").ports, Ports::web());
+        assert_eq!(rule("203.0.113.0/24").ports.to_string(), "80,443");
+        let r = rule("10.0.0.0/8:5432");
+        assert_eq!(r.target, Rule::Cidr("10.0.0.0/8".parse().unwrap()));
+        assert_eq!(r.ports.to_string(), "5432");
+        assert_eq!(
+            rule("*.example.com:8000-8100,22").ports.to_string(),
+            "22,8000-8100"
+        );
+        assert_eq!(rule("203.0.113.7:*").ports, Ports::all());
+        // Overlapping and adjacent ranges merge.
+        assert_eq!(
+            rule("a.example.com:80,81-90,85-100,443").ports.to_string(),
+            "80-100,443"
+        );
+        for bad in [
+            "a.example.com:",
+            "a.example.com:0",
+            "a.example.com:65536",
+            "a.example.com:http",
+            "a.example.com:90-80",
+            "a.example.com:1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17",
+            "10.0.0.0/8:22:33",
+            "[::1]:80",
+            ":443",
+        ] {
+            let e = parse_rule(bad).unwrap_err();
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
+        }
+        let p = Ports::new([(80, 80), (443, 443)]);
+        assert!(p.contains(80) && p.contains(443) && !p.contains(81));
+        assert!(Ports::all().covers(&p) && !p.covers(&Ports::all()) && p.covers(&p));
+        assert_eq!(p.union(&Ports::new([(81, 442)])).to_string(), "80-443");
+    }
+
+    #[test]
+    fn an_allowlist_admits_only_the_ports_its_rules_name() {
+        let subnet: Ipv4Net = "10.213.0.0/16".parse().unwrap();
+        let allow = Policy::new(
+            &spec(
+                Egress::Allowlist,
+                &[
+                    "api.example.test",
+                    "db.example.test:5432",
+                    "db.example.test:6379",
+                    "203.0.113.11/32:7000-7010",
+                    "198.51.100.0/24",
+                ],
+            ),
+            &[subnet],
+        )
+        .unwrap();
+        let web = ip("203.0.113.10");
+        assert!(allow.allows_connection(Some("api.example.test"), web, 443));
+        assert!(allow.allows_connection(Some("api.example.test"), web, 80));
+        assert!(!allow.allows_connection(Some("api.example.test"), web, 22));
+        assert!(!allow.allows_connection(Some("db.example.test"), web, 443));
+        assert!(allow.allows_connection(Some("db.example.test"), web, 6379));
+        assert_eq!(allow.name_ports("db.example.test").to_string(), "5432,6379");
+        assert!(allow.name_ports("nope.example.test").is_empty());
+        assert!(allow.allows_ip(ip("203.0.113.11"), 7005));
+        assert!(!allow.allows_ip(ip("203.0.113.11"), 443));
+        assert!(allow.allows_ip(ip("198.51.100.20"), 443));
+        assert!(!allow.allows_ip(ip("198.51.100.20"), 7000));
+        // Open egress keeps every port of the internet; a rule re-opening a private range
+        // opens it on its ports only.
+        let open = Policy::new(&spec(Egress::Open, &["192.168.5.0/24:22"]), &[subnet]).unwrap();
+        assert!(open.allows_ip(ip("203.0.113.10"), 7000));
+        assert!(open.allows_ip(ip("192.168.5.9"), 22));
+        assert!(!open.allows_ip(ip("192.168.5.9"), 80));
+        assert_eq!(open.name_ports("x.example"), Ports::all());
     }
 
     #[test]

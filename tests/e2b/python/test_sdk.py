@@ -183,12 +183,13 @@ class Lifecycle(unittest.TestCase):
             self.assertEqual(native(sbx)["network"]["egress"], "none")
             sbx.update_network({"allow_out": ["10.1.0.0/16"], "deny_out": ["0.0.0.0/0"]})
             net = native(sbx)["network"]
-            self.assertEqual((net["egress"], net["allow"]), ("allowlist", ["10.1.0.0/16"]))
+            # E2B admits addresses on every port: space writes that as ":*".
+            self.assertEqual((net["egress"], net["allow"]), ("allowlist", ["10.1.0.0/16:*"]))
             # space has no deny rules: a particular denyOut is refused, and nothing changes.
             with self.assertRaises(SandboxException) as cm:
                 sbx.update_network({"deny_out": ["1.2.3.4"]})
             self.assertIn("cannot deny particular destinations", str(cm.exception))
-            self.assertEqual(native(sbx)["network"]["allow"], ["10.1.0.0/16"])
+            self.assertEqual(native(sbx)["network"]["allow"], ["10.1.0.0/16:*"])
         finally:
             sbx.kill()
         off = Sandbox.create(allow_internet_access=False)

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use space_tests::netlab::{
-    DNS_IP, ECHO_PORT, FAR_IP, META_IP, NODE_IP, NetLab, PRIVATE_IPS, RAW_IP, WEB_IP,
+    DNS_IP, ECHO_PORT, FAR_IP, META_IP, METADATA_IPS, METADATA_IPS6, NODE_IP, NetLab, PRIVATE_IPS,
+    RAW_IP, WEB_IP,
 };
 use space_tests::{NodeNet, Spaced, eventually, on_each_runtime, probe_binary, random_hex};
 
@@ -353,14 +354,33 @@ fn allowlist_admits_exactly_allowed_names_and_cidrs(rt) {
     let paths: Vec<String> = lab.http_hits().iter().map(|h| h.path.clone()).collect();
     assert_eq!(paths, vec!["/a", "/b"], "only allowed requests arrive");
 
-    // CIDRs: 203.0.113.11/32 yes, 198.51.100.20 no.
-    assert_ok(
-        &net(&s, &id, &["connect", &addr(RAW_IP, ECHO_PORT)]),
-        "raw .11",
+    // CIDRs: 203.0.113.11/32 yes, on 80 and 443 only (a rule without ports); 198.51.100.20
+    // no. Each of these listens.
+    let raw = RAW_IP.to_string();
+    let r = net(&s, &id, &["http", &format!("http://{raw}/raw"), "--ip", &raw]);
+    assert_eq!(r["status"], 200, "{r}");
+    assert_blocked(
+        &net(&s, &id, &["connect", &addr(RAW_IP, ECHO_PORT), "--no-echo"]),
+        "raw .11 on a port no rule names",
     );
     assert_blocked(&net(&s, &id, &["connect", &addr(FAR_IP, ECHO_PORT)]), "far");
+    // A rule that names the port opens it, and only it.
+    s.space_ok(&[
+        "net",
+        &id,
+        "--egress",
+        "allowlist",
+        "--allow",
+        "203.0.113.11/32:7000",
+    ]);
+    assert_ok(
+        &net(&s, &id, &["connect", &addr(RAW_IP, ECHO_PORT)]),
+        "raw .11:7000",
+    );
+    let r = net(&s, &id, &["http", &format!("http://{raw}/raw2"), "--ip", &raw]);
+    assert_http_refused(&r, "raw .11:80 once the rule names 7000 only");
 
-    // Wildcards, and addresses learnt through DNS are reachable on any port.
+    // Wildcards; addresses learnt through DNS are reachable on the name's ports.
     s.space_ok(&[
         "net",
         &id,
@@ -368,6 +388,20 @@ fn allowlist_admits_exactly_allowed_names_and_cidrs(rt) {
         "allowlist",
         "--allow",
         "*.example.test",
+    ]);
+    let r = net(&s, &id, &["dns", "far.example.test"]);
+    assert_eq!(r["addrs"], json!([FAR_IP.to_string()]), "{r}");
+    assert_blocked(
+        &net(&s, &id, &["connect", &addr(FAR_IP, ECHO_PORT), "--no-echo"]),
+        "far after DNS, on a port the rule does not name",
+    );
+    s.space_ok(&[
+        "net",
+        &id,
+        "--egress",
+        "allowlist",
+        "--allow",
+        "*.example.test:7000",
     ]);
     let r = net(&s, &id, &["dns", "far.example.test"]);
     assert_eq!(r["addrs"], json!([FAR_IP.to_string()]), "{r}");
@@ -433,6 +467,9 @@ fn open_reaches_the_internet_but_not_the_node_or_neighbours(rt) {
     for ip in PRIVATE_IPS {
         targets.push((ip, ECHO_PORT, "a private range"));
     }
+    for ip in METADATA_IPS {
+        targets.push((ip, ECHO_PORT, "a cloud metadata address"));
+    }
     // Each of these listens; a TCP handshake alone would be a breach (--no-echo).
     for (ip, p, what) in &targets {
         let r = net(&s, &a, &["connect", &addr(*ip, *p), "--no-echo"]);
@@ -443,18 +480,32 @@ fn open_reaches_the_internet_but_not_the_node_or_neighbours(rt) {
         &net(&s, &b, &["connect", "127.0.0.1:7000", "--no-echo"]),
         "the neighbour's server is up",
     );
-    let r = net(
-        &s,
-        &a,
-        &["http", "http://169.254.169.254/latest/meta-data/"],
-    );
-    assert_http_refused(&r, "metadata over HTTP");
+    for ip in [META_IP].into_iter().chain(METADATA_IPS) {
+        let r = net(
+            &s,
+            &a,
+            &["http", &format!("http://{ip}/latest/meta-data/")],
+        );
+        assert_http_refused(&r, &format!("metadata over HTTP ({ip})"));
+    }
+    // IPv6: the metadata addresses, and IPv4 metadata written as IPv4-mapped IPv6.
+    let mut v6 = METADATA_IPS6
+        .iter()
+        .map(|ip| format!("[{ip}]:{ECHO_PORT}"))
+        .collect::<Vec<_>>();
+    v6.push(format!("[::ffff:{META_IP}]:{ECHO_PORT}"));
+    v6.push(format!("[::ffff:{}]:{ECHO_PORT}", METADATA_IPS[0]));
+    for target in &v6 {
+        let r = net(&s, &a, &["connect", target, "--no-echo"]);
+        assert_blocked(&r, &format!("IPv6 metadata ({target})"));
+    }
     let hits = lab.tcp_hits();
-    assert!(
-        hits.iter()
-            .all(|h| h.local.ip() != META_IP && !PRIVATE_IPS.iter().any(|p| h.local.ip() == *p)),
-        "{hits:?}"
-    );
+    let reserved = |ip: std::net::IpAddr| {
+        ip == META_IP
+            || PRIVATE_IPS.iter().chain(&METADATA_IPS).any(|p| ip == *p)
+            || METADATA_IPS6.iter().any(|p| ip == *p)
+    };
+    assert!(hits.iter().all(|h| !reserved(h.local.ip())), "{hits:?}");
     assert!(
         lab.http_hits()
             .iter()
@@ -463,8 +514,38 @@ fn open_reaches_the_internet_but_not_the_node_or_neighbours(rt) {
         lab.http_hits()
     );
     // The same targets answer from the node's namespace: blocked by policy, not by routing.
-    for (ip, what) in [(META_IP, "metadata"), (PRIVATE_IPS[0], "private")] {
+    for (ip, what) in [(META_IP, "metadata"), (PRIVATE_IPS[0], "private")]
+        .into_iter()
+        .chain(METADATA_IPS.map(|ip| (ip, "metadata")))
+    {
         assert_ok(&net_in_ns(node, &["connect", &addr(ip, ECHO_PORT)]), what);
+    }
+    for ip in METADATA_IPS6 {
+        let target = format!("[{ip}]:{ECHO_PORT}");
+        assert_ok(&net_in_ns(node, &["connect", &target]), "IPv6 metadata");
+    }
+    // A rule that contains a metadata address opens its range, never the address.
+    s.space_ok(&[
+        "net",
+        &a,
+        "--egress",
+        "allowlist",
+        "--allow",
+        "100.64.0.0/10:*",
+        "--allow",
+        "168.63.0.0/16:*",
+        "--allow",
+        "192.0.0.0/24:*",
+    ]);
+    assert_ok(
+        &net(&s, &a, &["connect", &addr(PRIVATE_IPS[3], ECHO_PORT)]),
+        "100.64.0.1 by its rule",
+    );
+    for ip in METADATA_IPS {
+        let r = net(&s, &a, &["connect", &addr(ip, ECHO_PORT), "--no-echo"]);
+        assert_blocked(&r, &format!("{ip} inside an allowed range"));
+        let r = net(&s, &a, &["http", &format!("http://{ip}/latest/meta-data/")]);
+        assert_http_refused(&r, &format!("{ip} over HTTP inside an allowed range"));
     }
     assert_ok(
         &net_in_ns(node, &["connect", &addr(NODE_IP, port)]),
@@ -643,7 +724,7 @@ fn policy_changes_apply_at_once_and_cut_held_connections(rt) {
         "--egress",
         "allowlist",
         "--allow",
-        "203.0.113.11/32",
+        "203.0.113.11/32:7000",
     ]);
     assert_ok(
         &net(&s, &id, &["connect", &addr(RAW_IP, ECHO_PORT)]),
@@ -673,7 +754,7 @@ fn policy_changes_apply_at_once_and_cut_held_connections(rt) {
         "--egress",
         "allowlist",
         "--allow",
-        "203.0.113.11/32",
+        "203.0.113.11/32:7000",
         "--allow",
         "api.example.test",
     ]);
@@ -683,7 +764,7 @@ fn policy_changes_apply_at_once_and_cut_held_connections(rt) {
     let n = sandbox_network(&s, &id);
     assert_eq!(
         n["allow"],
-        json!(["203.0.113.11/32", "api.example.test"]),
+        json!(["203.0.113.11/32:7000", "api.example.test"]),
         "{n}"
     );
 }
@@ -1033,6 +1114,14 @@ fn inbound_port_serves_a_server_inside_the_sandbox(rt) {
         c.read_exact(&mut back).is_ok() && back == frame
     });
     assert!(upgraded, "no upgraded, echoing connection through {ws}");
+
+    // The node's DNS resolver and egress proxy share a namespace sandbox's loopback: no port
+    // URL leads to them (the proxy would carry a stranger's requests out as the sandbox).
+    for (port, what) in [("53", "DNS resolver"), ("15001", "egress proxy")] {
+        let out = s.space(&["port", &id, port]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(what), "port {port}: {err}");
+    }
 
     // A port nobody listens on: 502.
     let url2 = s.space_ok(&["port", &id, "9999"]).trim().to_string();

@@ -260,6 +260,22 @@ pub(crate) struct E2bNetwork {
     rules: Option<serde_json::Value>,
 }
 
+/// An `allowOut` entry as a space rule. E2B filters domains on HTTP (80) and TLS (443) only
+/// and admits addresses and CIDRs on every port, so an address or CIDR without ports gets
+/// `:*`; space's own rules default to 80 and 443 (decision 0047).
+fn e2b_rule(rule: &str) -> String {
+    let r = rule.trim();
+    let address = !r.is_empty()
+        && !r.contains(':')
+        && r.bytes()
+            .all(|b| b.is_ascii_digit() || b == b'.' || b == b'/');
+    if address {
+        format!("{r}:*")
+    } else {
+        r.to_owned()
+    }
+}
+
 /// Whether a `denyOut` entry denies every destination.
 fn denies_all(rule: &str) -> bool {
     matches!(rule.trim(), "0.0.0.0/0" | "::/0" | "*")
@@ -312,7 +328,7 @@ pub(crate) fn network_policy(
         return Ok(None);
     };
     let allow = if egress == Egress::Allowlist {
-        allow
+        allow.iter().map(|r| e2b_rule(r)).collect()
     } else {
         Vec::new()
     };
@@ -1051,7 +1067,7 @@ mod tests {
             ),
             Some((
                 Some(Egress::Allowlist),
-                vec!["api.example.com".to_string(), "10.0.0.0/8".to_string()]
+                vec!["api.example.com".to_string(), "10.0.0.0/8:*".to_string()]
             ))
         );
         assert_eq!(

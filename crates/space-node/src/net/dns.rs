@@ -630,7 +630,7 @@ pub(crate) mod tests {
         let scripts = rec.taken();
         assert_eq!(scripts.len(), 1);
         assert!(
-            scripts[0].contains("93.184.216.34 timeout 60s"),
+            scripts[0].contains("93.184.216.34 . 443 timeout 60s"),
             "{}",
             scripts[0]
         );

@@ -74,8 +74,9 @@ pub struct SandboxNet {
 struct Conn {
     /// The name it was allowed by (SNI or Host), if any.
     name: Option<String>,
-    /// The address the node connected to.
+    /// The address the node connected to, and its port.
     ip: Ipv4Addr,
+    port: u16,
     cancel: tokio_util::sync::CancellationToken,
 }
 
@@ -142,8 +143,9 @@ impl SandboxNet {
         *self.secrets.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(secrets);
     }
 
-    /// Registers a proxied connection to `ip`, allowed by `name` (SNI/Host) if any.
-    pub fn register(self: &Arc<Self>, name: Option<&str>, ip: Ipv4Addr) -> ConnGuard {
+    /// Registers a proxied connection to `ip` port `port`, allowed by `name` (SNI/Host) if
+    /// any.
+    pub fn register(self: &Arc<Self>, name: Option<&str>, ip: Ipv4Addr, port: u16) -> ConnGuard {
         let key = self
             .next_conn
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -153,12 +155,13 @@ impl SandboxNet {
             Conn {
                 name: name.map(str::to_owned),
                 ip,
+                port,
                 cancel: cancel.clone(),
             },
         );
         // A policy swap between the proxy's decision and this registration must not let the
         // connection through: check again under the new policy.
-        if !self.policy().allows_connection(name, ip) {
+        if !self.policy().allows_connection(name, ip, port) {
             cancel.cancel();
         }
         ConnGuard {
@@ -176,7 +179,9 @@ impl SandboxNet {
         let conns = self.conns.lock().unwrap_or_else(|e| e.into_inner());
         let mut cut = 0;
         for c in conns.values() {
-            if !c.cancel.is_cancelled() && !policy.allows_connection(c.name.as_deref(), c.ip) {
+            if !c.cancel.is_cancelled()
+                && !policy.allows_connection(c.name.as_deref(), c.ip, c.port)
+            {
                 c.cancel.cancel();
                 cut += 1;
             }
@@ -216,19 +221,21 @@ mod tests {
             Policy::new(&spec(Egress::Open, &[]), &[subnet]).unwrap(),
             vec![],
         );
-        let a = net.register(Some("api.example.test"), ip("203.0.113.10"));
-        let b = net.register(None, ip("203.0.113.11"));
+        let a = net.register(Some("api.example.test"), ip("203.0.113.10"), 443);
+        let b = net.register(None, ip("203.0.113.11"), 443);
+        let a22 = net.register(Some("api.example.test"), ip("203.0.113.10"), 22);
         assert!(!a.cancel.is_cancelled() && !b.cancel.is_cancelled());
         let cut = net.set_policy(
             Policy::new(&spec(Egress::Allowlist, &["api.example.test"]), &[subnet]).unwrap(),
         );
-        assert_eq!(cut, 1);
+        assert_eq!(cut, 2);
         assert!(!a.cancel.is_cancelled());
         assert!(b.cancel.is_cancelled());
-        drop(b);
+        assert!(a22.cancel.is_cancelled(), "the rule names 80 and 443 only");
+        drop((b, a22));
         assert_eq!(net.connections(), 1);
         // Registering under a policy that forbids it is cancelled at once.
-        let c = net.register(None, ip("198.51.100.20"));
+        let c = net.register(None, ip("198.51.100.20"), 443);
         assert!(c.cancel.is_cancelled());
     }
 }

@@ -929,19 +929,30 @@ mod tests {
                 let got = http_get(ns.clone()).await;
                 assert!(!got.contains("world"), "the proxy must refuse: {got}");
 
-                // Allowlist by CIDR.
+                // Allowlist by CIDR: on 80 and 443 unless the rule names its ports.
                 net.update("a", &spec(Egress::Allowlist, &["203.0.113.0/24"]))
                     .await
                     .unwrap();
-                reach_async(ns.clone(), to).await.unwrap();
                 assert!(http_get(ns.clone()).await.ends_with("world"));
-                net.update("a", &spec(Egress::Allowlist, &["198.51.100.0/24"]))
+                assert!(
+                    reach_async(ns.clone(), to).await.is_err(),
+                    "8080 is not named"
+                );
+                net.update("a", &spec(Egress::Allowlist, &["203.0.113.0/24:8080"]))
+                    .await
+                    .unwrap();
+                reach_async(ns.clone(), to).await.unwrap();
+                assert!(
+                    !http_get(ns.clone()).await.ends_with("world"),
+                    "80 is not named"
+                );
+                net.update("a", &spec(Egress::Allowlist, &["198.51.100.0/24:*"]))
                     .await
                     .unwrap();
                 assert!(reach_async(ns.clone(), to).await.is_err());
 
                 // Allowlist by name: refused names, and the answer opens the way.
-                net.update("a", &spec(Egress::Allowlist, &["api.example.com"]))
+                net.update("a", &spec(Egress::Allowlist, &["api.example.com:8080"]))
                     .await
                     .unwrap();
                 assert!(reach_async(ns.clone(), to).await.is_err());
@@ -964,7 +975,7 @@ mod tests {
                 assert_eq!(m.answers.len(), 1, "{m:?}");
                 reach_async(ns.clone(), to).await.unwrap();
                 // Dropping the name takes its address away.
-                net.update("a", &spec(Egress::Allowlist, &["b.example.com"]))
+                net.update("a", &spec(Egress::Allowlist, &["b.example.com:8080"]))
                     .await
                     .unwrap();
                 assert!(reach_async(ns.clone(), to).await.is_err());
@@ -1080,7 +1091,7 @@ mod tests {
                 net.adopt(
                     "keep",
                     &keep,
-                    &spec(Egress::Allowlist, &["203.0.113.2"]),
+                    &spec(Egress::Allowlist, &["203.0.113.2:8080"]),
                     &[],
                 )
                 .await

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::Ipv4Net;
 
-use super::policy::{self, Policy};
+use super::policy::{self, Policy, Ports};
 use super::{Egress, NetworkSpec};
 
 /// Shortest life of a `dns4` element (a TTL of 0 must still let the connection start).
@@ -152,18 +152,82 @@ pub fn remove_root_table() -> &'static str {
 /// and always-denied ranges and the node's slot subnet (fixed at slot creation).
 pub fn deny_ranges(subnet: Ipv4Net) -> Vec<Ipv4Net> {
     let mut nets = policy::default_denied_nets();
-    nets.extend(policy::always_denied_nets());
+    nets.extend(policy::never_reached_nets());
     nets.push(subnet);
     Ipv4Net::aggregate(&nets)
+}
+
+/// What a slot rejects before any set is looked at: every address no rule reaches (link-local
+/// and cloud metadata, multicast, reserved), but loopback, which the redirects to the node's
+/// DNS and proxy use.
+fn never_reached() -> String {
+    let loopback: Ipv4Net = "127.0.0.0/8".parse().expect("valid");
+    let nets: Vec<Ipv4Net> = policy::never_reached_nets()
+        .into_iter()
+        .filter(|n| *n != loopback)
+        .collect();
+    elements(Ipv4Net::aggregate(&nets))
+}
+
+/// An inclusive port range as nft writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PortRange(pub u16, pub u16);
+
+impl std::fmt::Display for PortRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0 == self.1 {
+            write!(f, "{}", self.0)
+        } else {
+            write!(f, "{}-{}", self.0, self.1)
+        }
+    }
+}
+
+/// The `allow4` elements (`net . ports`) for CIDR rules with their ports: disjoint, as an
+/// interval set of concatenations must be (nft refuses an element overlapping another). Ports
+/// are cut where any rule's range starts or ends; each piece gets the aggregate of the
+/// networks whose rules cover it, and neighbouring pieces with the same networks are joined.
+pub fn allow4_elements(rules: &[(Ipv4Net, Ports)]) -> Vec<(Ipv4Net, PortRange)> {
+    let mut cuts: Vec<u32> = rules
+        .iter()
+        .flat_map(|(_, p)| p.ranges().iter())
+        .flat_map(|&(lo, hi)| [u32::from(lo), u32::from(hi) + 1])
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut pieces: Vec<(Vec<Ipv4Net>, u16, u16)> = Vec::new();
+    for w in cuts.windows(2) {
+        // Every rule's range holds all of [lo, hi] or none of it.
+        let (lo, hi) = (w[0] as u16, (w[1] - 1) as u16);
+        let nets: Vec<Ipv4Net> = rules
+            .iter()
+            .filter(|(_, p)| p.contains(lo))
+            .map(|(n, _)| *n)
+            .collect();
+        if nets.is_empty() {
+            continue;
+        }
+        let nets = Ipv4Net::aggregate(&nets);
+        match pieces.last_mut() {
+            Some(last) if last.0 == nets && u32::from(last.2) + 1 == u32::from(lo) => last.2 = hi,
+            _ => pieces.push((nets, lo, hi)),
+        }
+    }
+    let mut out: Vec<(Ipv4Net, PortRange)> = pieces
+        .into_iter()
+        .flat_map(|(nets, lo, hi)| nets.into_iter().map(move |n| (n, PortRange(lo, hi))))
+        .collect();
+    out.sort();
+    out
 }
 
 /// The contents of a slot's policy sets.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SlotSets {
-    /// CIDR rules (merged).
-    pub allow4: Vec<Ipv4Net>,
-    /// Resolved addresses of allowed names, with their remaining life.
-    pub dns4: Vec<(Ipv4Addr, Duration)>,
+    /// CIDR rules on their ports (disjoint: [`allow4_elements`]).
+    pub allow4: Vec<(Ipv4Net, PortRange)>,
+    /// Resolved addresses of allowed names on the names' ports, with their remaining life.
+    pub dns4: Vec<(Ipv4Addr, Ports, Duration)>,
     /// The slot's own address iff egress is open.
     pub open4: Option<Ipv4Addr>,
     /// The slot's own address iff egress is not open. It overrides `open4`, so that tightening
@@ -179,7 +243,7 @@ impl SlotSets {
             allow4: if policy.egress() == Egress::None {
                 Vec::new()
             } else {
-                Ipv4Net::aggregate(&policy.cidrs().to_vec())
+                allow4_elements(policy.cidrs())
             },
             dns4: Vec::new(),
             open4: (policy.egress() == Egress::Open).then_some(address),
@@ -198,6 +262,30 @@ fn elements<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String 
 
 fn timeout_secs(d: Duration) -> u64 {
     d.as_secs().max(1)
+}
+
+fn allow4_items(items: &[(Ipv4Net, PortRange)]) -> String {
+    elements(items.iter().map(|(n, p)| format!("{n} . {p}")))
+}
+
+/// `dns4` elements of `ip` on `ports`, with `timeout` when given.
+fn dns4_items(ip: Ipv4Addr, ports: &Ports, timeout: Option<Duration>) -> Vec<String> {
+    ports
+        .ranges()
+        .iter()
+        .map(|&(lo, hi)| match timeout {
+            Some(t) => format!("{ip} . {} timeout {}s", PortRange(lo, hi), timeout_secs(t)),
+            None => format!("{ip} . {}", PortRange(lo, hi)),
+        })
+        .collect()
+}
+
+fn dns4_all(entries: &[(Ipv4Addr, Ports, Duration)]) -> String {
+    elements(
+        entries
+            .iter()
+            .flat_map(|(ip, ports, t)| dns4_items(*ip, ports, Some(*t))),
+    )
 }
 
 /// A slot's table, created once in a fresh slot (deny-all until sets are filled: every set
@@ -220,19 +308,20 @@ pub fn slot_table(deny: &[Ipv4Net]) -> String {
     } else {
         format!(" elements = {{ {} }};", elements(deny))
     };
+    let never = never_reached();
     format!(
         "table inet space {{\n\
-         \tset allow4 {{ type ipv4_addr; flags interval; auto-merge; }}\n\
-         \tset dns4 {{ type ipv4_addr; flags timeout; size {DNS4_MAX_ELEMENTS}; }}\n\
+         \tset allow4 {{ type ipv4_addr . inet_service; flags interval; }}\n\
+         \tset dns4 {{ type ipv4_addr . inet_service; flags interval, timeout; size {DNS4_MAX_ELEMENTS}; }}\n\
          \tset deny4 {{ type ipv4_addr; flags interval; auto-merge;{deny} }}\n\
          \tset open4 {{ type ipv4_addr; }}\n\
          \tset closed4 {{ type ipv4_addr; }}\n\
          \tchain egress {{\n\
          \t\tip daddr 127.0.0.0/8 accept\n\
          \t\tmeta nfproto ipv6 drop\n\
-         \t\tip daddr 169.254.0.0/16 reject with icmp type admin-prohibited\n\
-         \t\tip daddr @allow4 accept\n\
-         \t\tip daddr @dns4 accept\n\
+         \t\tip daddr {{ {never} }} reject with icmp type admin-prohibited\n\
+         \t\tmeta l4proto {{ tcp, udp }} ip daddr . th dport @allow4 accept\n\
+         \t\tmeta l4proto {{ tcp, udp }} ip daddr . th dport @dns4 accept\n\
          \t\tip saddr @closed4 meta l4proto tcp reject with tcp reset\n\
          \t\tip saddr @closed4 reject with icmp type admin-prohibited\n\
          \t\tip saddr @open4 ip daddr != @deny4 accept\n\
@@ -291,15 +380,15 @@ pub fn set_contents(sets: &SlotSets) -> String {
         let _ = writeln!(
             s,
             "add element inet space allow4 {{ {} }}",
-            elements(&sets.allow4)
+            allow4_items(&sets.allow4)
         );
     }
     if !sets.dns4.is_empty() {
-        let items = sets
-            .dns4
-            .iter()
-            .map(|(ip, t)| format!("{ip} timeout {}s", timeout_secs(*t)));
-        let _ = writeln!(s, "add element inet space dns4 {{ {} }}", elements(items));
+        let _ = writeln!(
+            s,
+            "add element inet space dns4 {{ {} }}",
+            dns4_all(&sets.dns4)
+        );
     }
     if let Some(a) = sets.open4 {
         let _ = writeln!(s, "add element inet space open4 {{ {} }}", own(a));
@@ -331,11 +420,16 @@ pub fn set_changes(old: Option<&SlotSets>, new: &SlotSets, dns_removed: bool) ->
                 let _ = writeln!(
                     s,
                     "add element inet space allow4 {{ {} }}",
-                    elements(&new.allow4)
+                    allow4_items(&new.allow4)
                 );
             }
         } else {
-            let _ = writeln!(s, "add element inet space allow4 {{ {} }}", elements(added));
+            let added: Vec<_> = added.into_iter().copied().collect();
+            let _ = writeln!(
+                s,
+                "add element inet space allow4 {{ {} }}",
+                allow4_items(&added)
+            );
         }
     }
     // Closing leaves `open4` as it is (`closed4` overrides it; a later `add` of the same
@@ -360,33 +454,54 @@ pub fn set_changes(old: Option<&SlotSets>, new: &SlotSets, dns_removed: bool) ->
     if dns_removed {
         s.push_str("flush set inet space dns4\n");
         if !new.dns4.is_empty() {
-            let items = new
-                .dns4
-                .iter()
-                .map(|(ip, t)| format!("{ip} timeout {}s", timeout_secs(*t)));
-            let _ = writeln!(s, "add element inet space dns4 {{ {} }}", elements(items));
+            let _ = writeln!(
+                s,
+                "add element inet space dns4 {{ {} }}",
+                dns4_all(&new.dns4)
+            );
         }
     }
     s
 }
 
-/// Adds (or refreshes the timeout of) resolved addresses in `dns4`: add, delete, add again in
-/// one transaction, so an element already there gets the new timeout and a missing one does
-/// not fail the delete.
-pub fn add_dns4(entries: &[(Ipv4Addr, Duration)]) -> String {
-    if entries.is_empty() {
+/// One address's change in `dns4`: from the elements it may have (`old`: on those ports) to
+/// `ports`, for `timeout`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dns4Change {
+    pub ip: Ipv4Addr,
+    pub old: Option<Ports>,
+    pub ports: Ports,
+    pub timeout: Duration,
+}
+
+/// Puts resolved addresses in `dns4` (or refreshes their timeout, or widens their ports): the
+/// elements an address may have are added, deleted, and its new ones added, in one
+/// transaction, so an element already there gives way (elements of one address must not
+/// overlap) and a missing one does not fail the delete.
+pub fn add_dns4(changes: &[Dns4Change]) -> String {
+    if changes.is_empty() {
         return String::new();
     }
-    let with_timeout = elements(
-        entries
+    let before = |c: &Dns4Change| c.old.clone().unwrap_or_else(|| c.ports.clone());
+    let old_timed = elements(
+        changes
             .iter()
-            .map(|(ip, t)| format!("{ip} timeout {}s", timeout_secs(*t))),
+            .flat_map(|c| dns4_items(c.ip, &before(c), Some(c.timeout))),
     );
-    let plain = elements(entries.iter().map(|(ip, _)| ip));
+    let old_plain = elements(
+        changes
+            .iter()
+            .flat_map(|c| dns4_items(c.ip, &before(c), None)),
+    );
+    let new = elements(
+        changes
+            .iter()
+            .flat_map(|c| dns4_items(c.ip, &c.ports, Some(c.timeout))),
+    );
     format!(
-        "add element inet space dns4 {{ {with_timeout} }}\n\
-         delete element inet space dns4 {{ {plain} }}\n\
-         add element inet space dns4 {{ {with_timeout} }}\n"
+        "add element inet space dns4 {{ {old_timed} }}\n\
+         delete element inet space dns4 {{ {old_plain} }}\n\
+         add element inet space dns4 {{ {new} }}\n"
     )
 }
 
@@ -395,10 +510,26 @@ pub fn dns4_timeout(ttl: u32) -> Duration {
     Duration::from_secs(u64::from(ttl)).clamp(DNS4_MIN_TIMEOUT, DNS4_MAX_TIMEOUT)
 }
 
+/// How long past its expiry an address's `dns4` elements are still assumed to be in the
+/// kernel (whose timers run a little behind ours): within it, a new answer replaces them
+/// rather than adds beside them.
+const DNS4_GRACE: Duration = Duration::from_secs(10);
+/// At most this many names are remembered per address (many names of one CDN address).
+const DNS4_NAMES_PER_ADDRESS: usize = 8;
+
 #[derive(Debug)]
 struct DnsEntry {
-    name: String,
+    /// The names that let the address in (the latest last).
+    names: Vec<String>,
+    /// The ports its elements cover.
+    ports: Ports,
     expires: Instant,
+}
+
+impl DnsEntry {
+    fn elements(&self) -> usize {
+        self.ports.ranges().len()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -407,7 +538,8 @@ struct FirewallState {
     applied: Option<NetworkSpec>,
     /// `allow4` and `open4` as in the kernel (None: unknown).
     sets: Option<SlotSets>,
-    /// What `dns4` holds, with the name that let each address in.
+    /// What `dns4` holds (or held within [`DNS4_GRACE`]), with the names that let each
+    /// address in.
     dns: HashMap<Ipv4Addr, DnsEntry>,
 }
 
@@ -467,26 +599,45 @@ impl SlotFirewall {
         let now = Instant::now();
         let mut sets = SlotSets::for_policy(policy, self.address);
         let mut kept = HashMap::new();
+        let mut lapsed = HashMap::new();
         let mut dns_removed = false;
-        for (ip, e) in st.dns.drain() {
+        for (ip, mut e) in st.dns.drain() {
             if e.expires <= now {
+                if e.expires + DNS4_GRACE > now {
+                    lapsed.insert(ip, e);
+                }
                 continue;
             }
-            if policy.egress() == Egress::Allowlist
-                && policy.allows_name(&e.name)
-                && policy.allows_resolved_ip(ip)
-            {
-                sets.dns4.push((ip, e.expires - now));
+            e.names.retain(|n| policy.allows_name(n));
+            let ports = e
+                .names
+                .iter()
+                .fold(Ports::default(), |acc, n| acc.union(&policy.name_ports(n)));
+            let keep = policy.egress() == Egress::Allowlist
+                && !ports.is_empty()
+                && policy.allows_resolved_ip(ip);
+            if keep && ports == e.ports {
+                sets.dns4.push((ip, e.ports.clone(), e.expires - now));
                 kept.insert(ip, e);
             } else {
+                // Refilled below: `dns4` is flushed, and what stays is added back.
                 dns_removed = true;
+                if keep {
+                    e.ports = ports;
+                    sets.dns4.push((ip, e.ports.clone(), e.expires - now));
+                    kept.insert(ip, e);
+                }
             }
         }
-        sets.dns4.sort();
+        sets.dns4.sort_by_key(|(ip, _, _)| *ip);
         let script = set_changes(st.sets.as_ref(), &sets, dns_removed);
         let ran = !script.is_empty();
         if ran {
             self.run(script).await?;
+        }
+        // After a flush nothing lapsed is left in the kernel; otherwise it may be, for a while.
+        if !dns_removed {
+            kept.extend(lapsed);
         }
         st.applied = Some(policy.spec().clone());
         sets.dns4.clear();
@@ -509,36 +660,82 @@ impl SlotFirewall {
             return Err(NftError::Stale);
         }
         let now = Instant::now();
-        let mut add = Vec::new();
-        for &(ip, ttl) in answers {
-            let timeout = dns4_timeout(ttl);
-            // Still there for at least half the new life: nothing to do.
-            let fresh = st
-                .dns
-                .get(&ip)
-                .is_some_and(|e| e.expires > now + timeout / 2);
-            if !fresh && !add.iter().any(|(a, _)| *a == ip) {
-                add.push((ip, timeout));
-            }
-        }
-        if add.is_empty() {
+        let name_ports = policy.name_ports(name);
+        if name_ports.is_empty() {
             return Ok(());
         }
-        if st.dns.len() + add.len() > DNS4_MAX_ELEMENTS {
-            st.dns.retain(|_, e| e.expires > now);
-            if st.dns.len() + add.len() > DNS4_MAX_ELEMENTS {
+        let mut changes: Vec<Dns4Change> = Vec::new();
+        for &(ip, ttl) in answers {
+            if changes.iter().any(|c| c.ip == ip) {
+                continue;
+            }
+            let mut timeout = dns4_timeout(ttl);
+            let change = match st.dns.get(&ip) {
+                None => Dns4Change {
+                    ip,
+                    old: None,
+                    ports: name_ports.clone(),
+                    timeout,
+                },
+                // Lapsed (its elements may still be in the kernel): replaced.
+                Some(e) if e.expires <= now => Dns4Change {
+                    ip,
+                    old: Some(e.ports.clone()),
+                    ports: name_ports.clone(),
+                    timeout,
+                },
+                Some(e) => {
+                    // On these ports already, and for at least half the new life: nothing to do.
+                    if e.ports.covers(&name_ports) && e.expires > now + timeout / 2 {
+                        continue;
+                    }
+                    timeout = timeout.max(e.expires - now);
+                    Dns4Change {
+                        ip,
+                        old: Some(e.ports.clone()),
+                        ports: e.ports.union(&name_ports),
+                        timeout,
+                    }
+                }
+            };
+            changes.push(change);
+        }
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let held = |dns: &HashMap<Ipv4Addr, DnsEntry>| -> usize {
+            dns.iter()
+                .filter(|(ip, _)| !changes.iter().any(|c| c.ip == **ip))
+                .map(|(_, e)| e.elements())
+                .sum::<usize>()
+                + changes
+                    .iter()
+                    .map(|c| c.ports.ranges().len())
+                    .sum::<usize>()
+        };
+        if held(&st.dns) > DNS4_MAX_ELEMENTS {
+            st.dns.retain(|_, e| e.expires + DNS4_GRACE > now);
+            if held(&st.dns) > DNS4_MAX_ELEMENTS {
                 return Err(NftError::DnsFull);
             }
         }
-        self.run(add_dns4(&add)).await?;
-        for (ip, timeout) in add {
-            st.dns.insert(
-                ip,
-                DnsEntry {
-                    name: name.to_owned(),
-                    expires: now + timeout,
-                },
-            );
+        self.run(add_dns4(&changes)).await?;
+        for c in changes {
+            let e = st.dns.entry(c.ip).or_insert_with(|| DnsEntry {
+                names: Vec::new(),
+                ports: Ports::default(),
+                expires: now,
+            });
+            if e.expires <= now {
+                e.names.clear();
+            }
+            e.names.retain(|n| n != name);
+            e.names.push(name.to_owned());
+            if e.names.len() > DNS4_NAMES_PER_ADDRESS {
+                e.names.remove(0);
+            }
+            e.ports = c.ports;
+            e.expires = now + c.timeout;
         }
         Ok(())
     }
@@ -643,7 +840,9 @@ mod tests {
         let open = SlotSets::for_policy(&pol(Egress::Open, &["192.168.1.0/24"]), ADDR);
         assert_eq!(open.open4, Some(ADDR));
         let s = set_contents(&open);
-        assert!(s.contains("add element inet space allow4 { 192.168.1.0/24 }"));
+        assert!(s.contains(
+            "add element inet space allow4 { 192.168.1.0/24 . 80, 192.168.1.0/24 . 443 }"
+        ));
         assert!(s.contains("add element inet space open4 { 10.213.0.6, 169.254.0.2 }"));
 
         let allow = SlotSets::for_policy(
@@ -662,8 +861,69 @@ mod tests {
         // Adjacent CIDRs are merged before they reach the kernel.
         assert_eq!(
             set_contents(&allow).lines().nth(4).unwrap(),
-            "add element inet space allow4 { 198.51.100.7/32, 203.0.113.0/24 }"
+            "add element inet space allow4 { 198.51.100.7/32 . 80, 198.51.100.7/32 . 443, \
+             203.0.113.0/24 . 80, 203.0.113.0/24 . 443 }"
         );
+    }
+
+    #[test]
+    fn allow4_elements_are_disjoint_whatever_the_rules_overlap() {
+        let rules = |r: &[&str]| pol(Egress::Allowlist, r).cidrs().to_vec();
+        let text = |r: &[&str]| {
+            allow4_elements(&rules(r))
+                .iter()
+                .map(|(n, p)| format!("{n} . {p}"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            text(&[
+                "172.17.0.0/16:5432",
+                "172.16.0.0/12:5000-6000",
+                "172.18.0.0/16:*"
+            ]),
+            [
+                "172.16.0.0/12 . 5000-6000",
+                "172.18.0.0/16 . 1-4999",
+                "172.18.0.0/16 . 6001-65535",
+            ]
+        );
+        assert_eq!(
+            text(&["198.51.100.0/25:22", "198.51.100.128/25:22,23"]),
+            ["198.51.100.0/24 . 22", "198.51.100.128/25 . 23"]
+        );
+        // Brute force: no two elements overlap, and an (address, port) is in an element iff a
+        // rule admits it.
+        let r = rules(&[
+            "172.16.0.0/12:1-100,200",
+            "172.17.0.0/16:50-250",
+            "172.17.2.0/24:*",
+            "192.168.0.0/16:100",
+            "172.17.2.3:65535",
+        ]);
+        let el = allow4_elements(&r);
+        for (i, a) in el.iter().enumerate() {
+            for b in &el[i + 1..] {
+                let nets = a.0.contains(&b.0) || b.0.contains(&a.0);
+                let ports = a.1.0 <= b.1.1 && b.1.0 <= a.1.1;
+                assert!(!(nets && ports), "{a:?} overlaps {b:?}");
+            }
+        }
+        for ip in [
+            "172.16.0.1",
+            "172.17.0.1",
+            "172.17.2.3",
+            "192.168.0.1",
+            "198.51.100.1",
+        ] {
+            let ip: Ipv4Addr = ip.parse().unwrap();
+            for port in [1, 49, 50, 100, 101, 199, 200, 201, 250, 251, 65535] {
+                let want = r.iter().any(|(n, p)| n.contains(&ip) && p.contains(port));
+                let got = el
+                    .iter()
+                    .any(|(n, p)| n.contains(&ip) && p.0 <= port && port <= p.1);
+                assert_eq!(got, want, "{ip}:{port}");
+            }
+        }
     }
 
     #[test]
@@ -684,7 +944,7 @@ mod tests {
         // Tightening an open slot (a pooled one, say) only adds elements.
         assert_eq!(
             set_changes(Some(&open), &a1, false),
-            "add element inet space allow4 { 198.51.100.0/24 }\n\
+            "add element inet space allow4 { 198.51.100.0/24 . 80, 198.51.100.0/24 . 443 }\n\
              add element inet space closed4 { 10.213.0.6, 169.254.0.2 }\n"
         );
         assert_eq!(
@@ -694,30 +954,54 @@ mod tests {
         // Growing: additions only.
         assert_eq!(
             set_changes(Some(&a1), &a2, false),
-            "add element inet space allow4 { 203.0.113.7/32 }\n"
+            "add element inet space allow4 { 203.0.113.7/32 . 80, 203.0.113.7/32 . 443 }\n"
         );
         // Shrinking: flush and refill.
         assert_eq!(
             set_changes(Some(&a2), &a1, false),
-            "flush set inet space allow4\nadd element inet space allow4 { 198.51.100.0/24 }\n"
+            "flush set inet space allow4\n\
+             add element inet space allow4 { 198.51.100.0/24 . 80, 198.51.100.0/24 . 443 }\n"
         );
         let mut kept = a1.clone();
-        kept.dns4 = vec![(Ipv4Addr::new(1, 2, 3, 4), Duration::from_secs(61))];
+        kept.dns4 = vec![(
+            Ipv4Addr::new(1, 2, 3, 4),
+            Ports::new([(443, 443), (8000, 8100)]),
+            Duration::from_secs(61),
+        )];
         assert_eq!(
             set_changes(Some(&a1), &kept, true),
-            "flush set inet space dns4\nadd element inet space dns4 { 1.2.3.4 timeout 61s }\n"
+            "flush set inet space dns4\nadd element inet space dns4 { 1.2.3.4 . 443 timeout 61s, \
+             1.2.3.4 . 8000-8100 timeout 61s }\n"
         );
         assert_eq!(set_changes(Some(&a1), &kept, false), "");
     }
 
     #[test]
     fn dns4_refresh_is_add_delete_add_and_timeouts_are_clamped() {
-        let s = add_dns4(&[(Ipv4Addr::new(1, 2, 3, 4), Duration::from_secs(90))]);
+        let ip = Ipv4Addr::new(1, 2, 3, 4);
+        let s = add_dns4(&[Dns4Change {
+            ip,
+            old: None,
+            ports: Ports::web(),
+            timeout: Duration::from_secs(90),
+        }]);
         assert_eq!(
             s,
-            "add element inet space dns4 { 1.2.3.4 timeout 90s }\n\
-             delete element inet space dns4 { 1.2.3.4 }\n\
-             add element inet space dns4 { 1.2.3.4 timeout 90s }\n"
+            "add element inet space dns4 { 1.2.3.4 . 80 timeout 90s, 1.2.3.4 . 443 timeout 90s }\n\
+             delete element inet space dns4 { 1.2.3.4 . 80, 1.2.3.4 . 443 }\n\
+             add element inet space dns4 { 1.2.3.4 . 80 timeout 90s, 1.2.3.4 . 443 timeout 90s }\n"
+        );
+        // Widening: the old elements give way to the merged ones.
+        let s = add_dns4(&[Dns4Change {
+            ip,
+            old: Some(Ports::web()),
+            ports: Ports::new([(80, 80), (443, 443), (444, 500)]),
+            timeout: Duration::from_secs(60),
+        }]);
+        assert!(
+            s.ends_with("delete element inet space dns4 { 1.2.3.4 . 80, 1.2.3.4 . 443 }\n\
+                 add element inet space dns4 { 1.2.3.4 . 80 timeout 60s, 1.2.3.4 . 443-500 timeout 60s }\n"),
+            "{s}"
         );
         assert_eq!(add_dns4(&[]), "");
         assert_eq!(dns4_timeout(0), DNS4_MIN_TIMEOUT);
@@ -747,8 +1031,12 @@ mod tests {
             .unwrap();
         let s = rec.taken();
         assert_eq!(s.len(), 2);
-        assert!(s[0].contains("93.184.216.34 timeout 300s"));
-        assert!(s[1].contains("93.184.216.35 timeout 60s"));
+        assert!(
+            s[0].contains("93.184.216.34 . 443 timeout 300s"),
+            "{}",
+            s[0]
+        );
+        assert!(s[1].contains("93.184.216.35 . 80 timeout 60s"), "{}", s[1]);
         // Answered again while fresh: nothing to do.
         fw.allow_resolved(&p, "a.example.com", &[(a, 300)])
             .await
@@ -759,7 +1047,7 @@ mod tests {
         let p2 = pol(Egress::Allowlist, &["a.example.com"]);
         assert!(fw.apply_policy(&p2).await.unwrap());
         let s = rec.taken();
-        assert!(s[0].contains("add element inet space dns4 { 93.184.216.34 timeout"));
+        assert!(s[0].contains("add element inet space dns4 { 93.184.216.34 . 80 timeout"));
         assert!(!s[0].contains("93.184.216.35"), "{}", s[0]);
         // An answer checked against the old policy is refused.
         assert!(matches!(
@@ -805,9 +1093,33 @@ mod tests {
                 &["203.0.113.0/24", "203.0.113.0/25", "x.com"],
             );
             nft.apply(Some(&ns), &set_contents(&SlotSets::for_policy(&p, ADDR)))?;
-            let e = [(Ipv4Addr::new(1, 2, 3, 4), Duration::from_secs(70))];
-            nft.apply(Some(&ns), &add_dns4(&e))?;
-            nft.apply(Some(&ns), &add_dns4(&e))?;
+            let ip = Ipv4Addr::new(1, 2, 3, 4);
+            let web = Dns4Change {
+                ip,
+                old: None,
+                ports: Ports::web(),
+                timeout: Duration::from_secs(70),
+            };
+            nft.apply(Some(&ns), &add_dns4(std::slice::from_ref(&web)))?;
+            nft.apply(Some(&ns), &add_dns4(std::slice::from_ref(&web)))?;
+            // Widened to a range that swallows 443: the old elements give way.
+            let wide = Dns4Change {
+                ip,
+                old: Some(Ports::web()),
+                ports: Ports::new([(80, 80), (400, 500)]),
+                timeout: Duration::from_secs(70),
+            };
+            nft.apply(Some(&ns), &add_dns4(&[wide]))?;
+            // Overlapping CIDR rules with ports reach the kernel as disjoint elements.
+            let p = pol(
+                Egress::Allowlist,
+                &[
+                    "172.16.0.0/12:5000-6000",
+                    "172.17.0.0/16:5432",
+                    "172.17.0.0/16:*",
+                ],
+            );
+            nft.apply(Some(&ns), &set_contents(&SlotSets::for_policy(&p, ADDR)))?;
             nft.apply(
                 Some(&ns),
                 &set_contents(&SlotSets::for_policy(&pol(Egress::Open, &[]), ADDR)),

@@ -393,15 +393,16 @@ impl EgressProxy {
         }
     }
 
-    /// The policy's verdict for a connection to `name` (if the client named one) whose
-    /// original destination was `dst_ip` (if redirected).
+    /// The policy's verdict for a connection to `name` (if the client named one) on `port`
+    /// whose original destination was `dst_ip` (if redirected).
     async fn decide(
         &self,
         policy: &Policy,
         name: Option<&str>,
         dst_ip: Option<Ipv4Addr>,
+        port: u16,
     ) -> Option<Target> {
-        if let Some(name) = name.filter(|n| policy.allows_name(n)) {
+        if let Some(name) = name.filter(|n| policy.allows_name_on(n, port)) {
             match tokio::time::timeout(RESOLVE_TIMEOUT, self.resolver.lookup_v4(name)).await {
                 Ok(Ok(ips)) => {
                     if let Some(ip) = ips
@@ -419,7 +420,7 @@ impl EgressProxy {
             }
         }
         dst_ip
-            .filter(|&ip| policy.allows_ip(ip) && !forbidden_target(ip))
+            .filter(|&ip| policy.allows_ip(ip, port) && !forbidden_target(ip))
             .map(|ip| Target { name: None, ip })
     }
 
@@ -455,10 +456,10 @@ impl EgressProxy {
         };
         let dst_ip = dst.map(|d| *d.ip());
         let policy = sandbox.policy();
-        let target = self.decide(&policy, name.as_deref(), dst_ip).await;
+        let target = self.decide(&policy, name.as_deref(), dst_ip, port).await;
         let guard = target
             .as_ref()
-            .map(|t| sandbox.register(t.name.as_deref(), t.ip))
+            .map(|t| sandbox.register(t.name.as_deref(), t.ip, port))
             .filter(|g| !g.cancel.is_cancelled());
         let (Some(target), Some(guard)) = (target, guard) else {
             tracing::debug!(sandbox = %sandbox.id(), name = ?name, ip = ?dst_ip, port,
@@ -473,8 +474,13 @@ impl EgressProxy {
             }
             return;
         };
+        // Secrets go only where the name, the address and the Host agree: the target must have
+        // been reached by the SNI (the node resolved it; an address the sandbox picked is
+        // passed through untouched), the upstream proves the name with its certificate, and
+        // each request must name it (`mitm`).
         let intercept = proto == Proto::Tls
-            && name
+            && target
+                .name
                 .as_deref()
                 .is_some_and(|n| sandbox.secrets().iter().any(|b| matches_host(&b.hosts, n)));
         tracing::debug!(sandbox = %sandbox.id(), name = ?name, ip = %target.ip, port,
@@ -494,7 +500,12 @@ impl EgressProxy {
             };
             match (intercept, name) {
                 (true, Some(host)) => {
-                    self.intercept(client, hello, host, upstream, sandbox, &guard.cancel)
+                    let client = Prefixed {
+                        prefix: hello,
+                        pos: 0,
+                        inner: client,
+                    };
+                    self.intercept(client, host, port, upstream, sandbox, &guard.cancel)
                         .await
                 }
                 _ => pass(client, &hello, upstream).await,
@@ -508,22 +519,18 @@ impl EgressProxy {
         }
     }
 
+    /// Serves `client` (the bytes already read put back in front) as `mitm` does.
     async fn intercept(
         &self,
-        client: TcpStream,
-        hello: Vec<u8>,
+        client: Prefixed,
         host: String,
+        port: u16,
         upstream: TcpStream,
         sandbox: &Arc<SandboxNet>,
         cancel: &tokio_util::sync::CancellationToken,
     ) {
         let Ok(server_name) = ServerName::try_from(host.clone()) else {
             return;
-        };
-        let client = Prefixed {
-            prefix: hello,
-            pos: 0,
-            inner: client,
         };
         let acceptor = TlsAcceptor::from(self.server_tls.clone());
         let (client, upstream) = tokio::join!(
@@ -554,6 +561,7 @@ impl EgressProxy {
         };
         let ctx = mitm::Ctx {
             host,
+            port,
             sandbox: sandbox.clone(),
             secrets: self.secrets.clone(),
             cancel: cancel.clone(),

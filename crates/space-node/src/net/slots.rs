@@ -31,9 +31,9 @@ use super::nft::{self, NftError, NftRunner, SlotFirewall, SlotSets};
 use super::policy::Policy;
 
 /// Where the node's DNS server listens inside every slot (127.0.0.1).
-pub const DNS_PORT: u16 = 53;
+pub const DNS_PORT: u16 = crate::api::net::SLOT_DNS_PORT;
 /// Where the egress proxy listens inside every slot (127.0.0.1).
-pub const PROXY_PORT: u16 = 15001;
+pub const PROXY_PORT: u16 = crate::api::net::SLOT_PROXY_PORT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {

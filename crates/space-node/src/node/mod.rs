@@ -1349,6 +1349,11 @@ impl NodeApi for Node {
         if port == 0 {
             return Err(NodeError::InvalidArgument("port must be 1..=65535".into()));
         }
+        if let Some(what) = crate::api::net::node_port(port) {
+            return Err(NodeError::InvalidArgument(format!(
+                "port {port} in a sandbox's network is {what}, not a sandbox port"
+            )));
+        }
         let entry = self.running_entry(id)?;
         let Some(net) = &self.network else {
             return Err(NodeError::Conflict("networking is off on this node".into()));

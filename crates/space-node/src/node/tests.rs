@@ -385,6 +385,19 @@ async fn unknown_template_and_bad_specs() {
 }
 
 #[tokio::test]
+async fn no_port_connection_reaches_the_nodes_own_listeners_in_a_slot() {
+    let f = fixture().await;
+    f.node.create_sandbox(&spec("p1")).await.unwrap();
+    for (port, what) in [(53, "DNS resolver"), (15001, "egress proxy")] {
+        match f.node.connect_port("p1", port).await {
+            Err(NodeError::InvalidArgument(m)) => assert!(m.contains(what), "{m}"),
+            Err(e) => panic!("port {port}: {e}"),
+            Ok(_) => panic!("port {port} connected"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn stop_keeps_rootfs_and_create_restarts_it() {
     let f = fixture().await;
     let first = f.node.create_sandbox(&spec("st")).await.unwrap();

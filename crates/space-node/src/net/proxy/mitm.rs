@@ -26,6 +26,8 @@ type Body = BoxBody<Bytes, hyper::Error>;
 pub(super) struct Ctx {
     /// The verified upstream name (the client's SNI): secrets bound to it may be sent.
     pub host: String,
+    /// The port the sandbox connected to (a Host header naming a port must name this one).
+    pub port: u16,
     pub sandbox: Arc<SandboxNet>,
     pub secrets: Arc<Secrets>,
     pub cancel: CancellationToken,
@@ -93,11 +95,47 @@ fn bad_gateway(reason: &str) -> Response<Body> {
     )
 }
 
+/// Whether the host a request names (its absolute URI's authority, else its Host header) is
+/// the connection's verified name and port. A request on an intercepted connection that names
+/// another host is refused: a server or CDN that routes by Host would otherwise hand the
+/// secrets bound to the SNI to whatever the sandbox named (domain fronting).
+fn names_host<B>(req: &Request<B>, host: &str, port: u16) -> bool {
+    let named = match req.uri().authority() {
+        Some(a) => Some(a.as_str().to_owned()),
+        None => req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+    };
+    let Some(named) = named else {
+        return false;
+    };
+    let Ok(authority) = named.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    authority
+        .host()
+        .trim_end_matches('.')
+        .eq_ignore_ascii_case(host.trim_end_matches('.'))
+        && authority.port_u16().is_none_or(|p| p == port)
+}
+
 async fn forward(
     ctx: Arc<Ctx>,
     sender: Arc<Mutex<hyper::client::conn::http1::SendRequest<Incoming>>>,
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
+    if !names_host(&req, &ctx.host, ctx.port) {
+        return Ok(text(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "space egress proxy: this connection is to {}; a request on it must name that \
+                 host (Host header)\n",
+                ctx.host
+            ),
+        ));
+    }
     let bindings = ctx.sandbox.secrets();
     substitute(
         req.headers_mut(),

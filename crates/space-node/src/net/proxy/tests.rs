@@ -314,10 +314,25 @@ async fn https_request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> io::Result<String> {
+    let (status, echo) = https_request_as(proxy, connector, host, host, headers, body).await?;
+    assert_eq!(status, 200, "{echo}");
+    Ok(echo)
+}
+
+/// One HTTPS request through the proxy with SNI `sni` and Host `host`; returns the status and
+/// the body.
+async fn https_request_as(
+    proxy: SocketAddr,
+    connector: &tokio_rustls::TlsConnector,
+    sni: &str,
+    host: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> io::Result<(u16, String)> {
     let tcp = TcpStream::connect(proxy).await?;
     tcp.set_nodelay(true)?;
     let tls = connector
-        .connect(ServerName::try_from(host.to_owned()).unwrap(), tcp)
+        .connect(ServerName::try_from(sni.to_owned()).unwrap(), tcp)
         .await?;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
@@ -332,13 +347,14 @@ async fn https_request(
         .send_request(req.body(Full::new(Bytes::from(body.to_owned()))).unwrap())
         .await
         .map_err(io::Error::other)?;
+    let status = resp.status().as_u16();
     let bytes = resp
         .into_body()
         .collect()
         .await
         .map_err(io::Error::other)?
         .to_bytes();
-    Ok(String::from_utf8(bytes.to_vec()).unwrap())
+    Ok((status, String::from_utf8(bytes.to_vec()).unwrap()))
 }
 
 #[test]
@@ -421,6 +437,70 @@ fn secret_reaches_the_bound_header_of_the_bound_host_only() {
 }
 
 #[test]
+fn secrets_go_only_where_sni_host_and_destination_agree() {
+    in_fresh_netns(|| async {
+        let w = World::new().await;
+        let bearer = format!("Bearer {PH}");
+        let headers = [("authorization", bearer.as_str())];
+        let node = tls_client(&[w.ca.cert_der()]);
+        let (proxy, _) = w.serve(allowlist(&[API, OTHER]), None).await;
+        // The SNI is the bound host, the Host another one (a CDN routing by Host would hand
+        // the secret to it): refused, nothing reaches the upstream.
+        for host in [
+            OTHER,
+            EVIL,
+            "api.test.example:8443",
+            "api.test.example.evil.com",
+        ] {
+            let (status, body) = https_request_as(proxy, &node, API, host, &headers, "")
+                .await
+                .unwrap();
+            assert_eq!(status, 421, "{host}: {body}");
+            assert!(
+                !body.contains(SECRET) && body.contains(API),
+                "{host}: {body}"
+            );
+        }
+        // The same host however it is spelt is the same host.
+        for host in [
+            "API.test.example",
+            "api.test.example.",
+            "api.test.example:443",
+        ] {
+            let (status, echo) = https_request_as(proxy, &node, API, host, &headers, "")
+                .await
+                .unwrap();
+            assert_eq!(status, 200, "{host}: {echo}");
+            assert!(echo.contains(SECRET), "{host}: {echo}");
+        }
+
+        // The bound name as SNI, but the policy admits only the address the sandbox chose:
+        // the connection goes by address, so it is passed through, never intercepted (the
+        // client sees the upstream's own certificate and the placeholder stays).
+        let by_address = NetworkSpec {
+            egress: Egress::Allowlist,
+            allow: vec![format!("{API_IP}/32")],
+        };
+        let (proxy, _) = w
+            .serve(by_address, Some(SocketAddrV4::new(API_IP, 443)))
+            .await;
+        assert!(
+            https_request(proxy, &node, API, &headers, "")
+                .await
+                .is_err()
+        );
+        let public = tls_client(&[&w.pki.ca_der]);
+        let echo = https_request(proxy, &public, API, &headers, "")
+            .await
+            .unwrap();
+        assert!(
+            echo.contains(&format!("authorization: Bearer {PH}\n")) && !echo.contains(SECRET),
+            "{echo}"
+        );
+    });
+}
+
+#[test]
 fn missing_secret_value_leaves_the_placeholder() {
     in_fresh_netns(|| async {
         let w = World::new().await;
@@ -495,7 +575,7 @@ fn by_address_when_redirected() {
             .status()
             .unwrap();
         assert!(st.success(), "ip addr add: {st}");
-        assert!(Policy::new(&open, &[]).unwrap().allows_ip(node_public));
+        assert!(Policy::new(&open, &[]).unwrap().allows_ip(node_public, 80));
         for dst in [
             node_public,
             Ipv4Addr::new(10, 1, 2, 3),
