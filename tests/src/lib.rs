@@ -1029,6 +1029,19 @@ impl Spaced {
         })
     }
 
+    /// One API call whose answer is text (e.g. `/metrics`): status and body.
+    pub fn call_text(&self, method: reqwest::Method, path: &str) -> (u16, String) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime");
+        rt.block_on(async {
+            let r = self.req(method, path).send().await.expect("send");
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap_or_default())
+        })
+    }
+
     /// `space inspect ID` as JSON.
     pub fn inspect(&self, id: &str) -> Value {
         serde_json::from_str(&self.space_ok(&["inspect", id])).expect("inspect prints JSON")
