@@ -119,6 +119,9 @@ impl std::fmt::Debug for PutSecret {
 #[serde(deny_unknown_fields)]
 pub struct SecretInfo {
     pub name: String,
+    /// The tenant it belongs to: a name is unique within its tenant (decision 0048).
+    #[serde(default = "crate::types::default_tenant")]
+    pub tenant: String,
     /// Empty for a secret made through E2B's API, which only `secret_headers` (and E2B's
     /// network rules) can use.
     pub hosts: Vec<String>,

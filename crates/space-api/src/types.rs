@@ -857,6 +857,12 @@ pub struct Template {
     /// The replicas creates of this template get when they name none (absent: 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
+    /// The tenant it belongs to (decision 0048).
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
+    /// Whether other tenants may use it, read-only.
+    #[serde(default)]
+    pub shared: bool,
 }
 
 /// `POST /v1/templates/{name}/from-snapshot`: a new version of the template `name` made of a
@@ -879,6 +885,10 @@ pub struct SetTemplateSettings {
     /// null or absent: 0.
     #[serde(default)]
     pub replicas: Option<u32>,
+    /// Whether other tenants may read it and create sandboxes of it (decision 0048); null or
+    /// absent: its tenant's default (shared for `default`'s, private for another tenant's).
+    #[serde(default)]
+    pub shared: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -889,7 +899,7 @@ pub struct TemplateList {
 
 /// Formats unix milliseconds as RFC 3339 UTC with millisecond precision
 /// (`2024-05-01T12:00:00.123Z`).
-fn default_tenant() -> String {
+pub(crate) fn default_tenant() -> String {
     crate::tenant::DEFAULT_TENANT.to_owned()
 }
 

@@ -98,6 +98,10 @@ pub(crate) enum TemplateCmd {
         /// decision 0037).
         #[arg(long, value_name = "N")]
         replicas: Option<u32>,
+        /// Whether other tenants may read it and create sandboxes of it (decision 0048;
+        /// default: shared for the `default` tenant's templates, private for another's).
+        #[arg(long, value_name = "true|false")]
+        shared: Option<bool>,
         /// Started in the background in every new sandbox (`image`: the image's ENTRYPOINT
         /// and CMD; `none`: no start command). Makes a new version.
         #[arg(long, value_name = "CMD")]
@@ -220,15 +224,17 @@ pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
                 print_json(&space_api::TemplateList { templates: list })?;
             } else {
                 println!(
-                    "{:<20}  {:>7}  {:<9}  CREATED",
-                    "NAME", "VERSION", "RUNTIME"
+                    "{:<20}  {:>7}  {:<9}  {:<16}  {:<7}  CREATED",
+                    "NAME", "VERSION", "RUNTIME", "TENANT", "SHARED"
                 );
                 for t in list {
                     println!(
-                        "{:<20}  {:>7}  {:<9}  {}",
+                        "{:<20}  {:>7}  {:<9}  {:<16}  {:<7}  {}",
                         t.name,
                         t.version,
                         t.runtime.as_deref().unwrap_or("default"),
+                        t.tenant,
+                        if t.shared { "yes" } else { "no" },
                         t.created_at
                     );
                 }
@@ -239,22 +245,24 @@ pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
             name,
             runtime,
             replicas,
+            shared,
             start_cmd,
             ready_cmd,
             ready_timeout,
         } => {
             if runtime.is_none()
                 && replicas.is_none()
+                && shared.is_none()
                 && start_cmd.is_none()
                 && ready_cmd.is_none()
                 && ready_timeout.is_none()
             {
                 bail!(
-                    "nothing to set: pass --runtime, --replicas, --start-cmd, --ready-cmd or \
-                     --ready-timeout"
+                    "nothing to set: pass --runtime, --replicas, --shared, --start-cmd, \
+                     --ready-cmd or --ready-timeout"
                 );
             }
-            if runtime.is_some() || replicas.is_some() {
+            if runtime.is_some() || replicas.is_some() || shared.is_some() {
                 // The settings are replaced whole: what is not given stays as it is. (A
                 // template that cannot be read gets the server's own refusal below.)
                 let now = c.get_template(&name).await.ok();
@@ -263,14 +271,19 @@ pub(crate) async fn run(c: Client, cmd: TemplateCmd) -> Result<i32> {
                         Some(r) => (r != "default").then_some(r),
                         None => now.as_ref().and_then(|t| t.runtime.clone()),
                     },
-                    replicas: replicas.or(now.and_then(|t| t.replicas)),
+                    replicas: replicas.or(now.as_ref().and_then(|t| t.replicas)),
+                    shared: shared.or(now
+                        .as_ref()
+                        .and_then(|t| t.versions.last())
+                        .map(|v| v.shared)),
                 };
                 let t = c.set_template_settings(&name, &req).await?;
                 println!(
-                    "{} runtime {}, replicas {}",
+                    "{} runtime {}, replicas {}, {}",
                     t.name,
                     t.runtime.as_deref().unwrap_or("default"),
-                    t.replicas.unwrap_or(0)
+                    t.replicas.unwrap_or(0),
+                    if t.shared { "shared" } else { "private" }
                 );
             }
             if start_cmd.is_some() || ready_cmd.is_some() || ready_timeout.is_some() {

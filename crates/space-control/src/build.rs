@@ -21,7 +21,7 @@ use space_proto as pb;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::dockerfile::{Command, Instruction, Step, parse};
-use crate::engine::{Engine, ExecReply, template_dto};
+use crate::engine::{Engine, ExecReply};
 use crate::error::{ControlError, ControlResult};
 use crate::templates::check_template_name;
 
@@ -317,6 +317,9 @@ struct BuildState {
 struct Build {
     engine: Arc<Engine>,
     name: String,
+    /// The tenant whose key asked for the build (None: an admin key): FROM sees only the
+    /// templates it may use (decision 0048).
+    tenant: Option<String>,
     opts: BuildOptions,
     context: PathBuf,
     steps: Vec<Step>,
@@ -336,13 +339,31 @@ impl Build {
         });
     }
 
+    /// Whether the build's tenant may start FROM template `name`: one it may see (another
+    /// tenant's private template, or a build's internal step, is no template to it, and FROM
+    /// then looks for an image of that name).
+    async fn may_use(&self, name: &str) -> ControlResult<bool> {
+        let Some(tenant) = &self.tenant else {
+            return Ok(true);
+        };
+        Ok(!name.starts_with(BUILD_PREFIX)
+            && self
+                .engine
+                .store
+                .template_settings(name)
+                .await?
+                .visible_to(tenant))
+    }
+
     /// FROM: a template on the node, else an image pulled once into an internal template.
     async fn from(
         &self,
         image: &str,
         all: &[space_node_api::TemplateInfo],
     ) -> ControlResult<(String, String, TemplateDefaults)> {
-        if let Some(t) = all.iter().find(|t| t.name == image) {
+        if let Some(t) = all.iter().find(|t| t.name == image)
+            && self.may_use(&t.name).await?
+        {
             return Ok((
                 t.name.clone(),
                 format!("template {}@{} {}", t.name, t.version, t.source),
@@ -562,7 +583,7 @@ impl Build {
         self.say(TemplateLog::Note {
             text: format!("built in {:.1} s", t0.elapsed().as_secs_f64()),
         });
-        Ok(template_dto(&info))
+        self.engine.template_out(&info).await
     }
 
     /// RUN, COPY or ADD in a fresh sandbox of `st.base`; its result becomes template `into`.
@@ -819,6 +840,7 @@ impl Engine {
     pub async fn build_template<S, E>(
         self: &Arc<Self>,
         name: &str,
+        tenant: Option<&str>,
         opts: BuildOptions,
         content_length: Option<u64>,
         body: S,
@@ -875,6 +897,7 @@ impl Engine {
         let build = Build {
             engine: self.clone(),
             name: name.to_string(),
+            tenant: tenant.map(str::to_owned),
             opts,
             context: dir.0.join("context"),
             steps,

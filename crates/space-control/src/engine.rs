@@ -539,6 +539,8 @@ pub fn template_dto(t: &TemplateInfo) -> Template {
         ready_cmd: t.defaults.ready_cmd.clone(),
         runtime: None,
         replicas: None,
+        tenant: space_api::tenant::DEFAULT_TENANT.to_owned(),
+        shared: true,
     }
 }
 
@@ -779,25 +781,31 @@ impl Engine {
         };
         let asked_replicas = req.replicas;
         let mut spec = validate_create_with(req, &id, self.cfg.default_egress)?;
-        if spec.runtime.is_none() || asked_replicas.is_none() {
-            // The template's settings fill what the request left out (one read for both).
-            let t = self.store.template_settings(&spec.template).await?;
-            spec.runtime.get_or_insert_with(|| {
-                t.runtime
-                    .unwrap_or_else(|| self.cfg.default_runtime.clone())
-            });
-            if asked_replicas.is_none() {
-                spec.replicas = match t.replicas {
-                    Some(n) => n,
-                    None => self.tenant_default_replicas(tenant).await?,
-                };
-            }
+        // The template's settings: whether the tenant may use it (another tenant's private
+        // template is one it does not have), and what the request left out.
+        let t = self.store.template_settings(&spec.template).await?;
+        if !t.visible_to(tenant) {
+            return Err(ControlError::not_found(format!(
+                "template {} not found",
+                spec.template
+            )));
+        }
+        spec.runtime.get_or_insert_with(|| {
+            t.runtime
+                .clone()
+                .unwrap_or_else(|| self.cfg.default_runtime.clone())
+        });
+        if asked_replicas.is_none() {
+            spec.replicas = match t.replicas {
+                Some(n) => n,
+                None => self.tenant_default_replicas(tenant).await?,
+            };
         }
         self.check_replicas(spec.replicas)?;
-        spec.secrets = self.vault.bind(&secret_names, &spec.env).await?;
+        spec.secrets = self.vault.bind(tenant, &secret_names, &spec.env).await?;
         let injected = self
             .vault
-            .bind_headers(&secret_headers, spec.secrets.len())
+            .bind_headers(tenant, &secret_headers, spec.secrets.len())
             .await?;
         spec.secrets.extend(injected);
         self.node
@@ -1283,20 +1291,20 @@ impl Engine {
 
     // ---- templates ----
 
-    pub async fn list_templates(&self) -> ControlResult<Vec<Template>> {
+    /// The templates `tenant` may see (every one: None).
+    pub async fn list_templates(&self, tenant: Option<&str>) -> ControlResult<Vec<Template>> {
         let list = self.node.list_templates().await?;
         let settings = self.store.all_template_settings().await?;
+        let none = crate::template_settings::TemplateSettings::default();
         Ok(list
             .iter()
             // A build's steps and base images are the builder's (decision 0018).
             .filter(|t| !t.name.starts_with(crate::build::BUILD_PREFIX))
-            .map(|t| {
-                let s = settings.get(&t.name);
-                Template {
-                    runtime: s.and_then(|s| s.runtime.clone()),
-                    replicas: s.and_then(|s| s.replicas),
-                    ..template_dto(t)
-                }
+            .filter_map(|t| {
+                let s = settings.get(&t.name).unwrap_or(&none);
+                tenant
+                    .is_none_or(|tenant| s.visible_to(tenant))
+                    .then(|| s.apply(template_dto(t)))
             })
             .collect())
     }
@@ -1325,7 +1333,7 @@ impl Engine {
             .node
             .import_template(name, TemplateSource::Tar(tmp.0.clone()))
             .await?;
-        Ok(template_dto(&info))
+        self.template_out(&info).await
     }
 
     /// Streams an upload body to a temporary file under the data dir (removed when the

@@ -78,6 +78,10 @@ const FILES: &[(&str, &str)] = &[
         "0017_tenants.sql",
         include_str!("../migrations/0017_tenants.sql"),
     ),
+    (
+        "0018_tenant_objects.sql",
+        include_str!("../migrations/0018_tenant_objects.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

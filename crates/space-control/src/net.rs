@@ -49,6 +49,11 @@ pub fn node_bindings(recs: &[SecretBindingRecord]) -> Vec<SecretBinding> {
             hosts: b.hosts.clone(),
             header: b.header.clone(),
             inject: b.inject,
+            secret: b
+                .tenant
+                .as_deref()
+                .map(|t| crate::secrets::vault_key(t, &b.name))
+                .unwrap_or_default(),
         })
         .collect()
 }

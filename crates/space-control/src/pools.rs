@@ -8,6 +8,7 @@
 //! gets [`ControlConfig::default_pool`](crate::ControlConfig::default_pool) (spaced's
 //! `--warm-pool`) until a user sets its pool (to 0 as well).
 
+use space_api::tenant::DEFAULT_TENANT;
 use space_api::{Pool, SetPool, is_valid_template_name};
 use space_node_api::{PoolConfig, PoolStatus};
 use sqlx::Row;
@@ -162,12 +163,20 @@ impl Engine {
 
     /// Sets a template's pool on the node and stores the requested sizes. The answer is the
     /// node's view: sizes clamped to its capacity, with a `warning` when they were.
+    ///
+    /// A pool of a tenant's template (not `default`'s) is charged to that tenant's quota: its
+    /// `max` members count as sandboxes at the default limits (decision 0048).
     pub async fn set_pool(&self, template: &str, req: SetPool) -> ControlResult<Pool> {
         check_template(template)?;
         let cfg = validate_set_pool(&req, &self.default_runtime_of(template).await?)?;
         // One writer of pools at a time: a PUT never races the start-up restore.
         let _guard = self.pools_lock.lock().await;
         self.require_template(template).await?;
+        let owner = self.store.template_settings(template).await?;
+        if owner.tenant.is_some() {
+            self.check_pool_quota(owner.owner(), template, cfg.max)
+                .await?;
+        }
         let status = self.node.set_pool(template, cfg).await?;
         if let Some(w) = &status.warning {
             tracing::warn!(
@@ -227,11 +236,21 @@ impl Engine {
         )))
     }
 
-    /// Every pool the node keeps, by template name.
-    pub async fn list_pools(&self) -> Vec<Pool> {
+    /// Every pool the node keeps, by template name; of `tenant`'s templates only (every
+    /// one: None).
+    pub async fn list_pools(&self, tenant: Option<&str>) -> ControlResult<Vec<Pool>> {
         let mut list: Vec<Pool> = self.node.pools().await.into_iter().map(pool_dto).collect();
+        if let Some(tenant) = tenant {
+            let settings = self.store.all_template_settings().await?;
+            list.retain(|p| {
+                settings
+                    .get(&p.template)
+                    .map_or(DEFAULT_TENANT, |s| s.owner())
+                    == tenant
+            });
+        }
         list.sort_by(|a, b| a.template.cmp(&b.template));
-        list
+        Ok(list)
     }
 
     /// At start: hands every stored pool to the node again, then, when `base` has no stored

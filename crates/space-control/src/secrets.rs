@@ -4,8 +4,11 @@
 //! random placeholder; the API never returns a value, events and logs never carry one.
 //!
 //! - Sealing: CHACHA20-POLY1305 (ring) under `<data_dir>/secrets.key` (32 random bytes, 0600,
-//!   made at first start). Each value has its own random 96-bit nonce; the secret's name is
-//!   the associated data, so a sealed value cannot be moved to another name.
+//!   made at first start). Each value has its own random 96-bit nonce; the secret's
+//!   [`vault_key`] (its tenant and name) is the associated data, so a sealed value cannot be
+//!   moved to another name or another tenant.
+//! - A secret belongs to a tenant (decision 0048): every key, admin keys too, sees and binds
+//!   the secrets of its own tenant only; the same name in two tenants is two secrets.
 //! - Validation of names, hosts, headers and values is pure ([`validate_put`]).
 
 use std::collections::{BTreeMap, HashMap};
@@ -19,6 +22,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use ring::aead::{self, Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
+use space_api::tenant::DEFAULT_TENANT;
 use space_api::{
     MAX_SECRET_BYTES, PutSecret, SecretHeader, SecretInfo, is_valid_env_key, is_valid_secret_name,
     rfc3339_from_unix_ms,
@@ -286,11 +290,28 @@ pub fn new_placeholder() -> String {
     s
 }
 
+/// How the vault, the node's egress proxy and the sealing name secret `name` of `tenant`:
+/// the name alone for `default` (so that secrets sealed before tenants still open), else
+/// `tenant/name` (no tenant id or secret name holds a `/`).
+pub fn vault_key(tenant: &str, name: &str) -> String {
+    if tenant == DEFAULT_TENANT {
+        name.to_owned()
+    } else {
+        format!("{tenant}/{name}")
+    }
+}
+
+/// `(tenant, name)` of a [`vault_key`].
+fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or((DEFAULT_TENANT, key))
+}
+
 // ---------------------------------------------------------------- store
 
 /// A row of table `secrets` (the value sealed).
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretRow {
+    pub tenant: String,
     pub name: String,
     /// Empty for a secret made through E2B's API (usable in `secret_headers` only).
     pub hosts: Vec<String>,
@@ -306,6 +327,7 @@ pub struct SecretRow {
 impl std::fmt::Debug for SecretRow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SecretRow")
+            .field("tenant", &self.tenant)
             .field("name", &self.name)
             .field("hosts", &self.hosts)
             .field("header", &self.header)
@@ -318,6 +340,7 @@ impl From<&SecretRow> for SecretInfo {
     fn from(r: &SecretRow) -> Self {
         SecretInfo {
             name: r.name.clone(),
+            tenant: r.tenant.clone(),
             hosts: r.hosts.clone(),
             header: r.header.clone(),
             version: r.version.max(1) as u64,
@@ -351,12 +374,13 @@ fn decode(r: &AnyRow) -> Result<SecretRow, StoreError> {
         ciphertext: B64.decode(ct).map_err(|_| corrupt("bad ciphertext"))?,
         created_at: r.try_get("created_at").map_err(q("decode secret"))?,
         updated_at: r.try_get("updated_at").map_err(q("decode secret"))?,
+        tenant: r.try_get("tenant_id").map_err(q("decode secret"))?,
         name,
     })
 }
 
-const COLUMNS: &str =
-    "name, hosts, header, version, metadata, nonce, ciphertext, created_at, updated_at";
+const COLUMNS: &str = "tenant_id, name, hosts, header, version, metadata, nonce, ciphertext, \
+     created_at, updated_at";
 
 impl Store {
     /// Creates or replaces a secret (keeping its `created_at`). Returns the stored row.
@@ -370,13 +394,14 @@ impl Store {
         let hosts = json(serde_json::to_string(&row.hosts))?;
         let metadata = json(serde_json::to_string(&row.metadata))?;
         sqlx::query(
-            "INSERT INTO secrets (name, hosts, header, version, metadata, nonce, ciphertext, \
-             created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-             ON CONFLICT (name) DO UPDATE SET hosts = excluded.hosts, header = excluded.header, \
+            "INSERT INTO secrets (tenant_id, name, hosts, header, version, metadata, nonce, \
+             ciphertext, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT (tenant_id, name) DO UPDATE SET hosts = excluded.hosts, header = excluded.header, \
              version = excluded.version, metadata = excluded.metadata, \
              nonce = excluded.nonce, ciphertext = excluded.ciphertext, \
              updated_at = excluded.updated_at",
         )
+        .bind(&row.tenant)
         .bind(&row.name)
         .bind(hosts)
         .bind(&row.header)
@@ -392,27 +417,49 @@ impl Store {
         Ok(())
     }
 
-    pub async fn get_secret(&self, name: &str) -> Result<Option<SecretRow>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM secrets WHERE name = $1"))
-            .bind(name)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(q("get secret"))?;
+    pub async fn get_secret(
+        &self,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Option<SecretRow>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {COLUMNS} FROM secrets WHERE tenant_id = $1 AND name = $2"
+        ))
+        .bind(tenant)
+        .bind(name)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(q("get secret"))?;
         row.map(|r| decode(&r)).transpose()
     }
 
-    /// All secrets, by name.
-    pub async fn list_secrets(&self) -> Result<Vec<SecretRow>, StoreError> {
-        let rows = sqlx::query(&format!("SELECT {COLUMNS} FROM secrets ORDER BY name"))
-            .fetch_all(self.pool())
-            .await
-            .map_err(q("list secrets"))?;
+    /// The secrets of `tenant` (of every tenant: None), by name.
+    pub async fn list_secrets(&self, tenant: Option<&str>) -> Result<Vec<SecretRow>, StoreError> {
+        let rows = match tenant {
+            Some(t) => {
+                sqlx::query(&format!(
+                    "SELECT {COLUMNS} FROM secrets WHERE tenant_id = $1 ORDER BY name"
+                ))
+                .bind(t)
+                .fetch_all(self.pool())
+                .await
+            }
+            None => {
+                sqlx::query(&format!(
+                    "SELECT {COLUMNS} FROM secrets ORDER BY tenant_id, name"
+                ))
+                .fetch_all(self.pool())
+                .await
+            }
+        }
+        .map_err(q("list secrets"))?;
         rows.iter().map(decode).collect()
     }
 
     /// Returns false when there was no such secret.
-    pub async fn delete_secret(&self, name: &str) -> Result<bool, StoreError> {
-        let res = sqlx::query("DELETE FROM secrets WHERE name = $1")
+    pub async fn delete_secret(&self, tenant: &str, name: &str) -> Result<bool, StoreError> {
+        let res = sqlx::query("DELETE FROM secrets WHERE tenant_id = $1 AND name = $2")
+            .bind(tenant)
             .bind(name)
             .execute(self.pool())
             .await
@@ -451,25 +498,30 @@ impl SecretVault {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The value of secret `name`, if it exists and opens.
     /// Whether this vault's key opens the secrets the store holds (true when it holds none):
     /// a control-plane replica started with another `secrets.key` than the others' would
     /// otherwise fail each secret only when a request needs it.
     pub async fn key_opens_stored(&self) -> Result<bool, StoreError> {
-        Ok(match self.store.list_secrets().await?.first() {
+        Ok(match self.store.list_secrets(None).await?.first() {
             Some(row) => self
                 .cipher
-                .open(&row.name, &row.nonce, &row.ciphertext)
+                .open(
+                    &vault_key(&row.tenant, &row.name),
+                    &row.nonce,
+                    &row.ciphertext,
+                )
                 .is_some(),
             None => true,
         })
     }
 
-    pub async fn value(&self, name: &str) -> Option<Arc<str>> {
-        if let Some(v) = self.cache().get(name) {
+    /// The value of the secret `key` names ([`vault_key`]), if it exists and opens.
+    pub async fn value(&self, key: &str) -> Option<Arc<str>> {
+        if let Some(v) = self.cache().get(key) {
             return Some(v.clone());
         }
-        let row = match self.store.get_secret(name).await {
+        let (tenant, name) = split_key(key);
+        let row = match self.store.get_secret(tenant, name).await {
             Ok(Some(r)) => r,
             Ok(None) => return None,
             Err(e) => {
@@ -477,9 +529,9 @@ impl SecretVault {
                 return None;
             }
         };
-        let Some(plain) = self.cipher.open(name, &row.nonce, &row.ciphertext) else {
+        let Some(plain) = self.cipher.open(key, &row.nonce, &row.ciphertext) else {
             tracing::error!(
-                secret = name,
+                secret = key,
                 "secret does not open with secrets.key (wrong key file?)"
             );
             return None;
@@ -489,16 +541,22 @@ impl SecretVault {
         if cache.len() >= CACHE_MAX {
             cache.clear();
         }
-        cache.insert(name.to_string(), value.clone());
+        cache.insert(key.to_string(), value.clone());
         Some(value)
     }
 
-    pub async fn put(&self, name: &str, req: &PutSecret) -> ControlResult<SecretInfo> {
+    pub async fn put(
+        &self,
+        tenant: &str,
+        name: &str,
+        req: &PutSecret,
+    ) -> ControlResult<SecretInfo> {
         validate_put(name, req)?;
-        let old = self.store.get_secret(name).await?;
+        let old = self.store.get_secret(tenant, name).await?;
         let metadata = old.as_ref().map(|o| o.metadata.clone()).unwrap_or_default();
         let row = self
             .write(
+                tenant,
                 name,
                 &req.value,
                 req.hosts.clone(),
@@ -507,13 +565,15 @@ impl SecretVault {
                 old,
             )
             .await?;
-        tracing::info!(secret = name, hosts = ?row.hosts, version = row.version, "secret set");
+        tracing::info!(tenant, secret = name, hosts = ?row.hosts, version = row.version, "secret set");
         Ok(SecretInfo::from(&row))
     }
 
     /// Seals `value` and stores the secret as the next version of `old` (or version 1).
+    #[allow(clippy::too_many_arguments)]
     async fn write(
         &self,
+        tenant: &str,
         name: &str,
         value: &str,
         hosts: Vec<String>,
@@ -521,9 +581,11 @@ impl SecretVault {
         metadata: BTreeMap<String, String>,
         old: Option<SecretRow>,
     ) -> ControlResult<SecretRow> {
-        let (nonce, ciphertext) = self.cipher.seal(name, value.as_bytes())?;
+        let key = vault_key(tenant, name);
+        let (nonce, ciphertext) = self.cipher.seal(&key, value.as_bytes())?;
         let now = now_ms();
         let row = SecretRow {
+            tenant: tenant.to_string(),
             name: name.to_string(),
             hosts,
             header,
@@ -535,7 +597,7 @@ impl SecretVault {
             updated_at: now,
         };
         self.store.put_secret(&row).await?;
-        self.cache().remove(name);
+        self.cache().remove(&key);
         Ok(row)
     }
 
@@ -543,6 +605,7 @@ impl SecretVault {
     /// taken). Only headers the proxy sets can use it.
     pub async fn create_unbound(
         &self,
+        tenant: &str,
         name: &str,
         value: &str,
         metadata: BTreeMap<String, String>,
@@ -550,15 +613,23 @@ impl SecretVault {
         check_name(name)?;
         check_value(value)?;
         check_metadata(&metadata)?;
-        if self.store.get_secret(name).await?.is_some() {
+        if self.store.get_secret(tenant, name).await?.is_some() {
             return Err(ControlError::conflict(format!(
                 "secret {name} already exists"
             )));
         }
         let row = self
-            .write(name, value, Vec::new(), String::new(), metadata, None)
+            .write(
+                tenant,
+                name,
+                value,
+                Vec::new(),
+                String::new(),
+                metadata,
+                None,
+            )
             .await?;
-        tracing::info!(secret = name, "secret created");
+        tracing::info!(tenant, secret = name, "secret created");
         Ok(SecretInfo::from(&row))
     }
 
@@ -566,6 +637,7 @@ impl SecretVault {
     /// given; hosts and header stay as they are.
     pub async fn update_value(
         &self,
+        tenant: &str,
         name: &str,
         value: &str,
         metadata: Option<BTreeMap<String, String>>,
@@ -577,52 +649,60 @@ impl SecretVault {
         }
         let old = self
             .store
-            .get_secret(name)
+            .get_secret(tenant, name)
             .await?
             .ok_or_else(|| ControlError::not_found(format!("secret {name} not found")))?;
         let (hosts, header) = (old.hosts.clone(), old.header.clone());
         let metadata = metadata.unwrap_or_else(|| old.metadata.clone());
         let row = self
-            .write(name, value, hosts, header, metadata, Some(old))
+            .write(tenant, name, value, hosts, header, metadata, Some(old))
             .await?;
-        tracing::info!(secret = name, version = row.version, "secret updated");
+        tracing::info!(
+            tenant,
+            secret = name,
+            version = row.version,
+            "secret updated"
+        );
         Ok(SecretInfo::from(&row))
     }
 
-    pub async fn get(&self, name: &str) -> ControlResult<SecretInfo> {
+    pub async fn get(&self, tenant: &str, name: &str) -> ControlResult<SecretInfo> {
         check_name(name)?;
         self.store
-            .get_secret(name)
+            .get_secret(tenant, name)
             .await?
             .map(|r| SecretInfo::from(&r))
             .ok_or_else(|| ControlError::not_found(format!("secret {name} not found")))
     }
 
-    pub async fn list(&self) -> ControlResult<Vec<SecretInfo>> {
+    /// The secrets of `tenant`, by name.
+    pub async fn list(&self, tenant: &str) -> ControlResult<Vec<SecretInfo>> {
         Ok(self
             .store
-            .list_secrets()
+            .list_secrets(Some(tenant))
             .await?
             .iter()
             .map(SecretInfo::from)
             .collect())
     }
 
-    pub async fn delete(&self, name: &str) -> ControlResult<()> {
+    pub async fn delete(&self, tenant: &str, name: &str) -> ControlResult<()> {
         check_name(name)?;
-        let existed = self.store.delete_secret(name).await?;
-        self.cache().remove(name);
+        let existed = self.store.delete_secret(tenant, name).await?;
+        self.cache().remove(&vault_key(tenant, name));
         if !existed {
             return Err(ControlError::not_found(format!("secret {name} not found")));
         }
-        tracing::info!(secret = name, "secret deleted");
+        tracing::info!(tenant, secret = name, "secret deleted");
         Ok(())
     }
 
-    /// The bindings of a new sandbox using `names`: each must exist, appear once, and not
-    /// collide with an environment variable the request sets.
+    /// The bindings of a new sandbox of `tenant` using `names`: each must be a secret of
+    /// that tenant, appear once, and not collide with an environment variable the request
+    /// sets.
     pub async fn bind(
         &self,
+        tenant: &str,
         names: &[String],
         env: &std::collections::BTreeMap<String, String>,
     ) -> ControlResult<Vec<SecretBindingRecord>> {
@@ -648,7 +728,7 @@ impl SecretVault {
                      only); name it in secret_headers instead"
                 )));
             }
-            let row = self.existing(name).await?;
+            let row = self.existing(tenant, name).await?;
             if row.hosts.is_empty() {
                 return Err(ControlError::invalid(format!(
                     "secret {name} has no hosts of its own (it was made through E2B's API): \
@@ -662,6 +742,7 @@ impl SecretVault {
                 hosts: row.hosts,
                 header: row.header,
                 inject: false,
+                tenant: tenant_field(tenant),
             });
         }
         Ok(out)
@@ -669,9 +750,9 @@ impl SecretVault {
 
     /// The secret `name` for a binding (400, not 404, when it does not exist: the request
     /// that names it is what is wrong).
-    async fn existing(&self, name: &str) -> ControlResult<SecretRow> {
+    async fn existing(&self, tenant: &str, name: &str) -> ControlResult<SecretRow> {
         self.store
-            .get_secret(name)
+            .get_secret(tenant, name)
             .await?
             .ok_or_else(|| ControlError::invalid(format!("secret {name} not found")))
     }
@@ -681,6 +762,7 @@ impl SecretVault {
     /// to those; `taken` bindings count towards the limit of 64.
     pub async fn bind_headers(
         &self,
+        tenant: &str,
         headers: &[SecretHeader],
         taken: usize,
     ) -> ControlResult<Vec<SecretBindingRecord>> {
@@ -692,7 +774,7 @@ impl SecretVault {
             check_name(&h.secret)?;
             check_hosts(&h.hosts)?;
             check_header(&h.header)?;
-            let row = self.existing(&h.secret).await?;
+            let row = self.existing(tenant, &h.secret).await?;
             if let Some(host) = h.hosts.iter().find(|host| !host_allowed(&row.hosts, host)) {
                 return Err(ControlError::invalid(format!(
                     "secret {} may only be sent to {}, not to {host}",
@@ -720,10 +802,16 @@ impl SecretVault {
                 hosts: h.hosts.clone(),
                 header: h.header.clone(),
                 inject: true,
+                tenant: tenant_field(tenant),
             });
         }
         Ok(out)
     }
+}
+
+/// A binding's tenant as stored: none for `default` (as bindings made before tenants are).
+fn tenant_field(tenant: &str) -> Option<String> {
+    (tenant != DEFAULT_TENANT).then(|| tenant.to_owned())
 }
 
 #[async_trait]
@@ -753,6 +841,8 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const D: &str = DEFAULT_TENANT;
 
     #[test]
     fn key_files_are_made_once_0600_and_wrong_sizes_refused() {
@@ -869,14 +959,14 @@ mod tests {
             header: "Authorization: Bearer {}".into(),
         };
         assert!(vault.secret_value("K").await.is_none());
-        let info = vault.put("K", &put("first-value")).await.unwrap();
+        let info = vault.put(D, "K", &put("first-value")).await.unwrap();
         assert_eq!(info.name, "K");
         assert_eq!(
             vault.secret_value("K").await.as_deref(),
             Some("first-value")
         );
         // Replacing keeps created_at and is seen at once (cache cleared).
-        let info2 = vault.put("K", &put("second-value")).await.unwrap();
+        let info2 = vault.put(D, "K", &put("second-value")).await.unwrap();
         assert_eq!(info2.created_at, info.created_at);
         assert_eq!(
             vault.secret_value("K").await.as_deref(),
@@ -890,14 +980,14 @@ mod tests {
             .try_get(0)
             .unwrap();
         assert!(!raw.contains("second-value"));
-        assert_eq!(vault.list().await.unwrap().len(), 1);
-        vault.delete("K").await.unwrap();
+        assert_eq!(vault.list(D).await.unwrap().len(), 1);
+        vault.delete(D, "K").await.unwrap();
         assert!(vault.secret_value("K").await.is_none());
-        assert_eq!(vault.delete("K").await.unwrap_err().code(), "not_found");
-        assert_eq!(vault.get("K").await.unwrap_err().code(), "not_found");
+        assert_eq!(vault.delete(D, "K").await.unwrap_err().code(), "not_found");
+        assert_eq!(vault.get(D, "K").await.unwrap_err().code(), "not_found");
 
         // A vault with another key cannot open what this one sealed.
-        vault.put("K", &put("v")).await.unwrap();
+        vault.put(D, "K", &put("v")).await.unwrap();
         std::fs::write(dir.path().join("other.key"), [1u8; KEY_LEN]).unwrap();
         let other = SecretVault::open(store, &dir.path().join("other.key")).unwrap();
         assert!(other.secret_value("K").await.is_none());
@@ -907,12 +997,63 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_name_is_two_secrets_in_two_tenants_and_a_sealed_value_stays_in_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(&dir.path().join("t.db")).await.unwrap();
+        let vault = SecretVault::open(store.clone(), &dir.path().join("secrets.key")).unwrap();
+        let put = |v: &str| PutSecret {
+            value: v.into(),
+            hosts: vec!["api.x.com".into()],
+            header: "X-Key: {}".into(),
+        };
+        vault.put(D, "K", &put("default-value")).await.unwrap();
+        let info = vault.put("acme", "K", &put("acme-value")).await.unwrap();
+        assert_eq!((info.name.as_str(), info.tenant.as_str()), ("K", "acme"));
+        assert_eq!(
+            vault.secret_value("K").await.as_deref(),
+            Some("default-value")
+        );
+        assert_eq!(
+            vault.secret_value("acme/K").await.as_deref(),
+            Some("acme-value")
+        );
+        assert!(vault.secret_value("other/K").await.is_none());
+        assert_eq!(vault.list("acme").await.unwrap().len(), 1);
+        assert!(vault.list("other").await.unwrap().is_empty());
+        assert_eq!(
+            vault.get("other", "K").await.unwrap_err().code(),
+            "not_found"
+        );
+        assert_eq!(
+            vault.delete("other", "K").await.unwrap_err().code(),
+            "not_found"
+        );
+        // A tenant binds its own secret; another tenant's name is not found.
+        let env = BTreeMap::new();
+        let b = vault.bind("acme", &["K".into()], &env).await.unwrap();
+        assert_eq!(b[0].tenant.as_deref(), Some("acme"));
+        let e = vault.bind("other", &["K".into()], &env).await.unwrap_err();
+        assert_eq!(e.message, "secret K not found");
+        // A row moved to another tenant by hand does not open there.
+        sqlx::query("UPDATE secrets SET tenant_id = 'other' WHERE tenant_id = 'acme'")
+            .execute(store.pool())
+            .await
+            .unwrap();
+        assert!(vault.value("other/K").await.is_none());
+        // Deleting one tenant's leaves the other's.
+        vault.delete(D, "K").await.unwrap();
+        assert!(vault.secret_value("K").await.is_none());
+        assert_eq!(vault.list("other").await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
     async fn binding_checks_names_existence_and_env() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_sqlite(&dir.path().join("t.db")).await.unwrap();
         let vault = SecretVault::open(store, &dir.path().join("secrets.key")).unwrap();
         vault
             .put(
+                D,
                 "K",
                 &PutSecret {
                     value: "v".into(),
@@ -923,21 +1064,21 @@ mod tests {
             .await
             .unwrap();
         let env = std::collections::BTreeMap::new();
-        let b = vault.bind(&["K".into()], &env).await.unwrap();
+        let b = vault.bind(D, &["K".into()], &env).await.unwrap();
         assert_eq!(b.len(), 1);
         assert_eq!(b[0].hosts, vec!["api.x.com"]);
         assert_eq!(b[0].header, "X-Key: {}");
         assert!(b[0].placeholder.starts_with(PLACEHOLDER_PREFIX));
-        let e = vault.bind(&["NOPE".into()], &env).await.unwrap_err();
+        let e = vault.bind(D, &["NOPE".into()], &env).await.unwrap_err();
         assert_eq!(e.message, "secret NOPE not found");
         assert_eq!(e.http_status().as_u16(), 400);
         let e = vault
-            .bind(&["K".into(), "K".into()], &env)
+            .bind(D, &["K".into(), "K".into()], &env)
             .await
             .unwrap_err();
         assert_eq!(e.code(), "invalid_argument");
         let env = std::collections::BTreeMap::from([("K".to_string(), "x".to_string())]);
-        let e = vault.bind(&["K".into()], &env).await.unwrap_err();
+        let e = vault.bind(D, &["K".into()], &env).await.unwrap_err();
         assert!(e.message.contains("env var K"), "{}", e.message);
     }
 
@@ -948,7 +1089,7 @@ mod tests {
         let vault = SecretVault::open(store, &dir.path().join("secrets.key")).unwrap();
         let meta = BTreeMap::from([("team".to_string(), "a".to_string())]);
         let i = vault
-            .create_unbound("api-key", "v1", meta.clone())
+            .create_unbound(D, "api-key", "v1", meta.clone())
             .await
             .unwrap();
         assert_eq!(
@@ -956,21 +1097,21 @@ mod tests {
             (1, 0, meta.clone())
         );
         let e = vault
-            .create_unbound("api-key", "v", BTreeMap::new())
+            .create_unbound(D, "api-key", "v", BTreeMap::new())
             .await
             .unwrap_err();
         assert_eq!(e.http_status().as_u16(), 409);
-        let i = vault.update_value("api-key", "v2", None).await.unwrap();
+        let i = vault.update_value(D, "api-key", "v2", None).await.unwrap();
         assert_eq!((i.version, i.metadata), (2, meta));
         assert_eq!(vault.value("api-key").await.as_deref(), Some("v2"));
         let i = vault
-            .update_value("api-key", "v3", Some(BTreeMap::new()))
+            .update_value(D, "api-key", "v3", Some(BTreeMap::new()))
             .await
             .unwrap();
         assert_eq!((i.version, i.metadata.len()), (3, 0));
         assert_eq!(
             vault
-                .update_value("nope", "v", None)
+                .update_value(D, "nope", "v", None)
                 .await
                 .unwrap_err()
                 .kind,
@@ -979,17 +1120,17 @@ mod tests {
         let too_many: BTreeMap<String, String> = (0..33)
             .map(|i| (format!("k{i}"), "v".to_string()))
             .collect();
-        assert!(vault.create_unbound("x", "v", too_many).await.is_err());
+        assert!(vault.create_unbound(D, "x", "v", too_many).await.is_err());
 
         // Not as a placeholder: it has no hosts, and its name is no env var.
         let env = BTreeMap::new();
-        let e = vault.bind(&["api-key".into()], &env).await.unwrap_err();
+        let e = vault.bind(D, &["api-key".into()], &env).await.unwrap_err();
         assert!(e.message.contains("environment variable"), "{}", e.message);
         vault
-            .create_unbound("API_KEY", "v", BTreeMap::new())
+            .create_unbound(D, "API_KEY", "v", BTreeMap::new())
             .await
             .unwrap();
-        let e = vault.bind(&["API_KEY".into()], &env).await.unwrap_err();
+        let e = vault.bind(D, &["API_KEY".into()], &env).await.unwrap_err();
         assert!(e.message.contains("no hosts"), "{}", e.message);
 
         // In a header: any host for an unbound secret, only its own for a bound one.
@@ -999,12 +1140,17 @@ mod tests {
             header: header.into(),
         };
         let b = vault
-            .bind_headers(&[h("api-key", "api.x.com", "Authorization: Bearer {}")], 0)
+            .bind_headers(
+                D,
+                &[h("api-key", "api.x.com", "Authorization: Bearer {}")],
+                0,
+            )
             .await
             .unwrap();
         assert_eq!((b[0].inject, b[0].placeholder.as_str()), (true, ""));
         vault
             .put(
+                D,
                 "BOUND",
                 &PutSecret {
                     value: "v".into(),
@@ -1015,15 +1161,15 @@ mod tests {
             .await
             .unwrap();
         vault
-            .bind_headers(&[h("BOUND", "a.y.com", "X: {}")], 0)
+            .bind_headers(D, &[h("BOUND", "a.y.com", "X: {}")], 0)
             .await
             .unwrap();
         vault
-            .bind_headers(&[h("BOUND", "*.y.com", "X: {}")], 0)
+            .bind_headers(D, &[h("BOUND", "*.y.com", "X: {}")], 0)
             .await
             .unwrap();
         let e = vault
-            .bind_headers(&[h("BOUND", "evil.com", "X: {}")], 0)
+            .bind_headers(D, &[h("BOUND", "evil.com", "X: {}")], 0)
             .await
             .unwrap_err();
         assert!(
@@ -1033,6 +1179,7 @@ mod tests {
         );
         let e = vault
             .bind_headers(
+                D,
                 &[
                     h("api-key", "a.x.com", "X: {}"),
                     h("API_KEY", "a.x.com", "x: {} 2"),
@@ -1047,11 +1194,11 @@ mod tests {
             (h("api-key", "a.x.com", "X: no marker"), "{}"),
             (h("api-key", "*", "X: {}"), "*"),
         ] {
-            let e = vault.bind_headers(&[bad], 0).await.unwrap_err();
+            let e = vault.bind_headers(D, &[bad], 0).await.unwrap_err();
             assert!(e.message.contains(why), "{why}: {}", e.message);
         }
         let e = vault
-            .bind_headers(&[h("api-key", "a.x.com", "X: {}")], 64)
+            .bind_headers(D, &[h("api-key", "a.x.com", "X: {}")], 64)
             .await
             .unwrap_err();
         assert!(e.message.contains("64"), "{}", e.message);

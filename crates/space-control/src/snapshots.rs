@@ -433,7 +433,7 @@ impl Engine {
                 },
             )
             .await?;
-        Ok(crate::engine::template_dto(&info))
+        self.template_out(&info).await
     }
 
     pub async fn rollback(&self, id: &str, req: RollbackRequest) -> ControlResult<Sandbox> {

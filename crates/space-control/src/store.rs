@@ -116,6 +116,9 @@ pub struct SecretBindingRecord {
     pub header: String,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub inject: bool,
+    /// The tenant whose secret it is; none for `default` (decision 0048).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -585,6 +588,7 @@ pub(crate) mod tests {
             hosts: vec!["api.x.com".into()],
             header: "Authorization: Bearer {}".into(),
             inject: false,
+            tenant: Some("acme".into()),
         }];
         assert!(store.set_spec(&r.id, &r.spec).await.unwrap());
         assert_eq!(

@@ -109,7 +109,7 @@ impl Engine {
         source: TemplateSource,
     ) -> BoxStream<'static, TemplateLog> {
         let (out, rx) = tokio::sync::mpsc::unbounded_channel();
-        let (node, name) = (self.node.clone(), name.to_string());
+        let (node, store, name) = (self.node.clone(), self.store.clone(), name.to_string());
         tokio::spawn(async move {
             let (progress, mut events) = tokio::sync::mpsc::unbounded_channel();
             let forward = {
@@ -122,14 +122,24 @@ impl Engine {
             };
             let work = node.import_template_with_progress(&name, source, progress);
             let (result, ()) = tokio::join!(work, forward);
-            let _ = out.send(match result {
-                Ok(info) => TemplateLog::Done {
-                    template: template_dto(&info),
+            let settings = match &result {
+                Ok(info) => store
+                    .template_settings(&info.name)
+                    .await
+                    .map_err(ControlError::from),
+                Err(_) => Ok(Default::default()),
+            };
+            let _ = out.send(
+                match result
+                    .map_err(ControlError::from)
+                    .and_then(|info| settings.map(|s| s.apply(template_dto(&info))))
+                {
+                    Ok(template) => TemplateLog::Done { template },
+                    Err(e) => TemplateLog::Error {
+                        error: e.body().error,
+                    },
                 },
-                Err(e) => TemplateLog::Error {
-                    error: ControlError::from(e).body().error,
-                },
-            });
+            );
         });
         tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed()
     }
@@ -157,18 +167,13 @@ impl Engine {
             )));
         }
         let settings = self.store.template_settings(name).await?;
-        let runtime = settings.runtime;
         Ok(space_api::TemplateDetail {
             name: name.to_string(),
-            runtime: runtime.clone(),
+            runtime: settings.runtime.clone(),
             replicas: settings.replicas,
             versions: versions
                 .iter()
-                .map(|t| space_api::Template {
-                    runtime: runtime.clone(),
-                    replicas: settings.replicas,
-                    ..template_dto(t)
-                })
+                .map(|t| settings.apply(template_dto(t)))
                 .collect(),
         })
     }
@@ -234,7 +239,7 @@ impl Engine {
                 },
             )
             .await?;
-        Ok(template_dto(&info))
+        self.template_out(&info).await
     }
 
     /// Deletes a version, or the whole template; refused while sandboxes use it (409).

@@ -3,7 +3,9 @@
 //! [`authorize`] runs in the auth middleware for every request with a valid key, from the
 //! route's matched path: a handler cannot forget it. Another tenant's sandbox answers what a
 //! missing one does (404, same message and shape); an admin route answers 403 to other
-//! scopes; a read-only key's write answers 403.
+//! scopes; a read-only key's write answers 403. Secrets are the key's own tenant's (the
+//! handlers scope them); a template is read by its tenant or by all when shared, and written
+//! by its tenant only (decision 0048).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -52,8 +54,16 @@ impl Principal {
 /// How a route is guarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
-    /// Any valid key may read it (shared objects: templates, the E2B settings).
+    /// Any valid key may read it (the E2B settings).
     Shared,
+    /// The objects of the key's own tenant, which the handler scopes (secrets, the lists of
+    /// templates and pools).
+    Tenant,
+    /// One template (`/v1/templates/{name}` and below, its pool aside): see
+    /// [`template_access`].
+    Template,
+    /// A template's warm pool: its template's tenant's alone (see [`pool_access`]).
+    TemplatePool,
     /// A collection of sandboxes: lists are filtered and creates stamped by the handler.
     Sandboxes,
     /// One sandbox and what is under it: its tenant's keys only.
@@ -74,7 +84,13 @@ pub fn access(method: &str, path: &str) -> Access {
         // template, and templates are shared (admin-written) in this increment.
         (_, "/v1/sandboxes/{id}/migrate") | (_, "/sandboxes/{id}/snapshots") => Access::Admin,
         (_, "/v1/sandboxes" | "/sandboxes" | "/v2/sandboxes") => Access::Sandboxes,
-        ("GET", "/v1/templates" | "/v1/templates/{name}" | "/v1/e2b") => Access::Shared,
+        ("GET", "/v1/e2b") => Access::Shared,
+        (_, "/v1/secrets" | "/v1/secrets/{name}" | "/secrets" | "/secrets/{id}")
+        | ("GET", "/v1/templates" | "/v1/pools") => Access::Tenant,
+        (_, "/v1/templates/{name}/pool") => Access::TemplatePool,
+        (_, p) if p == "/v1/templates/{name}" || p.starts_with("/v1/templates/{name}/") => {
+            Access::Template
+        }
         _ if SANDBOX_PREFIXES.iter().any(|p| {
             path.strip_prefix(p)
                 .is_some_and(|r| r.is_empty() || r.starts_with('/'))
@@ -122,7 +138,22 @@ pub async fn authorize(
         ));
     }
     match access(method.as_str(), route) {
-        Access::Shared | Access::Sandboxes => Ok(()),
+        Access::Shared | Access::Sandboxes | Access::Tenant => Ok(()),
+        Access::Template | Access::TemplatePool => {
+            let Some(name) = path
+                .strip_prefix("/v1/templates/")
+                .and_then(|r| r.split('/').next())
+                .filter(|n| space_api::is_valid_template_name(n))
+            else {
+                return Ok(()); // no template has such a name: the handler answers
+            };
+            let checked = if access(method.as_str(), route) == Access::Template {
+                template_access(engine, who, method, name).await
+            } else {
+                pool_access(engine, who, name).await
+            };
+            checked.map_err(|e| refuse(path, e))
+        }
         Access::Admin => Err(refuse(
             path,
             ControlError::new(
@@ -145,6 +176,86 @@ pub async fn authorize(
             }
         }
     }
+}
+
+/// Whether `who` (not an admin) may make a `method` request on template `name`. What it
+/// answers for a name it does not own depends on the name alone, never on whether another
+/// tenant's private template of that name exists:
+/// - its own tenant's template: anything;
+/// - a read: allowed when the template is shared, else 404;
+/// - a write to a shared template: 403 (read-only);
+/// - a write to a name `TENANT.NAME` of its own tenant that nobody owns: claims the name;
+/// - a write to `OTHER.NAME`, another tenant's name space: 404;
+/// - a write to any other name: 403, since a tenant's templates are named `TENANT.NAME`, so
+///   that one tenant's names never meet another's.
+async fn template_access(
+    engine: &crate::Engine,
+    who: &Principal,
+    method: &axum::http::Method,
+    name: &str,
+) -> ControlResult<()> {
+    let not_found = || ControlError::not_found(format!("template {name} not found"));
+    let s = engine.store.template_settings(name).await?;
+    if s.owner() == who.tenant {
+        return Ok(());
+    }
+    if is_read(method) {
+        return if s.is_shared() {
+            Ok(())
+        } else {
+            Err(not_found())
+        };
+    }
+    if s.is_shared()
+        && (s.tenant.is_some() || !engine.node.template_versions(name).await?.is_empty())
+    {
+        return Err(ControlError::new(
+            ErrorKind::PermissionDenied,
+            format!("template {name} is shared read-only: only its own tenant changes it"),
+        ));
+    }
+    match name.split_once('.') {
+        Some((t, rest)) if t == who.tenant && !rest.is_empty() => {
+            if engine.store.claim_template(name, &who.tenant).await? == who.tenant {
+                Ok(())
+            } else {
+                Err(not_found())
+            }
+        }
+        Some((t, _)) if is_valid_tenant_id(t) => Err(not_found()),
+        _ => Err(ControlError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "tenant {t}'s templates are named {t}.NAME, and {name} is not",
+                t = who.tenant
+            ),
+        )),
+    }
+}
+
+/// Whether `who` (not an admin) may read or size the warm pool of template `name`: only its
+/// template's own tenant may (a pool's members are charged to that tenant's quota, and its
+/// hits and misses are that tenant's activity). Another tenant's shared template: 403;
+/// a template it may not see: 404; a name nobody has: the handler answers (404).
+async fn pool_access(engine: &crate::Engine, who: &Principal, name: &str) -> ControlResult<()> {
+    let s = engine.store.template_settings(name).await?;
+    if s.owner() == who.tenant
+        || (s.tenant.is_none() && engine.node.template_versions(name).await?.is_empty())
+    {
+        return Ok(());
+    }
+    if s.is_shared() {
+        return Err(ControlError::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "the warm pool of template {name} is tenant {}'s: only it sizes or reads it",
+                s.owner()
+            ),
+        ));
+    }
+    Err(ControlError::not_found(format!(
+        "template {name} not found"
+    )))
 }
 
 /// Sandbox id to tenant, as read from the store. A sandbox never changes tenant, so an
@@ -178,18 +289,6 @@ impl Owners {
         }
         map.insert(id.to_owned(), tenant.to_owned());
     }
-}
-
-/// Secrets stay admin-managed in this increment (decision 0040): a create by another scope
-/// may not bind any, so no tenant can use credentials it does not own.
-pub fn check_secrets(who: &Principal, req: &space_api::CreateSandbox) -> ControlResult<()> {
-    if who.is_admin() || (req.secrets.is_empty() && req.secret_headers.is_empty()) {
-        return Ok(());
-    }
-    Err(ControlError::new(
-        ErrorKind::PermissionDenied,
-        "secrets are managed with an admin key for now: a tenant key's create cannot bind any",
-    ))
 }
 
 /// A tenant id from a request, checked.
@@ -313,43 +412,86 @@ fn decode_settings(r: &sqlx::any::AnyRow) -> Result<TenantSettings, StoreError> 
     })
 }
 
-/// Why `quota` refuses one more sandbox `spec` of `tenant`, which holds `held` (sandboxes,
-/// CPU, memory MiB) now; None when it fits.
+/// What sandboxes hold or ask for of a quota: how many, and the CPU and memory (MiB) their
+/// limits claim.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Claim {
+    pub sandboxes: u64,
+    pub cpu: f64,
+    pub memory_mib: u64,
+}
+
+impl Claim {
+    /// `n` sandboxes at the default limits: what a warm pool's members claim.
+    pub fn pool_members(n: u64) -> Self {
+        Self {
+            sandboxes: n,
+            cpu: n as f64 * space_api::DEFAULT_CPU,
+            memory_mib: n * space_api::DEFAULT_MEMORY_MIB,
+        }
+    }
+
+    fn add(&mut self, o: Claim) {
+        self.sandboxes += o.sandboxes;
+        self.cpu += o.cpu;
+        self.memory_mib += o.memory_mib;
+    }
+}
+
+impl From<&crate::store::SandboxSpecRecord> for Claim {
+    fn from(s: &crate::store::SandboxSpecRecord) -> Self {
+        Self {
+            sandboxes: 1,
+            cpu: s.cpu,
+            memory_mib: s.memory_mib,
+        }
+    }
+}
+
+/// Why `quota` refuses `asked` more of `tenant`, which holds `held` now (its sandboxes not
+/// deleted and its warm pools' members); None when it fits.
 pub fn quota_refusal(
     tenant: &str,
     quota: &TenantQuota,
-    held: (u64, f64, u64),
-    spec: &crate::store::SandboxSpecRecord,
+    held: Claim,
+    asked: Claim,
 ) -> Option<String> {
-    let (n, cpu, mem) = held;
+    let n = held.sandboxes;
     if let Some(max) = quota.sandboxes
-        && n + 1 > u64::from(max)
+        && n + asked.sandboxes > u64::from(max)
     {
         return Some(format!(
-            "tenant {tenant}'s quota of {max} sandboxes is used up ({n} not deleted): remove \
-             one, or ask for a larger quota"
+            "tenant {tenant}'s quota of {max} sandboxes is used up ({n} held: not deleted, or \
+             warm in its pools; {} asked): remove some, or ask for a larger quota",
+            asked.sandboxes
         ));
     }
     if let Some(max) = quota.cpu
-        && cpu + spec.cpu > max + 1e-9
+        && held.cpu + asked.cpu > max + 1e-9
     {
         return Some(format!(
-            "tenant {tenant}'s CPU quota of {max} cores would be exceeded ({cpu} claimed, \
-             {} asked)",
-            spec.cpu
+            "tenant {tenant}'s CPU quota of {max} cores would be exceeded ({} claimed, {} \
+             asked)",
+            held.cpu, asked.cpu
         ));
     }
     if let Some(max) = quota.memory_mib
-        && mem + spec.memory_mib > max
+        && held.memory_mib + asked.memory_mib > max
     {
         return Some(format!(
-            "tenant {tenant}'s memory quota of {max} MiB would be exceeded ({mem} MiB \
-             claimed, {} MiB asked)",
-            spec.memory_mib
+            "tenant {tenant}'s memory quota of {max} MiB would be exceeded ({} MiB claimed, \
+             {} MiB asked)",
+            held.memory_mib, asked.memory_mib
         ));
     }
     None
 }
+
+/// The warm pool members a tenant's templates may hold (their pools' `max`), but for
+/// template `$2`'s.
+const TENANT_POOL_MEMBERS: &str = "SELECT COALESCE(SUM(p.max), 0) FROM template_pools p \
+     JOIN template_settings t ON t.template = p.template WHERE t.tenant_id = $1 \
+     AND p.template <> $2";
 
 /// Checks a quota a request sets.
 fn check_quota(q: &TenantQuota) -> ControlResult<()> {
@@ -547,27 +689,24 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(q("lock tenant"))?;
-        let specs =
-            sqlx::query("SELECT spec FROM sandboxes WHERE tenant_id = $1 AND deleted_at IS NULL")
-                .bind(&row.tenant)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(q("sum tenant claims"))?;
-        let (mut n, mut cpu, mut mem) = (0u64, 0f64, 0u64);
-        for r in &specs {
-            let spec: String = r.try_get(0).map_err(q("sum tenant claims"))?;
-            if let Ok(s) = serde_json::from_str::<crate::store::SandboxSpecRecord>(&spec) {
-                n += 1;
-                cpu += s.cpu;
-                mem += s.memory_mib;
-            }
-        }
-        if let Some(why) = quota_refusal(&row.tenant, quota, (n, cpu, mem), &row.spec) {
+        let held = tenant_claims(&mut tx, &row.tenant, "").await?;
+        if let Some(why) = quota_refusal(&row.tenant, quota, held, Claim::from(&row.spec)) {
             return Ok(Some(why));
         }
         crate::store::insert_sandbox_with(&mut *tx, row).await?;
         tx.commit().await.map_err(q("insert sandbox"))?;
         Ok(None)
+    }
+
+    /// What tenant `tenant` holds of its quota, but for the pool of `template` (so that a
+    /// pool's new size is checked against the rest).
+    pub async fn tenant_claims(&self, tenant: &str, template: &str) -> Result<Claim, StoreError> {
+        let mut conn = self
+            .pool()
+            .acquire()
+            .await
+            .map_err(q("sum tenant claims"))?;
+        tenant_claims(&mut conn, tenant, template).await
     }
 
     /// Snapshots of tenant `tenant`'s sandboxes.
@@ -594,6 +733,37 @@ impl Store {
             .map_err(q("delete tenant"))?;
         Ok(done.rows_affected() == 1)
     }
+}
+
+/// What `tenant` holds (see [`Store::tenant_claims`]), read on `conn` (a transaction's, in a
+/// create).
+async fn tenant_claims(
+    conn: &mut sqlx::AnyConnection,
+    tenant: &str,
+    template: &str,
+) -> Result<Claim, StoreError> {
+    let specs =
+        sqlx::query("SELECT spec FROM sandboxes WHERE tenant_id = $1 AND deleted_at IS NULL")
+            .bind(tenant)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(q("sum tenant claims"))?;
+    let mut held = Claim::default();
+    for r in &specs {
+        let spec: String = r.try_get(0).map_err(q("sum tenant claims"))?;
+        if let Ok(s) = serde_json::from_str::<crate::store::SandboxSpecRecord>(&spec) {
+            held.add(Claim::from(&s));
+        }
+    }
+    let pooled: i64 = sqlx::query(TENANT_POOL_MEMBERS)
+        .bind(tenant)
+        .bind(template)
+        .fetch_one(&mut *conn)
+        .await
+        .and_then(|r| r.try_get(0))
+        .map_err(q("sum tenant pools"))?;
+    held.add(Claim::pool_members(pooled.max(0) as u64));
+    Ok(held)
 }
 
 /// How long a replica uses a tenant's settings before it reads them again (a change made
@@ -685,6 +855,25 @@ impl crate::Engine {
             return Ok(());
         }
         match self.store.insert_sandbox_in_quota(row, &quota).await? {
+            None => Ok(()),
+            Some(why) => Err(ControlError::new(ErrorKind::QuotaExceeded, why)),
+        }
+    }
+
+    /// Refuses a warm pool of up to `max` members of template `template` that `tenant`'s
+    /// quota has no room for, besides what the tenant holds otherwise.
+    pub(crate) async fn check_pool_quota(
+        &self,
+        tenant: &str,
+        template: &str,
+        max: u32,
+    ) -> ControlResult<()> {
+        let quota = self.tenant_settings(tenant).await?.quota;
+        if quota.sandboxes.is_none() && quota.cpu.is_none() && quota.memory_mib.is_none() {
+            return Ok(());
+        }
+        let held = self.store.tenant_claims(tenant, template).await?;
+        match quota_refusal(tenant, &quota, held, Claim::pool_members(u64::from(max))) {
             None => Ok(()),
             Some(why) => Err(ControlError::new(ErrorKind::QuotaExceeded, why)),
         }

@@ -2386,6 +2386,7 @@ async fn a_replica_with_another_secrets_key_refuses_to_start() {
         .engine
         .vault
         .put(
+            space_api::tenant::DEFAULT_TENANT,
             "K",
             &space_api::PutSecret {
                 value: "v".into(),

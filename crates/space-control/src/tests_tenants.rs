@@ -244,7 +244,7 @@ async fn a_read_only_key_changes_nothing_and_admin_routes_need_an_admin() {
         .await;
     assert_eq!(r.status, StatusCode::OK);
     // Admin routes refuse tenant keys, whatever they are; shared reads are open to them.
-    let mut admin_routes = 0;
+    let mut admin_routes = Vec::new();
     for (method, route, uri) in every_route(&sb.id) {
         if access(method, route) != Access::Admin || route == "/healthz" {
             continue;
@@ -257,24 +257,428 @@ async fn a_read_only_key_changes_nothing_and_admin_routes_need_an_admin() {
             msg.contains("needs an admin key"),
             "{method} {route}: {msg}"
         );
-        admin_routes += 1;
+        admin_routes.push(route);
     }
-    assert!(admin_routes >= 25, "only {admin_routes} admin routes");
+    for route in [
+        "/metrics",
+        "/v1/nodes",
+        "/v1/cluster",
+        "/v1/tenants",
+        "/v1/keys",
+        "/v1/sandboxes/{id}/migrate",
+    ] {
+        assert!(
+            admin_routes.contains(&route),
+            "{route} is not an admin route"
+        );
+    }
     let r = h
         .call_as(&rw.key, Method::GET, "/v1/templates", Body::empty())
         .await;
     assert_eq!(r.status, StatusCode::OK);
-    // A tenant key cannot bind secrets (they are not per tenant yet).
+}
+
+const SECRET: &str =
+    r#"{"value":"v-VALUE","hosts":["api.x.com"],"header":"Authorization: Bearer {}"}"#;
+
+#[tokio::test]
+async fn secrets_are_the_keys_own_tenants() {
+    let h = harness().await;
+    h.tenant("team-a").await;
+    h.tenant("team-b").await;
+    let a = h.key("team-a", "tenant").await;
+    let b = h.key("team-b", "tenant").await;
+    let put = |key: String, value: &'static str| {
+        let h = &h;
+        async move {
+            h.call_as(
+                &key,
+                Method::PUT,
+                "/v1/secrets/TOKEN",
+                SECRET.replace("VALUE", value),
+            )
+            .await
+        }
+    };
+    // The same name in two tenants is two secrets.
+    let r = put(a.key.clone(), "a").await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let info: space_api::SecretInfo = r.json();
+    assert_eq!(info.tenant, "team-a");
+    let r = h
+        .call(
+            Method::PUT,
+            "/v1/secrets/TOKEN",
+            SECRET.replace("VALUE", "admin"),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let names = |r: Reply| -> Vec<(String, String)> {
+        let l: space_api::SecretList = r.json();
+        l.secrets.into_iter().map(|s| (s.tenant, s.name)).collect()
+    };
+    let list = |key: String| {
+        let h = &h;
+        async move {
+            h.call_as(&key, Method::GET, "/v1/secrets", Body::empty())
+                .await
+        }
+    };
+    assert_eq!(
+        names(list(a.key.clone()).await),
+        [("team-a".into(), "TOKEN".into())]
+    );
+    assert!(names(list(b.key.clone()).await).is_empty());
+    assert_eq!(
+        names(list(h.key.clone()).await),
+        [("default".into(), "TOKEN".into())]
+    );
+    // Another tenant's secret is one that does not exist, on every route of both APIs.
+    for (m, uri) in [
+        (Method::GET, "/v1/secrets/TOKEN"),
+        (Method::DELETE, "/v1/secrets/TOKEN"),
+        (Method::GET, "/secrets/TOKEN"),
+        (Method::DELETE, "/secrets/TOKEN"),
+    ] {
+        let r = h.call_as(&b.key, m.clone(), uri, Body::empty()).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{m} {uri}");
+    }
+    let r = h
+        .call_as(&b.key, Method::POST, "/secrets/TOKEN", r#"{"value":"x"}"#)
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = h
+        .call_as(&b.key, Method::GET, "/secrets", Body::empty())
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let page: Vec<serde_json::Value> = r.json();
+    assert!(page.is_empty());
+    // B cannot bind A's; A binds its own, and the node asks for A's value.
     let r = h
         .call_as(
-            &rw.key,
+            &b.key,
             Method::POST,
             "/v1/sandboxes",
             r#"{"secrets":["TOKEN"]}"#,
         )
         .await;
+    let msg = r.error(400, "invalid_argument");
+    assert_eq!(msg, "secret TOKEN not found");
+    let r = h
+        .call_as(
+            &a.key,
+            Method::POST,
+            "/v1/sandboxes",
+            r#"{"secrets":["TOKEN"]}"#,
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let sb: Sandbox = r.json();
+    let row = h
+        .state
+        .engine
+        .store
+        .get_sandbox(&sb.id)
+        .await
+        .unwrap()
+        .unwrap();
+    let bindings = crate::net::node_bindings(&row.spec.secrets);
+    assert_eq!(bindings[0].source_name(), "team-a/TOKEN");
+    let source = h.state.engine.secret_source();
+    assert_eq!(
+        source.secret_value("team-a/TOKEN").await.as_deref(),
+        Some("v-a")
+    );
+    assert_eq!(
+        source.secret_value("TOKEN").await.as_deref(),
+        Some("v-admin")
+    );
+    // Nothing of A's changed through B's calls.
+    assert_eq!(names(list(a.key.clone()).await).len(), 1);
+}
+
+#[tokio::test]
+async fn a_tenants_templates_are_its_own_and_shared_ones_read_only() {
+    let h = harness().await;
+    h.tenant("team-a").await;
+    h.tenant("team-b").await;
+    let a = h.key("team-a", "tenant").await;
+    let b = h.key("team-b", "tenant").await;
+    let listed = |r: Reply| -> Vec<(String, String, bool)> {
+        let l: space_api::TemplateList = r.json();
+        l.templates
+            .into_iter()
+            .map(|t| {
+                assert!(t.path.is_none(), "a host path shown to a tenant: {t:?}");
+                (t.name, t.tenant, t.shared)
+            })
+            .collect()
+    };
+    let list = |key: String| {
+        let h = &h;
+        async move {
+            listed(
+                h.call_as(&key, Method::GET, "/v1/templates", Body::empty())
+                    .await,
+            )
+        }
+    };
+    // The operator's templates are shared, read-only.
+    assert_eq!(
+        list(a.key.clone()).await,
+        [("base".into(), "default".into(), true)]
+    );
+    let r = h
+        .call_as(&a.key, Method::PUT, "/v1/templates/base/settings", "{}")
+        .await;
     let msg = r.error(403, "permission_denied");
-    assert!(msg.contains("secrets"), "{msg}");
+    assert!(msg.contains("shared read-only"), "{msg}");
+    let r = h
+        .call_as(&a.key, Method::DELETE, "/v1/templates/base", Body::empty())
+        .await;
+    r.error(403, "permission_denied");
+    // A tenant's new names are TENANT.NAME.
+    let r = h
+        .call_as(&a.key, Method::PUT, "/v1/templates/py", "tar")
+        .await;
+    let msg = r.error(403, "permission_denied");
+    assert!(msg.contains("team-a.NAME"), "{msg}");
+    // Another tenant's name space is not found, whether or not the name is taken there.
+    let r = h
+        .call_as(&a.key, Method::PUT, "/v1/templates/team-b.py", "tar")
+        .await;
+    r.error(404, "not_found");
+    let r = h
+        .call_as(&a.key, Method::PUT, "/v1/templates/team-a.py", "tar")
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let t: space_api::Template = r.json();
+    assert_eq!((t.tenant.as_str(), t.shared), ("team-a", false));
+    // Private: B neither sees it nor creates from it, and its writes are 404s.
+    assert_eq!(list(b.key.clone()).await.len(), 1);
+    let missing = |uri: &str, method: Method, key: &str| {
+        let (h, uri, key) = (&h, uri.to_owned(), key.to_owned());
+        async move {
+            let r = h.call_as(&key, method.clone(), &uri, "{}").await;
+            let other = uri.replace("team-a.py", "team-a.zz");
+            let r2 = h.call_as(&key, method, &other, "{}").await;
+            (r.status, r2.status)
+        }
+    };
+    for (m, uri) in [
+        (Method::GET, "/v1/templates/team-a.py"),
+        (Method::DELETE, "/v1/templates/team-a.py"),
+        (Method::PUT, "/v1/templates/team-a.py/settings"),
+        (Method::PUT, "/v1/templates/team-a.py/start"),
+        (Method::POST, "/v1/templates/team-a.py/pull"),
+        (Method::POST, "/v1/templates/team-a.py/build"),
+        (Method::POST, "/v1/templates/team-a.py/from-snapshot"),
+    ] {
+        let (got, absent) = missing(uri, m.clone(), &b.key).await;
+        assert_eq!(
+            (got, absent),
+            (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND),
+            "{m} {uri}"
+        );
+    }
+    let r = h
+        .call_as(
+            &b.key,
+            Method::POST,
+            "/v1/sandboxes",
+            r#"{"template":"team-a.py"}"#,
+        )
+        .await;
+    let msg = r.error(404, "not_found");
+    assert_eq!(msg, "template team-a.py not found");
+    // A uses it; the default tenant's sandboxes cannot either while it is private.
+    let r = h
+        .call_as(
+            &a.key,
+            Method::POST,
+            "/v1/sandboxes",
+            r#"{"template":"team-a.py"}"#,
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let r = h
+        .call(Method::POST, "/v1/sandboxes", r#"{"template":"team-a.py"}"#)
+        .await;
+    r.error(404, "not_found");
+    // Shared by its tenant: B sees it and creates from it, and still cannot change it.
+    let r = h
+        .call_as(
+            &a.key,
+            Method::PUT,
+            "/v1/templates/team-a.py/settings",
+            r#"{"shared":true}"#,
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert!(
+        list(b.key.clone())
+            .await
+            .contains(&("team-a.py".into(), "team-a".into(), true))
+    );
+    let r = h
+        .call_as(
+            &b.key,
+            Method::POST,
+            "/v1/sandboxes",
+            r#"{"template":"team-a.py"}"#,
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let r = h
+        .call_as(
+            &b.key,
+            Method::DELETE,
+            "/v1/templates/team-a.py",
+            Body::empty(),
+        )
+        .await;
+    r.error(403, "permission_denied");
+    // A template from a snapshot of another tenant's sandbox: that sandbox is not found.
+    let other = h.create_as(&b.key).await;
+    let body = format!(
+        r#"{{"sandbox":"{}","snapshot":"abcdefghij0123456789"}}"#,
+        other.id
+    );
+    let r = h
+        .call_as(
+            &a.key,
+            Method::POST,
+            "/v1/templates/team-a.snap/from-snapshot",
+            body,
+        )
+        .await;
+    let msg = r.error(404, "not_found");
+    assert_eq!(msg, format!("sandbox {} not found", other.id));
+    // The admin sees every template, with its host path.
+    let r = h.call(Method::GET, "/v1/templates", Body::empty()).await;
+    let l: space_api::TemplateList = r.json();
+    assert!(l.templates.iter().all(|t| t.path.is_some()));
+    assert_eq!(l.templates.len(), 2);
+}
+
+#[tokio::test]
+async fn a_pool_is_its_templates_tenants_and_its_members_are_charged_to_its_quota() {
+    let h = harness().await;
+    let r = h
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            r#"{"id":"team-a","quota":{"sandboxes":3}}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    h.tenant("team-b").await;
+    let a = h.key("team-a", "tenant").await;
+    let b = h.key("team-b", "tenant").await;
+    let ro = h.key("team-a", "read-only").await;
+    let r = h
+        .call_as(&a.key, Method::PUT, "/v1/templates/team-a.py", "tar")
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let pool = "/v1/templates/team-a.py/pool";
+    // Over the quota with what it holds: nothing reaches the node.
+    h.create_as(&a.key).await;
+    let calls = h.node.calls.lock().unwrap().len();
+    let msg = h
+        .call_as(&a.key, Method::PUT, pool, r#"{"min":1,"max":3}"#)
+        .await
+        .error(403, "quota_exceeded");
+    assert!(msg.contains("quota of 3 sandboxes"), "{msg}");
+    assert_eq!(h.node.calls.lock().unwrap().len(), calls);
+    // Within it, the pool is set, and its members count as the tenant's sandboxes.
+    let r = h
+        .call_as(&a.key, Method::PUT, pool, r#"{"min":1,"max":2}"#)
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let msg = h
+        .call_as(&a.key, Method::POST, "/v1/sandboxes", "{}")
+        .await
+        .error(403, "quota_exceeded");
+    assert!(msg.contains("quota of 3 sandboxes"), "{msg}");
+    // Resizing it checks the new size against the rest, not against itself.
+    let r = h
+        .call_as(&a.key, Method::PUT, pool, r#"{"min":1,"max":1}"#)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    h.create_as(&a.key).await;
+    // Its own key reads it (a read-only key too); the list shows its pools only.
+    let r = h.call_as(&ro.key, Method::GET, pool, Body::empty()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let pools = |key: String| {
+        let h = &h;
+        async move {
+            let l: space_api::PoolList = h
+                .call_as(&key, Method::GET, "/v1/pools", Body::empty())
+                .await
+                .json();
+            l.pools.into_iter().map(|p| p.template).collect::<Vec<_>>()
+        }
+    };
+    h.call(Method::PUT, "/v1/templates/base/pool", r#"{"min":1}"#)
+        .await;
+    assert_eq!(pools(a.key.clone()).await, ["team-a.py"]);
+    assert!(pools(b.key.clone()).await.is_empty());
+    assert_eq!(pools(h.key.clone()).await, ["base", "team-a.py"]);
+    // Another tenant: the private template's pool is not found, a shared one's is not its.
+    for m in [Method::GET, Method::PUT] {
+        h.call_as(&b.key, m.clone(), pool, r#"{"min":0}"#)
+            .await
+            .error(404, "not_found");
+        let msg = h
+            .call_as(&b.key, m, "/v1/templates/base/pool", r#"{"min":0}"#)
+            .await
+            .error(403, "permission_denied");
+        assert!(msg.contains("tenant default's"), "{msg}");
+    }
+    // A name nobody has: the handler's own 404.
+    h.call_as(
+        &b.key,
+        Method::GET,
+        "/v1/templates/team-b.none/pool",
+        Body::empty(),
+    )
+    .await
+    .error(404, "not_found");
 }
 
 #[tokio::test]

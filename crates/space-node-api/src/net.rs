@@ -87,9 +87,22 @@ pub struct SecretBinding {
     pub header: String,
     #[serde(default)]
     pub inject: bool,
+    /// The name the node asks its [`SecretSource`] for, when it is not `name` (a tenant's
+    /// secret: `tenant/name`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub secret: String,
 }
 
 impl SecretBinding {
+    /// The name to ask the [`SecretSource`] for.
+    pub fn source_name(&self) -> &str {
+        if self.secret.is_empty() {
+            &self.name
+        } else {
+            &self.secret
+        }
+    }
+
     /// The header name (before the first `:`), trimmed.
     pub fn header_name(&self) -> &str {
         self.header.split(':').next().unwrap_or("").trim()

@@ -407,7 +407,6 @@ async fn create(
         secret_headers,
         ..Default::default()
     };
-    crate::tenants::check_secrets(&who, &create)?;
     let sb = s.engine.create_sandbox_for(&who.tenant, create).await?;
     Ok((StatusCode::CREATED, Json(sandbox_reply(&s, &sb))).into_response())
 }
@@ -747,7 +746,7 @@ async fn list_snapshots(
     }
     let mut names: Vec<String> = s
         .engine
-        .list_templates()
+        .list_templates(None)
         .await?
         .into_iter()
         .filter(|t| {
@@ -793,7 +792,7 @@ async fn delete_snapshot(
 ) -> E2bResult<StatusCode> {
     let template = s
         .engine
-        .list_templates()
+        .list_templates(None)
         .await?
         .into_iter()
         .find(|t| t.name == p.id);

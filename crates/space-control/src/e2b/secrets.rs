@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -22,6 +22,7 @@ use super::control::{E2bResult, MAX_PAGE, invalid, page_reply};
 use crate::AppState;
 use crate::error::{ControlError, ErrorKind};
 use crate::http::{ApiJson, ApiPath, ApiQuery};
+use crate::tenants::Principal;
 
 /// How a header value names a secret: `${e2b.secrets.NAME}`.
 const SECRET_REF: &str = "${e2b.secrets.";
@@ -166,12 +167,18 @@ fn or_not_found(id: &str, e: ControlError) -> E2bError {
 /// `POST /secrets`: 201 with the new secret (version 1), 409 when the name is taken.
 pub(super) async fn create(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiJson(req): ApiJson<NewSecret>,
 ) -> E2bResult<Response> {
     let info = s
         .engine
         .vault
-        .create_unbound(&req.name, &req.value, req.metadata.unwrap_or_default())
+        .create_unbound(
+            &who.tenant,
+            &req.name,
+            &req.value,
+            req.metadata.unwrap_or_default(),
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(E2bSecret::from(info))).into_response())
 }
@@ -179,6 +186,7 @@ pub(super) async fn create(
 /// `GET /secrets`: by name, in pages (`limit`, `nextToken`, `x-next-token`).
 pub(super) async fn list(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiQuery(q): ApiQuery<SecretQuery>,
 ) -> E2bResult<Response> {
     let limit = q.limit.unwrap_or(MAX_PAGE);
@@ -187,7 +195,7 @@ pub(super) async fn list(
             "limit must be between 1 and {MAX_PAGE}, got {limit}"
         )));
     }
-    let all = s.engine.vault.list().await?;
+    let all = s.engine.vault.list(&who.tenant).await?;
     let start = match &q.next_token {
         None => 0,
         Some(after) => all
@@ -206,12 +214,13 @@ pub(super) async fn list(
 /// `GET /secrets/{id}`.
 pub(super) async fn get(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(p): ApiPath<SecretPath>,
 ) -> E2bResult<Json<E2bSecret>> {
     let info = s
         .engine
         .vault
-        .get(&p.id)
+        .get(&who.tenant, &p.id)
         .await
         .map_err(|e| or_not_found(&p.id, e))?;
     Ok(Json(info.into()))
@@ -220,6 +229,7 @@ pub(super) async fn get(
 /// `POST /secrets/{id}`: a new value as the next version (metadata replaced when given).
 pub(super) async fn update(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(p): ApiPath<SecretPath>,
     ApiJson(req): ApiJson<SecretUpdate>,
 ) -> E2bResult<Json<E2bSecret>> {
@@ -229,7 +239,7 @@ pub(super) async fn update(
     let info = s
         .engine
         .vault
-        .update_value(&p.id, &req.value, req.metadata)
+        .update_value(&who.tenant, &p.id, &req.value, req.metadata)
         .await
         .map_err(|e| or_not_found(&p.id, e))?;
     Ok(Json(info.into()))
@@ -239,11 +249,12 @@ pub(super) async fn update(
 /// their requests as they are.
 pub(super) async fn delete(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(p): ApiPath<SecretPath>,
 ) -> E2bResult<StatusCode> {
     s.engine
         .vault
-        .delete(&p.id)
+        .delete(&who.tenant, &p.id)
         .await
         .map_err(|e| or_not_found(&p.id, e))?;
     Ok(StatusCode::NO_CONTENT)

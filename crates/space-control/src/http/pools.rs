@@ -1,7 +1,8 @@
-//! `/v1/pools` and `/v1/templates/{name}/pool`.
+//! `/v1/pools` and `/v1/templates/{name}/pool`: a pool is its template's tenant's
+//! (decision 0048; the auth middleware checks a template's pool, the list is filtered here).
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 
 use space_api::Pool;
 use space_api::PoolList;
@@ -10,10 +11,15 @@ use space_api::SetPool;
 use super::extract::*;
 use crate::AppState;
 use crate::error::ControlError;
+use crate::tenants::Principal;
 
-pub(crate) async fn list_pools(State(s): State<AppState>) -> Result<Json<PoolList>, ControlError> {
+/// The pools of the key's tenant's templates (every pool for an admin key).
+pub(crate) async fn list_pools(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> Result<Json<PoolList>, ControlError> {
     Ok(Json(PoolList {
-        pools: s.engine.list_pools().await,
+        pools: s.engine.list_pools(who.list_filter()).await?,
     }))
 }
 

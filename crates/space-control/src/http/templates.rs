@@ -1,6 +1,7 @@
 //! `/v1/templates...`: list, import, pull, build, show, remove, settings, start command,
 //! from a snapshot.
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -21,6 +22,7 @@ use super::extract::*;
 use crate::AppState;
 use crate::build::BuildOptions;
 use crate::error::ControlError;
+use crate::tenants::Principal;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -28,10 +30,24 @@ pub(crate) struct RemoveQuery {
     version: Option<u32>,
 }
 
-pub(crate) async fn list_templates(State(s): State<AppState>) -> HResult<Json<TemplateList>> {
-    Ok(Json(TemplateList {
-        templates: s.engine.list_templates().await?,
-    }))
+/// The templates the key's tenant may use (every one for an admin key). The auth middleware
+/// has checked a template route's access ([`crate::tenants::authorize`]).
+pub(crate) async fn list_templates(
+    State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
+) -> HResult<Json<TemplateList>> {
+    let mut templates = s.engine.list_templates(who.list_filter()).await?;
+    for t in &mut templates {
+        operator_only(&who, t);
+    }
+    Ok(Json(TemplateList { templates }))
+}
+
+/// Drops what only an operator should see of a template: its host path.
+fn operator_only(who: &Principal, t: &mut Template) {
+    if !who.is_admin() {
+        t.path = None;
+    }
 }
 
 #[derive(Deserialize)]
@@ -70,9 +86,14 @@ pub(crate) async fn set_template_settings(
 
 pub(crate) async fn get_template(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(p): ApiPath<NamePath>,
 ) -> Result<axum::Json<space_api::TemplateDetail>, ControlError> {
-    Ok(axum::Json(s.engine.get_template(&p.name).await?))
+    let mut t = s.engine.get_template(&p.name).await?;
+    for v in &mut t.versions {
+        operator_only(&who, v);
+    }
+    Ok(axum::Json(t))
 }
 
 pub(crate) async fn remove_template(
@@ -105,6 +126,7 @@ pub(crate) async fn pull_template(
 
 pub(crate) async fn build_template(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(p): ApiPath<NamePath>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
@@ -117,16 +139,36 @@ pub(crate) async fn build_template(
         .and_then(|v| v.parse().ok());
     let lines = s
         .engine
-        .build_template(&p.name, opts, len, body.into_data_stream())
+        .build_template(
+            &p.name,
+            who.list_filter(),
+            opts,
+            len,
+            body.into_data_stream(),
+        )
         .await?;
     Ok(crate::http::ndjson(lines))
 }
 
 pub(crate) async fn template_from_snapshot(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiPath(p): ApiPath<crate::http::NamePath>,
     ApiJson(req): ApiJson<TemplateFromSnapshot>,
 ) -> Result<Response, ControlError> {
+    // The snapshot must be of one of the key's tenant's sandboxes (another's is not found).
+    if !who.is_admin()
+        && s.engine
+            .owners
+            .tenant_of(&s.engine.store, &req.sandbox)
+            .await?
+            .is_none_or(|t| t != who.tenant)
+    {
+        return Err(ControlError::not_found(format!(
+            "sandbox {} not found",
+            req.sandbox
+        )));
+    }
     let t = s.engine.template_from_snapshot(&p.name, req).await?;
     Ok((StatusCode::CREATED, Json(t)).into_response())
 }

@@ -289,7 +289,7 @@ pub(super) async fn substitute(
         if !binding.inject && !header_holds(headers, &name, placeholder) {
             continue;
         }
-        match secrets.value(&binding.name).await {
+        match secrets.value(binding.source_name()).await {
             Some(value) => {
                 let n = if binding.inject {
                     inject_header(headers, name, binding.header_template(), value.as_bytes())
@@ -339,6 +339,7 @@ mod tests {
                 hosts: vec!["api.example.com".into(), "*.example.org".into()],
                 header: "Authorization: Bearer {}".into(),
                 inject: false,
+                secret: String::new(),
             },
             SecretBinding {
                 name: "OTHER".into(),
@@ -346,6 +347,7 @@ mod tests {
                 hosts: vec!["other.example.net".into()],
                 header: "X-Api-Key: {}".into(),
                 inject: false,
+                secret: String::new(),
             },
         ]
     }
@@ -435,6 +437,7 @@ mod tests {
             hosts: vec!["api.openai.test".into()],
             header: "Authorization: Bearer {} (space)".into(),
             inject: true,
+            secret: String::new(),
         }];
         let s = secrets(&[("openai-key", "sk-real")]);
         let b = &inject;

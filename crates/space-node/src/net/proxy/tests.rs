@@ -274,6 +274,7 @@ impl World {
                 hosts: vec![API.into()],
                 header: "Authorization: Bearer {}".into(),
                 inject: false,
+                secret: String::new(),
             }],
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
