@@ -31,6 +31,14 @@
 //! A race remains only when the switch falls in the middle of a frame (the old host's last
 //! frame cut off): the new client's first bytes are then taken for that frame's, it fails,
 //! and must reconnect.
+//!
+//! The other way round, what the server writes after its host left goes to whichever host
+//! QEMU has connected by then. The guest cannot tell when that happened (QEMU's
+//! disconnect-connect reaches it late, or not at all), so a session stops writing once its
+//! client sent GOAWAY: an HTTP/2 client (h2, so tonic and the node) sends it only when it
+//! closes the connection with no stream left open, so nothing written after it has a
+//! reader, and the server's own GOAWAY in reply, written after the client went, would
+//! otherwise reach the next client first and end its connection after one call.
 
 use std::fs;
 use std::future::Future;
@@ -374,10 +382,15 @@ impl Preface {
     }
 }
 
+/// An HTTP/2 GOAWAY frame's type (RFC 9113, 6.8).
+const GOAWAY: u8 = 0x7;
+
 /// Follows the frames a client sends after its preface, to see a new client's preface begin
-/// where the next frame header should (see the module's doc).
+/// where the next frame header should (see the module's doc), and the client's GOAWAY.
 #[derive(Debug)]
 struct Frames {
+    /// The client sent a GOAWAY: it is leaving.
+    goaway: bool,
     /// Bytes of the preface still to pass.
     skip: usize,
     /// Header bytes of the current frame seen so far.
@@ -390,6 +403,7 @@ struct Frames {
 impl Frames {
     fn new() -> Self {
         Self {
+            goaway: false,
             skip: PREFACE.len(),
             header: [0; 9],
             have: 0,
@@ -422,6 +436,7 @@ impl Frames {
             if self.have == self.header.len() {
                 let h = self.header;
                 self.left = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+                self.goaway |= h[3] == GOAWAY;
                 self.have = 0;
             }
         }
@@ -570,8 +585,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Session<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.superseded {
-            // Meant for the last host: never for the new one.
+        if self.superseded || self.frames.goaway {
+            // Meant for the last host (or for a client that has left): never for the next.
             return Poll::Ready(Ok(buf.len()));
         }
         let r = ready!(Pin::new(&mut self.io).poll_write(cx, buf));

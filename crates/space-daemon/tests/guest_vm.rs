@@ -31,8 +31,7 @@ const MODULES: &[&str] = &[
     "kernel/drivers/block/virtio_blk.ko",
     "kernel/drivers/char/virtio_console.ko",
 ];
-const CMDLINE: &str =
-    "console=ttyS0 panic=-1 quiet rdinit=/init SPACE_GUEST=vm tsc_early_khz=2000000";
+const CMDLINE: &str = "console=ttyS0 panic=-1 quiet rdinit=/init SPACE_GUEST=vm tsc_early_khz=2000000";
 
 fn static_daemon() -> Result<PathBuf> {
     // SPACE_DAEMON_STATIC, else the one scripts/test builds (SPACE_DAEMON_BINARY), else a
@@ -279,7 +278,18 @@ async fn run() -> Result<()> {
         .spawn()
         .context("qemu-system-x86_64")?;
     let mut vm = Vm { child, console };
+    // A failure shows what the guest printed (the daemon logs to the console).
+    if let Err(e) = exchange(&mut vm, &sock, &version, started).await {
+        // The guest may still be logging what led to it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        bail!("{e:#}\n--- console ---\n{}", vm.console());
+    }
+    eprintln!("--- console ---\n{}", vm.console());
+    Ok(())
+}
 
+/// Everything the test asks of the booted guest.
+async fn exchange(vm: &mut Vm, sock: &Path, version: &str, started: Instant) -> Result<()> {
     // First Info: connect (QEMU creates the socket at once) and retry until the guest answers.
     let deadline = started + Duration::from_secs(90);
     let (mut c, info) = loop {
@@ -289,7 +299,7 @@ async fn run() -> Result<()> {
         if Instant::now() > deadline {
             bail!("no Info within 90 s; console:\n{}", vm.console());
         }
-        if let Ok(mut c) = client(&sock).await
+        if let Ok(mut c) = client(sock).await
             && let Ok(Ok(r)) =
                 tokio::time::timeout(Duration::from_secs(30), c.info(InfoRequest {})).await
         {
@@ -307,7 +317,7 @@ async fn run() -> Result<()> {
     assert!(!info.boot_id.is_empty());
 
     let (out, code) = exec_output(&mut c, &["uname", "-r"]).await?;
-    assert_eq!((out.trim(), code), (version.as_str(), 0));
+    assert_eq!((out.trim(), code), (version, 0));
     // The environment of a VM's processes and the root switch.
     let (out, _) = exec_output(
         &mut c,
@@ -419,7 +429,7 @@ async fn run() -> Result<()> {
     for round in 1..=3 {
         let t = Instant::now();
         let mut c = loop {
-            if let Ok(mut c) = client(&sock).await
+            if let Ok(mut c) = client(sock).await
                 && let Ok(Ok(r)) =
                     tokio::time::timeout(Duration::from_secs(10), c.info(InfoRequest {})).await
             {
@@ -444,7 +454,7 @@ async fn run() -> Result<()> {
             "{list:?}"
         );
         let (out, code) = exec_output(&mut c, &["uname", "-r"]).await?;
-        assert_eq!((out.trim(), code), (version.as_str(), 0));
+        assert_eq!((out.trim(), code), (version, 0));
         if round == 2 {
             // Cut in the middle of a follow stream again, this time with the stream open.
             let mut f = c
@@ -461,8 +471,5 @@ async fn run() -> Result<()> {
             drop(f);
         }
     }
-    let console = vm.console();
-    eprintln!("--- console ---\n{console}");
-    drop(vm);
     Ok(())
 }

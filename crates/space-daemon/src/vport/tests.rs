@@ -246,3 +246,47 @@ async fn a_host_taking_over_mid_session_gets_a_fresh_session() {
     host.read_to_end(&mut leaked).await.unwrap();
     assert!(leaked.is_empty(), "the old session wrote: {leaked:?}");
 }
+
+/// A client's GOAWAY (stream 0, no error, last stream 0).
+const GOAWAY_FRAME: &[u8] = &[0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+#[tokio::test]
+async fn nothing_is_written_after_the_clients_goaway() {
+    let (tx, hosts) = mpsc::unbounded_channel();
+    let mut sessions = Box::pin(sessions(FakePort { hosts }));
+    let (guest, mut host) = UnixStream::pair().unwrap();
+    tx.send(guest).unwrap();
+    let mut s1 = sessions.next().await.unwrap().unwrap();
+    host.write_all(&[PREFACE, SETTINGS].concat()).await.unwrap();
+    let mut b = vec![0u8; PREFACE.len() + SETTINGS.len()];
+    s1.read_exact(&mut b).await.unwrap();
+    // Before the GOAWAY the server's frames reach the host.
+    s1.write_all(SETTINGS).await.unwrap();
+    let mut got = vec![0u8; SETTINGS.len()];
+    host.read_exact(&mut got).await.unwrap();
+    assert_eq!(got, SETTINGS);
+    // The client leaves: the server still reads the GOAWAY, and what it answers (its own
+    // GOAWAY) goes nowhere, so the next host cannot receive it.
+    host.write_all(GOAWAY_FRAME).await.unwrap();
+    let mut b = vec![0u8; GOAWAY_FRAME.len()];
+    s1.read_exact(&mut b).await.unwrap();
+    assert_eq!(b, GOAWAY_FRAME);
+    s1.write_all(GOAWAY_FRAME).await.unwrap();
+    drop(s1);
+    let mut leaked = Vec::new();
+    host.read_to_end(&mut leaked).await.unwrap();
+    assert!(leaked.is_empty(), "written after the GOAWAY: {leaked:?}");
+}
+
+#[test]
+fn a_goaway_is_seen_in_a_frame_header_only() {
+    let mut f = Frames::new();
+    assert_eq!(f.scan(PREFACE), None);
+    // A 7 in a payload is no GOAWAY.
+    f.scan(&[0, 0, 2, 0, 0, 0, 0, 0, 1, 7, 7]);
+    assert!(!f.goaway);
+    for b in GOAWAY_FRAME.chunks(1) {
+        f.scan(b);
+    }
+    assert!(f.goaway);
+}
