@@ -31,7 +31,8 @@ const MODULES: &[&str] = &[
     "kernel/drivers/block/virtio_blk.ko",
     "kernel/drivers/char/virtio_console.ko",
 ];
-const CMDLINE: &str = "console=ttyS0 panic=-1 quiet rdinit=/init SPACE_GUEST=vm tsc_early_khz=2000000";
+const CMDLINE: &str =
+    "console=ttyS0 panic=-1 quiet rdinit=/init SPACE_GUEST=vm tsc_early_khz=2000000";
 
 fn static_daemon() -> Result<PathBuf> {
     // SPACE_DAEMON_STATIC, else the one scripts/test builds (SPACE_DAEMON_BINARY), else a

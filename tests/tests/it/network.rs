@@ -125,6 +125,18 @@ fn echo_listener(ns: Option<&NodeNet>, ip: Ipv4Addr, port: u16) -> std::net::Tcp
 }
 
 fn set_secret(s: &Spaced, name: &str, value: &str, hosts: &[&str], header: &str) -> (bool, String) {
+    set_secret_as(s, &s.key, name, value, hosts, header)
+}
+
+/// [`set_secret`] with the API key `key`.
+fn set_secret_as(
+    s: &Spaced,
+    key: &str,
+    name: &str,
+    value: &str,
+    hosts: &[&str],
+    header: &str,
+) -> (bool, String) {
     let mut args = vec!["secret", "set", name];
     for h in hosts {
         args.extend_from_slice(&["--host", h]);
@@ -132,6 +144,7 @@ fn set_secret(s: &Spaced, name: &str, value: &str, hosts: &[&str], header: &str)
     args.extend_from_slice(&["--header", header]);
     let mut child = s
         .cli()
+        .env("SPACE_API_KEY", key)
         .args(&args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -1241,6 +1254,82 @@ fn bench_egress_proxy() {
         println!(
             "{name:<14} {:>8.1} MB/s ({ms:.0} ms)",
             bytes / 1e6 / (ms / 1e3)
+        );
+    }
+}
+
+/// Secrets are per tenant (decision 0048): two tenants set a secret of the same name, each
+/// binds its own, and each request leaves the node with its own tenant's value; a third
+/// tenant cannot bind either.
+#[test]
+fn each_tenant_binds_its_own_secret_of_a_name() {
+    let lab = NetLab::new().unwrap();
+    let s = lab.start_spaced(&[]).unwrap();
+    let mut keys = Vec::new();
+    for t in ["team-a", "team-b", "team-c"] {
+        s.space_ok(&["tenant", "create", t]);
+        keys.push(
+            s.space_ok(&["key", "create", "--tenant", t])
+                .trim()
+                .to_owned(),
+        );
+    }
+    let values = [
+        format!("a-secret-{}", random_hex(8)),
+        format!("b-secret-{}", random_hex(8)),
+    ];
+    for (key, value) in keys.iter().zip(&values) {
+        let (ok, out) = set_secret_as(
+            &s,
+            key,
+            "TOKEN",
+            value,
+            &["api.example.test"],
+            "Authorization: Bearer {}",
+        );
+        assert!(ok, "{out}");
+    }
+    let as_key = |key: &str, args: &[&str]| {
+        s.cli()
+            .env("SPACE_API_KEY", key)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // The admin key's tenant (default) has no such secret, and a third tenant neither.
+    let ls = s.space_ok(&["secret", "ls"]);
+    assert!(!ls.contains("TOKEN"), "{ls}");
+    let out = as_key(&keys[2], &["create", "--secret", "TOKEN"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("secret TOKEN not found"),
+        "{err}"
+    );
+    for (i, (key, value)) in keys.iter().zip(&values).enumerate() {
+        let out = as_key(key, &["create", "--secret", "TOKEN"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+        install_probe(&s, &id);
+        let path = format!("/tenant-{i}");
+        let r = net_sh(
+            &s,
+            &id,
+            &format!(r#"https https://api.example.test{path} -H "Authorization: Bearer $TOKEN""#),
+        );
+        assert_eq!(r["status"], 200, "{r}");
+        let hit = lab
+            .http_hits()
+            .into_iter()
+            .find(|h| h.path == path)
+            .expect("the request arrived");
+        assert_eq!(
+            hit.header("authorization"),
+            Some(format!("Bearer {value}").as_str()),
+            "tenant {i}'s request"
         );
     }
 }

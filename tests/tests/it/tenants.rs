@@ -129,6 +129,100 @@ fn a_tenant_key_drives_its_own_sandboxes_and_nothing_else() {
     refused(out, "still has 1 sandboxes");
 }
 
+/// A tenant's templates (decision 0048), with a real build: private to the tenant (not
+/// listed, not a create's template nor a build's FROM for another) until it shares them,
+/// read-only to the others once shared; the tenant sizes their warm pool, nobody else.
+#[test]
+fn a_tenants_templates_are_its_own_until_it_shares_them() {
+    let s = Spaced::start().unwrap();
+    let mut keys = Vec::new();
+    for t in ["team-a", "team-b"] {
+        s.space_ok(&["tenant", "create", t]);
+        keys.push(
+            s.space_ok(&["key", "create", "--tenant", t])
+                .trim()
+                .to_owned(),
+        );
+    }
+    let (a, b) = (keys[0].as_str(), keys[1].as_str());
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        "FROM minimal\nRUN echo made-by-a > /made\n",
+    )
+    .unwrap();
+    let dir = ctx.path().to_str().unwrap();
+    // A tenant's names are TENANT.NAME.
+    refused(
+        space_as(&s, a, &["template", "build", "app", dir]),
+        "templates are named team-a.NAME",
+    );
+    ok(space_as(&s, a, &["template", "build", "team-a.app", dir]));
+    let ls = ok(space_as(&s, a, &["template", "ls"]));
+    assert!(
+        ls.lines()
+            .any(|l| l.starts_with("team-a.app") && l.contains("team-a") && l.contains(" no ")),
+        "{ls}"
+    );
+    // Private: B does not see it, cannot create from it or build on it.
+    let ls = ok(space_as(&s, b, &["template", "ls"]));
+    assert!(!ls.contains("team-a.app") && ls.contains("minimal"), "{ls}");
+    refused(
+        space_as(&s, b, &["create", "--template", "team-a.app"]),
+        "template team-a.app not found",
+    );
+    std::fs::write(ctx.path().join("Dockerfile"), "FROM team-a.app\nRUN true\n").unwrap();
+    let out = space_as(&s, b, &["template", "build", "team-b.on-a", dir]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "built on another tenant's private template: {err}"
+    );
+    assert!(!err.contains("FROM template team-a.app"), "{err}");
+    refused(
+        space_as(&s, b, &["template", "show", "team-a.app"]),
+        "template team-a.app not found",
+    );
+    // Its pool: A sizes it, B cannot see it.
+    ok(space_as(
+        &s,
+        a,
+        &["pool", "set", "team-a.app", "--min", "1"],
+    ));
+    refused(
+        space_as(&s, b, &["pool", "get", "team-a.app"]),
+        "template team-a.app not found",
+    );
+    assert!(!ok(space_as(&s, b, &["pool", "ls"])).contains("team-a.app"));
+    // Shared: B creates from it and sees A's file, but cannot change or remove it, nor
+    // size its pool.
+    ok(space_as(
+        &s,
+        a,
+        &["template", "set", "team-a.app", "--shared", "true"],
+    ));
+    let id = ok(space_as(&s, b, &["create", "--template", "team-a.app"]));
+    assert_eq!(
+        ok(space_as(&s, b, &["exec", id.trim(), "--", "cat", "/made"])),
+        "made-by-a\n"
+    );
+    refused(
+        space_as(&s, b, &["template", "rm", "team-a.app"]),
+        "shared read-only",
+    );
+    refused(
+        space_as(&s, b, &["pool", "set", "team-a.app", "--min", "2"]),
+        "tenant team-a's",
+    );
+    // The admin sees who owns what.
+    let all = s.space_ok(&["template", "ls"]);
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("team-a.app") && l.contains(" yes ")),
+        "{all}"
+    );
+}
+
 /// Two control-plane replicas on one PostgreSQL: a key made through one works through the
 /// other at once; a key revoked through one fails through it at once and through the other
 /// within a second or so.
