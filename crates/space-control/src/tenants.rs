@@ -80,13 +80,14 @@ pub fn access(method: &str, path: &str) -> Access {
         "/v2/sandboxes/{id}",
     ];
     match (method, path) {
-        // Moving a sandbox between nodes is the operator's call; an E2B snapshot makes a
-        // template, and templates are shared (admin-written) in this increment.
-        (_, "/v1/sandboxes/{id}/migrate") | (_, "/sandboxes/{id}/snapshots") => Access::Admin,
+        // Moving a sandbox between nodes is the operator's call.
+        (_, "/v1/sandboxes/{id}/migrate") => Access::Admin,
         (_, "/v1/sandboxes" | "/sandboxes" | "/v2/sandboxes") => Access::Sandboxes,
         ("GET", "/v1/e2b") => Access::Shared,
         (_, "/v1/secrets" | "/v1/secrets/{name}" | "/secrets" | "/secrets/{id}")
-        | ("GET", "/v1/templates" | "/v1/pools") => Access::Tenant,
+        | ("GET", "/v1/templates" | "/v1/pools" | "/snapshots") => Access::Tenant,
+        // E2B's removal of a snapshot, which is a template.
+        (_, "/templates/{id}") => Access::Template,
         (_, "/v1/templates/{name}/pool") => Access::TemplatePool,
         (_, p) if p == "/v1/templates/{name}" || p.starts_with("/v1/templates/{name}/") => {
             Access::Template
@@ -142,6 +143,7 @@ pub async fn authorize(
         Access::Template | Access::TemplatePool => {
             let Some(name) = path
                 .strip_prefix("/v1/templates/")
+                .or_else(|| path.strip_prefix("/templates/"))
                 .and_then(|r| r.split('/').next())
                 .filter(|n| space_api::is_valid_template_name(n))
             else {

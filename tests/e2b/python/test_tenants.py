@@ -36,6 +36,37 @@ class Tenants(unittest.TestCase):
             a.kill()
             b.kill()
 
+    def test_a_tenants_snapshots_are_its_own_templates(self):
+        a = Sandbox.create(api_key=KEY_A, timeout=120)
+        made = []
+        try:
+            a.files.write("/home/user/s.txt", "a's file")
+            # A tenant's templates are named TENANT.NAME: the name is completed.
+            info = a.create_snapshot(name="snap")
+            self.assertEqual(info.snapshot_id, "team-a.snap")
+            auto = a.create_snapshot()
+            self.assertTrue(auto.snapshot_id.startswith("team-a.snapshot-"), auto.snapshot_id)
+            mine = sorted(s.snapshot_id for s in Sandbox.list_snapshots(api_key=KEY_A).next_items())
+            self.assertEqual(mine, sorted(["team-a.snap", auto.snapshot_id]))
+            self.assertEqual(list(Sandbox.list_snapshots(api_key=KEY_B).next_items()), [])
+            child = Sandbox.create(template="team-a.snap", api_key=KEY_A, timeout=120)
+            made.append(child)
+            self.assertEqual(child.files.read("/home/user/s.txt"), "a's file")
+            # To B it is a template that does not exist.
+            with self.assertRaises(Exception) as cm:
+                Sandbox.create(template="team-a.snap", api_key=KEY_B, timeout=120)
+            self.assertIn("team-a.snap not found", str(cm.exception))
+            self.assertFalse(Sandbox.delete_snapshot("team-a.snap", api_key=KEY_B))
+            child.kill()
+            made.clear()
+            self.assertTrue(Sandbox.delete_snapshot("team-a.snap", api_key=KEY_A))
+            self.assertTrue(Sandbox.delete_snapshot(auto.snapshot_id, api_key=KEY_A))
+            self.assertFalse(Sandbox.delete_snapshot("team-a.snap", api_key=KEY_A))
+        finally:
+            for c in made:
+                c.kill()
+            a.kill()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -690,6 +690,22 @@ struct SnapshotInfo {
 /// The template source of a snapshot template (`snapshot:<sandbox>/<snapshot>`).
 const SNAPSHOT_SOURCE: &str = "snapshot:";
 
+/// A tenant's name for a snapshot template: `NAME` as it is for `default`, else
+/// `TENANT.NAME` (a tenant's templates are named so, decision 0048) unless it is already.
+fn snapshot_name(tenant: &str, name: String) -> String {
+    if tenant == space_api::tenant::DEFAULT_TENANT
+        || name
+            .strip_prefix(tenant)
+            .is_some_and(|r| r.starts_with('.'))
+    {
+        name
+    } else {
+        format!("{tenant}.{name}")
+    }
+}
+
+/// `POST /sandboxes/{id}/snapshots`: a snapshot of the sandbox's disk, kept as a template of
+/// the sandbox's tenant (private to it unless it shares it).
 async fn create_snapshot(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<crate::http::IdPath>,
@@ -702,15 +718,35 @@ async fn create_snapshot(
              the filesystem",
         ));
     }
-    if let Some(name) = &req.name {
-        crate::templates::check_template_name(name)?;
-    }
-    load(&s, &p.id).await?;
+    let row = load(&s, &p.id).await?;
+    let tenant = row.tenant.clone();
+    let claim = |name: String| {
+        let (s, tenant) = (&s, &tenant);
+        async move {
+            let name = snapshot_name(tenant, name);
+            crate::templates::check_template_name(&name)?;
+            if tenant != space_api::tenant::DEFAULT_TENANT
+                && s.engine.store.claim_template(&name, tenant).await? != *tenant
+            {
+                return Err(E2bError(ControlError::conflict(format!(
+                    "the name {name} is taken"
+                ))));
+            }
+            Ok::<_, E2bError>(name)
+        }
+    };
+    let asked = match req.name {
+        Some(n) => Some(claim(n).await?),
+        None => None,
+    };
     let snap = s
         .engine
         .create_snapshot(&p.id, space_api::CreateSnapshot::default())
         .await?;
-    let name = req.name.unwrap_or_else(|| format!("snapshot-{}", snap.id));
+    let name = match asked {
+        Some(n) => n,
+        None => claim(format!("snapshot-{}", snap.id)).await?,
+    };
     let from = space_api::TemplateFromSnapshot {
         sandbox: p.id.clone(),
         snapshot: snap.id,
@@ -733,9 +769,11 @@ pub(crate) struct SnapshotQuery {
     next_token: Option<String>,
 }
 
-/// `GET /snapshots`: the snapshot templates, by name, in pages (`x-next-token`).
+/// `GET /snapshots`: the snapshot templates, by name, in pages (`x-next-token`); a tenant
+/// key's own only.
 async fn list_snapshots(
     State(s): State<AppState>,
+    Extension(who): Extension<Principal>,
     ApiQuery(q): ApiQuery<SnapshotQuery>,
 ) -> E2bResult<Response> {
     let limit = q.limit.unwrap_or(MAX_PAGE);
@@ -746,10 +784,13 @@ async fn list_snapshots(
     }
     let mut names: Vec<String> = s
         .engine
-        .list_templates(None)
+        .list_templates(who.list_filter())
         .await?
         .into_iter()
         .filter(|t| {
+            if !who.is_admin() && t.tenant != who.tenant {
+                return false;
+            }
             let Some(from) = t
                 .source
                 .as_deref()
