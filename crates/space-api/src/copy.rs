@@ -11,8 +11,10 @@
 //! - names are single path components (no `/`, `.`, `..`, NUL or empty name, at most 255
 //!   bytes), and each may appear once in a directory;
 //! - symlinks are recreated as links and never written through;
-//! - no set-id, sticky, device, FIFO or socket file is created: modes are masked by the umask
-//!   as `tar --no-same-permissions` does, unless [`DownloadOptions::preserve`];
+//! - no set-id, device, FIFO or socket file is created, whatever the options: modes are masked
+//!   by the umask as `tar --no-same-permissions` does, and [`DownloadOptions::preserve`] keeps
+//!   the permission and sticky bits, never set-uid or set-gid (a root user's copy would
+//!   otherwise land a set-uid program the sandbox wrote on the host);
 //! - files are new inodes: no hardlink is created, and an existing file at the destination is
 //!   replaced by rename, never written through (so a host hardlink to it is left alone);
 //! - the whole copy is bounded ([`DownloadOptions::max_bytes`], entries counted too), every
@@ -123,11 +125,15 @@ impl RemoteFiles for SandboxFiles<'_> {
     }
 }
 
+/// The mode bits a preserving download keeps: permissions and sticky, never set-uid or
+/// set-gid.
+const KEPT_MODE: u32 = 0o1777;
+
 #[derive(Debug, Clone)]
 pub struct DownloadOptions {
     /// The most bytes one copy takes: file contents plus [`ENTRY_COST`] per entry.
     pub max_bytes: u64,
-    /// Keep the sandbox's mode bits (set-id and sticky included) and modification times.
+    /// Keep the sandbox's permission and sticky bits (never set-id) and modification times.
     pub preserve: bool,
     /// The longest wait for any one answer or chunk from the sandbox.
     pub stall: Duration,
@@ -519,7 +525,7 @@ impl<R: RemoteFiles> Copy<'_, R> {
 
     fn mode_for(&self, mode: u32) -> u32 {
         if self.opts.preserve {
-            mode & 0o7777
+            mode & KEPT_MODE
         } else {
             mode & 0o777 & !self.umask
         }
@@ -642,8 +648,7 @@ impl<R: RemoteFiles> Copy<'_, R> {
             })?;
         }
         if self.opts.preserve {
-            // After the data: a write clears set-id bits.
-            rfs::fchmod(&file, Mode::from_raw_mode(e.mode & 0o7777))
+            rfs::fchmod(&file, Mode::from_raw_mode(e.mode & KEPT_MODE))
                 .map_err(local("chmod", path))?;
             set_mtime(&file, path, e)?;
         }

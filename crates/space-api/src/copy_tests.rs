@@ -450,8 +450,9 @@ async fn modes_are_masked_unless_preserved() {
         ..opts()
     };
     download(&fake, "/w", &s.dst, &preserve).await.unwrap();
-    assert_eq!(mode(&s.dst.join("w/suid")), 0o4755);
-    assert_eq!(mode(&s.dst.join("w")), 0o2775);
+    // Permissions and sticky bits kept, set-id bits never.
+    assert_eq!(mode(&s.dst.join("w/suid")), 0o755);
+    assert_eq!(mode(&s.dst.join("w")), 0o775);
     assert_eq!(mode(&s.dst.join("w/sticky")), 0o1777);
     let mtime = std::fs::metadata(s.dst.join("w/suid")).unwrap().mtime();
     assert_eq!(mtime, 1_714_564_800);

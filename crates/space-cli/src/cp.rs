@@ -19,8 +19,8 @@ pub struct CpArgs {
     /// Downloads: the most a copy may take (file bytes plus 512 per entry), e.g. 500M, 20G.
     #[arg(long, value_parser = parse_size, default_value = "8G")]
     pub max_bytes: u64,
-    /// Downloads: keep set-id and sticky bits and modification times (default: modes masked
-    /// by the umask, as `tar --no-same-permissions`).
+    /// Downloads: keep permission and sticky bits and modification times, never set-id bits
+    /// (default: modes masked by the umask, as `tar --no-same-permissions`).
     #[arg(short = 'p', long)]
     pub preserve: bool,
     /// Uploads: follow symlinks inside the source tree (default: skipped with a note).

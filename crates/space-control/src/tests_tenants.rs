@@ -924,6 +924,85 @@ async fn bench_auth_and_ownership() {
     );
 }
 
+/// What a quota adds to a create: the row's insert with the tenant's quota checked in its
+/// transaction (lock the tenant, sum its sandboxes and pools, insert) against the plain
+/// insert of a tenant without one, alternating, each tenant holding 20 sandboxes and one
+/// pool (SQLite, as all-in-one spaced runs). Run with `--release`.
+#[tokio::test]
+#[ignore = "benchmark; prints figures for BENCHMARKS.md"]
+async fn bench_quota_check() {
+    let h = harness().await;
+    let r = h
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            r#"{"id":"quota","quota":{"sandboxes":100000,"cpu":100000,"memory_mib":100000000}}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    h.tenant("free").await;
+    let engine = &h.state.engine;
+    for t in ["quota", "free"] {
+        let name = format!("{t}.py");
+        engine.store.claim_template(&name, t).await.unwrap();
+        engine
+            .store
+            .put_pool(&crate::pools::PoolRow {
+                template: name,
+                min: 1,
+                max: 2,
+                runtime: "namespace".into(),
+                updated_at: 0,
+            })
+            .await
+            .unwrap();
+        for i in 0..20 {
+            let mut row =
+                crate::store::tests::row(&format!("{t:x<8}{i:012}"), SandboxState::Running, 1);
+            row.tenant = t.into();
+            engine.insert_sandbox_row(&row).await.unwrap();
+        }
+    }
+    let n: usize = std::env::var("SPACE_BENCH_N").map_or(2_000, |v| v.parse().unwrap());
+    let (mut with, mut without) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        for t in if i % 2 == 0 {
+            ["quota", "free"]
+        } else {
+            ["free", "quota"]
+        } {
+            let mut row =
+                crate::store::tests::row("zzzzzzzzzzzzzzzzzzzz", SandboxState::Creating, 2);
+            row.tenant = t.into();
+            let t0 = std::time::Instant::now();
+            engine.insert_sandbox_row(&row).await.unwrap();
+            let ms = t0.elapsed().as_secs_f64() * 1e3;
+            if t == "quota" {
+                with.push(ms)
+            } else {
+                without.push(ms)
+            }
+            engine.store.delete_sandbox(&row.id).await.unwrap();
+        }
+    }
+    let p = |v: &mut Vec<f64>, q: f64| {
+        v.sort_by(f64::total_cmp);
+        v[((v.len() as f64 - 1.0) * q) as usize]
+    };
+    for (what, v) in [("with a quota", &mut with), ("without", &mut without)] {
+        eprintln!(
+            "create's row insert {what}: p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms ({n} runs)",
+            p(v, 0.5),
+            p(v, 0.9),
+            p(v, 0.99)
+        );
+    }
+    eprintln!(
+        "the quota check's cost at p50: {:+.3} ms",
+        p(&mut with, 0.5) - p(&mut without, 0.5)
+    );
+}
+
 #[tokio::test]
 async fn a_tenants_quota_refuses_what_it_has_no_room_for_and_names_it() {
     let h = harness().await;
