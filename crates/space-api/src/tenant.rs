@@ -69,7 +69,16 @@ pub struct TenantQuota {
     /// Snapshots of its sandboxes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshots: Option<u32>,
+    /// Disk its namespace sandboxes' limits claim, summed, in MiB (a sandbox's limit holds
+    /// its snapshots too, decision 0043). Under it every namespace sandbox has a limit: a
+    /// create that names none gets [`DEFAULT_QUOTA_DISK_MIB`], or the quota when smaller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mib: Option<u64>,
 }
+
+/// The disk limit a namespace sandbox of a tenant with a disk quota gets when its create
+/// names none (10 GiB).
+pub const DEFAULT_QUOTA_DISK_MIB: u64 = 10 * 1024;
 
 impl TenantQuota {
     /// Whether it limits anything.
@@ -78,6 +87,15 @@ impl TenantQuota {
             && self.cpu.is_none()
             && self.memory_mib.is_none()
             && self.snapshots.is_none()
+            && self.disk_mib.is_none()
+    }
+
+    /// Whether it limits what a sandbox claims (anything but snapshots).
+    pub fn limits_sandboxes(&self) -> bool {
+        self.sandboxes.is_some()
+            || self.cpu.is_some()
+            || self.memory_mib.is_some()
+            || self.disk_mib.is_some()
     }
 }
 

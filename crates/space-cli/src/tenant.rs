@@ -54,6 +54,10 @@ pub struct SettingsArgs {
     /// At most this many snapshots of its sandboxes.
     #[arg(long, value_name = "N")]
     max_snapshots: Option<u32>,
+    /// At most this much disk claimed by its namespace sandboxes' disk limits together, in
+    /// MiB; a create without --disk then gets 10 GiB (or this, when smaller).
+    #[arg(long, value_name = "MIB")]
+    max_disk: Option<u64>,
 }
 
 impl SettingsArgs {
@@ -63,6 +67,7 @@ impl SettingsArgs {
             cpu: self.max_cpu,
             memory_mib: self.max_memory,
             snapshots: self.max_snapshots,
+            disk_mib: self.max_disk,
         };
         (!q.is_empty()).then_some(q)
     }
@@ -147,6 +152,9 @@ fn quota_text(q: Option<&TenantQuota>) -> String {
     }
     if let Some(n) = q.snapshots {
         parts.push(format!("{n} snapshots"));
+    }
+    if let Some(m) = q.disk_mib {
+        parts.push(format!("{m} MiB disk"));
     }
     parts.join(", ")
 }

@@ -78,6 +78,9 @@ pub struct ControlConfig {
     pub node_lost_after: Duration,
     /// How long events are kept (spaced's `--events-retention-days`); None: forever.
     pub events_retention: Option<Duration>,
+    /// The disk limit of a namespace create that names none and whose tenant has no disk
+    /// quota (spaced's `--default-disk`, decision 0043); None: no limit.
+    pub default_disk_mib: Option<u64>,
 }
 
 impl ControlConfig {
@@ -101,6 +104,7 @@ impl ControlConfig {
             e2b_ca_pem: None,
             node_lost_after: Duration::from_secs(300),
             events_retention: Some(crate::events::DEFAULT_RETENTION),
+            default_disk_mib: None,
         }
     }
 }
@@ -802,6 +806,11 @@ impl Engine {
             };
         }
         self.check_replicas(spec.replicas)?;
+        if spec.disk_mib.is_none() && spec.runtime.as_deref() != Some(MICROVM) {
+            // Under a tenant's disk quota (or the node's default) every namespace sandbox
+            // has a disk limit.
+            spec.disk_mib = self.default_disk_for(tenant).await?;
+        }
         spec.secrets = self.vault.bind(tenant, &secret_names, &spec.env).await?;
         let injected = self
             .vault

@@ -82,6 +82,10 @@ const FILES: &[(&str, &str)] = &[
         "0018_tenant_objects.sql",
         include_str!("../migrations/0018_tenant_objects.sql"),
     ),
+    (
+        "0019_tenant_disk.sql",
+        include_str!("../migrations/0019_tenant_disk.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

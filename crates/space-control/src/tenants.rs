@@ -383,16 +383,22 @@ pub struct TenantSettings {
     pub quota: TenantQuota,
 }
 
-/// A tenant's settings as their columns, in the order `replicas, max_sandboxes,
-/// max_cpu_millis, max_memory_mib, max_snapshots` (what [`decode_settings`] reads).
-fn settings_columns(s: &TenantSettings) -> [Option<i64>; 5] {
+/// A tenant's settings columns, in the order [`settings_columns`] binds them.
+const SETTINGS_COLUMNS: &str =
+    "replicas, max_sandboxes, max_cpu_millis, max_memory_mib, max_snapshots, max_disk_mib";
+
+/// A tenant's settings as their columns, in the order of [`SETTINGS_COLUMNS`] (what
+/// [`decode_settings`] reads).
+fn settings_columns(s: &TenantSettings) -> [Option<i64>; 6] {
     let q = &s.quota;
+    let mib = |m: u64| m.min(i64::MAX as u64) as i64;
     [
         s.replicas.map(i64::from),
         q.sandboxes.map(i64::from),
         q.cpu.map(|c| (c * 1000.0).round() as i64),
-        q.memory_mib.map(|m| m.min(i64::MAX as u64) as i64),
+        q.memory_mib.map(mib),
         q.snapshots.map(i64::from),
+        q.disk_mib.map(mib),
     ]
 }
 
@@ -410,6 +416,7 @@ fn decode_settings(r: &sqlx::any::AnyRow) -> Result<TenantSettings, StoreError> 
             cpu: get("max_cpu_millis")?.map(|m| m.max(0) as f64 / 1000.0),
             memory_mib: get("max_memory_mib")?.map(|m| m.max(0) as u64),
             snapshots: get("max_snapshots")?.map(u32_of),
+            disk_mib: get("max_disk_mib")?.map(|m| m.max(0) as u64),
         },
     })
 }
@@ -421,6 +428,8 @@ pub struct Claim {
     pub sandboxes: u64,
     pub cpu: f64,
     pub memory_mib: u64,
+    /// Disk limits (a pool member has none until it is handed out with its create's).
+    pub disk_mib: u64,
 }
 
 impl Claim {
@@ -430,6 +439,7 @@ impl Claim {
             sandboxes: n,
             cpu: n as f64 * space_api::DEFAULT_CPU,
             memory_mib: n * space_api::DEFAULT_MEMORY_MIB,
+            disk_mib: 0,
         }
     }
 
@@ -437,6 +447,7 @@ impl Claim {
         self.sandboxes += o.sandboxes;
         self.cpu += o.cpu;
         self.memory_mib += o.memory_mib;
+        self.disk_mib += o.disk_mib;
     }
 }
 
@@ -446,6 +457,7 @@ impl From<&crate::store::SandboxSpecRecord> for Claim {
             sandboxes: 1,
             cpu: s.cpu,
             memory_mib: s.memory_mib,
+            disk_mib: s.disk_mib.unwrap_or(0),
         }
     }
 }
@@ -484,6 +496,16 @@ pub fn quota_refusal(
             "tenant {tenant}'s memory quota of {max} MiB would be exceeded ({} MiB claimed, \
              {} MiB asked)",
             held.memory_mib, asked.memory_mib
+        ));
+    }
+    if let Some(max) = quota.disk_mib
+        && held.disk_mib + asked.disk_mib > max
+    {
+        return Some(format!(
+            "tenant {tenant}'s disk quota of {max} MiB would be exceeded ({} MiB claimed by \
+             its sandboxes' disk limits, {} MiB asked): ask for a smaller --disk, remove a \
+             sandbox, or ask for a larger quota",
+            held.disk_mib, asked.disk_mib
         ));
     }
     None
@@ -591,13 +613,11 @@ impl Store {
         id: &str,
         settings: &TenantSettings,
     ) -> Result<bool, StoreError> {
-        let mut query = sqlx::query(
-            "INSERT INTO tenants (id, created_at, replicas, max_sandboxes, max_cpu_millis, \
-             max_memory_mib, max_snapshots) VALUES ($1, $2, $3, $4, $5, $6, $7) \
-             ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(id)
-        .bind(now_ms());
+        let sql = format!(
+            "INSERT INTO tenants (id, created_at, {SETTINGS_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING"
+        );
+        let mut query = sqlx::query(&sql).bind(id).bind(now_ms());
         for c in settings_columns(settings) {
             query = query.bind(c);
         }
@@ -613,7 +633,7 @@ impl Store {
         let now = now_ms();
         let rows = sqlx::query(
             "SELECT t.id, t.created_at, t.replicas, t.max_sandboxes, t.max_cpu_millis, \
-               t.max_memory_mib, t.max_snapshots, \
+               t.max_memory_mib, t.max_snapshots, t.max_disk_mib, \
                (SELECT COUNT(*) FROM sandboxes s WHERE s.tenant_id = t.id \
                   AND s.deleted_at IS NULL) AS sandboxes, \
                (SELECT COUNT(*) FROM api_keys k WHERE k.tenant_id = t.id \
@@ -653,7 +673,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut query = sqlx::query(
             "UPDATE tenants SET replicas = $2, max_sandboxes = $3, max_cpu_millis = $4, \
-             max_memory_mib = $5, max_snapshots = $6 WHERE id = $1",
+             max_memory_mib = $5, max_snapshots = $6, max_disk_mib = $7 WHERE id = $1",
         )
         .bind(id);
         for c in settings_columns(settings) {
@@ -665,10 +685,9 @@ impl Store {
 
     /// Tenant `id`'s settings (the defaults when there is no such tenant).
     pub async fn tenant_settings(&self, id: &str) -> Result<TenantSettings, StoreError> {
-        let row = sqlx::query(
-            "SELECT replicas, max_sandboxes, max_cpu_millis, max_memory_mib, max_snapshots \
-             FROM tenants WHERE id = $1",
-        )
+        let row = sqlx::query(&format!(
+            "SELECT {SETTINGS_COLUMNS} FROM tenants WHERE id = $1"
+        ))
         .bind(id)
         .fetch_optional(self.pool())
         .await
@@ -841,6 +860,20 @@ impl crate::Engine {
         Ok(s)
     }
 
+    /// The disk limit a namespace create of `tenant` that names none gets: under a disk
+    /// quota, [`space_api::tenant::DEFAULT_QUOTA_DISK_MIB`] or the quota when smaller (at
+    /// least the smallest limit a create may name), else the configured default (spaced's
+    /// `--default-disk`), else none.
+    pub(crate) async fn default_disk_for(&self, tenant: &str) -> ControlResult<Option<u64>> {
+        Ok(self
+            .tenant_settings(tenant)
+            .await?
+            .quota
+            .disk_mib
+            .map(|q| space_api::tenant::DEFAULT_QUOTA_DISK_MIB.min(q).max(16))
+            .or(self.cfg.default_disk_mib))
+    }
+
     /// The replicas a create of `tenant` gets when neither it nor its template says.
     pub(crate) async fn tenant_default_replicas(&self, tenant: &str) -> ControlResult<u32> {
         Ok(self.tenant_settings(tenant).await?.replicas.unwrap_or(0))
@@ -852,7 +885,7 @@ impl crate::Engine {
         row: &crate::store::SandboxRow,
     ) -> ControlResult<()> {
         let quota = self.tenant_settings(&row.tenant).await?.quota;
-        if quota.sandboxes.is_none() && quota.cpu.is_none() && quota.memory_mib.is_none() {
+        if !quota.limits_sandboxes() {
             self.store.insert_sandbox(row).await?;
             return Ok(());
         }
@@ -871,7 +904,7 @@ impl crate::Engine {
         max: u32,
     ) -> ControlResult<()> {
         let quota = self.tenant_settings(tenant).await?.quota;
-        if quota.sandboxes.is_none() && quota.cpu.is_none() && quota.memory_mib.is_none() {
+        if !quota.limits_sandboxes() {
             return Ok(());
         }
         let held = self.store.tenant_claims(tenant, template).await?;

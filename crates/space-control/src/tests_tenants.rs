@@ -1004,6 +1004,124 @@ async fn bench_quota_check() {
 }
 
 #[tokio::test]
+async fn a_disk_quota_sums_the_sandboxes_disk_limits_and_gives_every_create_one() {
+    let h = harness().await;
+    let r = h
+        .call(
+            Method::POST,
+            "/v1/tenants",
+            r#"{"id":"team-d","quota":{"disk_mib":15000}}"#,
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let k = h.key("team-d", "tenant").await;
+    let create = |body: &'static str| {
+        let (h, key) = (&h, k.key.clone());
+        async move { h.call_as(&key, Method::POST, "/v1/sandboxes", body).await }
+    };
+    let named: Sandbox = create(r#"{"disk_mib":4000}"#).await.json();
+    assert_eq!(named.disk_mib, Some(4000));
+    // A create that names no limit gets the default one, counted like any other.
+    let r = create("{}").await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let given: Sandbox = r.json();
+    assert_eq!(
+        given.disk_mib,
+        Some(space_api::tenant::DEFAULT_QUOTA_DISK_MIB)
+    );
+    let calls = h.node.calls.lock().unwrap().len();
+    let msg = create(r#"{"disk_mib":1000}"#)
+        .await
+        .error(403, "quota_exceeded");
+    assert!(msg.contains("disk quota of 15000 MiB"), "{msg}");
+    assert!(msg.contains("14240 MiB claimed"), "{msg}");
+    assert_eq!(
+        h.node.calls.lock().unwrap().len(),
+        calls,
+        "a refused create reached the node"
+    );
+    // What is left fits; a fork claims its source's limit again.
+    let r = create(r#"{"disk_mib":760}"#).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let r = h
+        .call_as(
+            &k.key,
+            Method::POST,
+            &format!("/v1/sandboxes/{}/fork", named.id),
+            "{}",
+        )
+        .await;
+    r.error(403, "quota_exceeded");
+    // The admin's tenant has no disk quota: no limit is added to its creates.
+    let sb = h.create().await;
+    assert_eq!(sb.disk_mib, None);
+    // A quota smaller than the default gives the quota itself.
+    let r = h
+        .call(
+            Method::PUT,
+            "/v1/tenants/team-d",
+            r#"{"quota":{"disk_mib":100000}}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    h.call(
+        Method::POST,
+        "/v1/tenants",
+        r#"{"id":"team-s","quota":{"disk_mib":512}}"#,
+    )
+    .await;
+    let s = h.key("team-s", "tenant").await;
+    let sb: Sandbox = h
+        .call_as(&s.key, Method::POST, "/v1/sandboxes", "{}")
+        .await
+        .json();
+    assert_eq!(sb.disk_mib, Some(512));
+    let l: TenantList = h
+        .call(Method::GET, "/v1/tenants", Body::empty())
+        .await
+        .json();
+    let q = l
+        .tenants
+        .iter()
+        .find(|t| t.id == "team-s")
+        .unwrap()
+        .quota
+        .clone();
+    assert_eq!(q.unwrap().disk_mib, Some(512));
+}
+
+#[tokio::test]
+async fn the_nodes_default_disk_limit_applies_where_no_tenant_quota_does() {
+    let h = harness_with(|c| c.default_disk_mib = Some(2048)).await;
+    let sb = h.create().await;
+    assert_eq!(sb.disk_mib, Some(2048));
+    let r = h
+        .call(Method::POST, "/v1/sandboxes", r#"{"disk_mib":100}"#)
+        .await;
+    let named: Sandbox = r.json();
+    assert_eq!(named.disk_mib, Some(100), "a create's own limit wins");
+    // A tenant's disk quota gives its own default.
+    h.call(
+        Method::POST,
+        "/v1/tenants",
+        r#"{"id":"team-d","quota":{"disk_mib":512}}"#,
+    )
+    .await;
+    let k = h.key("team-d", "tenant").await;
+    assert_eq!(h.create_as(&k.key).await.disk_mib, Some(512));
+}
+
+#[tokio::test]
 async fn a_tenants_quota_refuses_what_it_has_no_room_for_and_names_it() {
     let h = harness().await;
     let r = h

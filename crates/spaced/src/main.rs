@@ -233,6 +233,11 @@ struct ControlArgs {
     /// ones are deleted every hour. 0 keeps them forever.
     #[arg(long, value_name = "DAYS", default_value_t = 30)]
     events_retention_days: u64,
+    /// The disk limit (MiB) of a namespace sandbox whose create names none and whose tenant
+    /// has no disk quota (decision 0043), so that no sandbox can fill the node's volume; none
+    /// by default. Needs disk quotas on the nodes.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(16..=16_777_216))]
+    default_disk: Option<u64>,
     /// Warm pool of the `base` template as MIN:MAX ready sandboxes, while none was set through
     /// the API (`space pool set base`); 0:0 turns it off.
     #[arg(long, default_value = "4:32", value_name = "MIN:MAX", value_parser = parse_pool)]
@@ -551,6 +556,7 @@ async fn run_control(
     cfg.events_retention = (args.events_retention_days > 0)
         .then(|| Duration::from_secs(args.events_retention_days.saturating_mul(86_400)));
     cfg.shutdown_timeout = Duration::from_secs(5);
+    cfg.default_disk_mib = args.default_disk;
     cfg.default_egress = space_control::net::egress_from_node(common.default_egress);
     cfg.default_pool = Some(args.warm_pool).filter(|p| p.max > 0);
     cfg.default_runtime = common.default_runtime.clone();
@@ -871,6 +877,13 @@ mod tests {
     fn args_parse() {
         let a = all(&["spaced", "--image-size", "1G", "--log-format", "json"]).unwrap();
         assert_eq!(a.node.image_size, 1 << 30);
+        assert_eq!(a.control.default_disk, None);
+        let a = all(&["spaced", "--default-disk", "2048"]).unwrap();
+        assert_eq!(a.control.default_disk, Some(2048));
+        assert!(
+            all(&["spaced", "--default-disk", "8"]).is_err(),
+            "below a create's least"
+        );
         assert_eq!(a.control.listen.to_string(), "127.0.0.1:7070");
         assert!(all(&["spaced", "--image-size", "lots"]).is_err());
         let a = all(&[

@@ -206,3 +206,41 @@ fn bad_disk_limits_are_refused_by_name() {
     // Without a limit a create works as ever.
     s.create(&[]);
 }
+
+/// A tenant's disk quota (issue 15): its creates that name no limit get one (here the whole
+/// quota, smaller than the 10 GiB default), which the node enforces inside; the sum of its
+/// sandboxes' limits stays within the quota.
+#[test]
+fn a_tenants_disk_quota_gives_every_sandbox_a_limit_the_node_enforces() {
+    let s = Spaced::start().unwrap();
+    s.space_ok(&["tenant", "create", "team-d", "--max-disk", "64"]);
+    let key = s.space_ok(&["key", "create", "--tenant", "team-d"]);
+    let as_tenant = |args: &[&str]| {
+        s.cli()
+            .env("SPACE_API_KEY", key.trim())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = as_tenant(&["create"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert_eq!(s.inspect(&id)["disk_mib"], 64);
+    let (code, err) = write(&s, &id, "/root/f", 96);
+    assert!(
+        code != 0 && err.contains("Disk quota exceeded"),
+        "{code} {err}"
+    );
+    // The quota is taken: the next create is refused before anything is made.
+    let out = as_tenant(&["create"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("disk quota of 64 MiB"),
+        "{err}"
+    );
+    assert!(s.space_ok(&["tenant", "ls"]).contains("64 MiB disk"));
+}
