@@ -254,8 +254,16 @@ pub async fn stat(path: &str) -> Result<EntryInfo, FilesError> {
 /// A file opened for streaming: chunks arrive on the receiver; an error ends the stream.
 pub type Chunks = mpsc::Receiver<Result<Vec<u8>, FilesError>>;
 
+/// The most a read "to the end" takes of a file that is empty when opened: procfs and sysfs
+/// files say 0 and hold a few KiB.
+pub const EMPTY_FILE_READ_MAX: u64 = 16 << 20;
+
 /// Open `path` and stream `length` bytes (0 = to the end) from `offset` in chunks of
 /// `chunk` bytes. Open errors are returned before any chunk.
+///
+/// A read never goes past the end the file had when it was opened (or
+/// [`EMPTY_FILE_READ_MAX`] past `offset` for a file that was empty then): a sandbox
+/// appending to the file as fast as it is read cannot make a download that never ends.
 pub async fn read_file(
     path: &str,
     offset: u64,
@@ -263,7 +271,7 @@ pub async fn read_file(
     chunk: usize,
 ) -> Result<Chunks, FilesError> {
     let path = normalize(path)?;
-    let (file, path) = blocking(move || {
+    let (file, path, end) = blocking(move || {
         // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
         let file = OpenOptions::new()
             .read(true)
@@ -286,7 +294,11 @@ pub async fn read_file(
                 size: md.len(),
             });
         }
-        Ok((file, path))
+        let end = match md.len() {
+            0 => offset.saturating_add(EMPTY_FILE_READ_MAX),
+            n => n,
+        };
+        Ok((file, path, end))
     })
     .await?;
     let (tx, rx) = mpsc::channel(2);
@@ -298,7 +310,10 @@ pub async fn read_file(
             let _ = tx.blocking_send(Err(io_err("seek", &path)(e)));
             return;
         }
-        let mut left = if length == 0 { u64::MAX } else { length };
+        let mut left = match length {
+            0 => end - offset,
+            n => n.min(end - offset),
+        };
         while left > 0 {
             let want = (chunk as u64).min(left) as usize;
             let mut buf = vec![0u8; want];
@@ -696,6 +711,13 @@ mod tests {
             read_file("/dev/zero", 0, 0, 4096).await,
             Err(FilesError::NotRegular(_))
         ));
+        // A procfs file says it is empty and is read whole.
+        let mut rx = read_file("/proc/self/status", 0, 0, 4096).await.unwrap();
+        let mut status = Vec::new();
+        while let Some(c) = rx.recv().await {
+            status.extend(c.unwrap());
+        }
+        assert!(String::from_utf8_lossy(&status).contains("Name:"));
         // /proc is another filesystem than /; a plain directory is not.
         let root = list_dir("/", 1).await.unwrap();
         let proc = root.iter().find(|e| e.name == "proc").unwrap();
@@ -703,5 +725,33 @@ mod tests {
         let listed = list_dir(dir.path().to_str().unwrap(), 1).await.unwrap();
         assert!(listed.iter().all(|e| !e.mount_point));
         assert!(entry(Path::new("/proc")).unwrap().mount_point);
+    }
+
+    /// A file the sandbox appends to while it is read ends where it ended at the open.
+    #[tokio::test]
+    async fn a_read_stops_at_the_end_the_file_had_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("growing");
+        std::fs::write(&path, b"0123456789ab").unwrap();
+        let mut rx = read_file(path.to_str().unwrap(), 0, 0, 4).await.unwrap();
+        // The reader has filled the channel (two chunks) and holds a third: append now.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, &[b'x'; 1 << 20]).unwrap();
+        let mut got = Vec::new();
+        while let Some(c) = rx.recv().await {
+            got.extend(c.unwrap());
+        }
+        assert_eq!(got, b"0123456789ab");
+        // From an offset, and with a length past the end.
+        let mut rx = read_file(path.to_str().unwrap(), 8, 100, 4).await.unwrap();
+        let mut got = Vec::new();
+        while let Some(c) = rx.recv().await {
+            got.extend(c.unwrap());
+        }
+        assert_eq!(got.len(), 100);
     }
 }
