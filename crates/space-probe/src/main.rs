@@ -298,6 +298,26 @@ fn proc_1_mem_denied() -> Check {
     denied(&r)
 }
 
+/// The daemon's stdout and stderr are a log file on the host (a namespace sandbox's
+/// `daemon.log` in the node's run dir, on tmpfs): writing through them would fill the host.
+fn proc_1_fds_denied() -> Check {
+    let checks: Vec<Check> = ["/proc/1/fd/1", "/proc/1/fd/2"]
+        .iter()
+        .map(|p| {
+            let r = std::fs::OpenOptions::new().append(true).open(p).map(|_| ());
+            denied(&r)
+        })
+        .collect();
+    Check {
+        ok: checks.iter().all(|c| c.ok),
+        detail: checks
+            .iter()
+            .map(|c| c.detail.as_str())
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
 fn host_root_invisible(args: &Args) -> Check {
     if args.host_markers.is_empty() {
         return Check {
@@ -355,6 +375,7 @@ const FIRST: &[escape::Probe] = &[
     ("seccomp", "syscall", |_| status_equals("Seccomp:", "2")),
     ("hostname", "namespace", hostname),
     ("proc_1_mem_denied", "proc-sys", |_| proc_1_mem_denied()),
+    ("proc_1_fds_denied", "proc-sys", |_| proc_1_fds_denied()),
     ("reboot_denied", "syscall", |_| {
         denied(&space_sys::process::probe_reboot())
     }),
