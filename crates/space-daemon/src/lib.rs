@@ -8,6 +8,7 @@ pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod guest_init;
+pub mod log;
 pub mod netsetup;
 pub mod output;
 pub mod procs;

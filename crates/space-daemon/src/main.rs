@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         .compact()
         .with_target(false)
         .with_max_level(level)
-        .with_writer(std::io::stderr)
+        .with_writer(space_daemon::log::make_writer)
         .init();
 
     let vm = listen.is_none() && space_daemon::guest_init::is_vm_guest();
