@@ -506,4 +506,74 @@ mod tests {
         assert_eq!(usage(mnt, level1(5)).unwrap(), None);
         assert_eq!(members(mnt, level1(5)).unwrap(), Vec::<u64>::new());
     }
+
+    /// Issue 15's "measure both": the same work on a fresh 256 MiB volume with quotas off,
+    /// simple quotas, and full qgroups (`btrfs quota enable`): 40 times, snapshot a
+    /// subvolume of 2,000 small files, write 1 MiB into the snapshot and sync, then delete
+    /// every snapshot and commit (the cleaner drops them later, on its own interval in
+    /// every mode, so it is not timed). Modes rotate between rounds;
+    /// `SPACE_BENCH_ROUNDS` rounds (default 5).
+    #[test]
+    #[ignore = "benchmark; prints figures for decision 0043"]
+    fn bench_quota_modes() {
+        use std::time::Instant;
+        let rounds: usize = std::env::var("SPACE_BENCH_ROUNDS").map_or(5, |v| v.parse().unwrap());
+        let modes = ["off", "simple", "full"];
+        let mut times: std::collections::BTreeMap<&str, (Vec<f64>, Vec<f64>)> = Default::default();
+        for r in 0..rounds {
+            for k in 0..modes.len() {
+                let mode = modes[(r + k) % modes.len()];
+                let img = BtrfsImage::new().expect("btrfs test image (root, btrfs-progs)");
+                let mnt = img.mountpoint();
+                match mode {
+                    "simple" => {
+                        enable_simple_quotas(mnt).unwrap();
+                    }
+                    "full" => {
+                        let st = std::process::Command::new("btrfs")
+                            .args(["quota", "enable"])
+                            .arg(mnt)
+                            .status()
+                            .unwrap();
+                        assert!(st.success());
+                        assert_eq!(quota_mode(mnt).unwrap(), QuotaMode::Full);
+                    }
+                    _ => {}
+                }
+                create_subvolume(mnt, "base").unwrap();
+                for i in 0..2000 {
+                    std::fs::write(mnt.join(format!("base/f{i}")), i.to_string()).unwrap();
+                }
+                sync(mnt);
+                let t = Instant::now();
+                for i in 0..40 {
+                    snapshot(&mnt.join("base"), mnt, &format!("s{i}"), false).unwrap();
+                    write_mib(&mnt.join(format!("s{i}/w")), 1).unwrap();
+                }
+                sync(mnt);
+                let made = t.elapsed().as_secs_f64() * 1e3;
+                let t = Instant::now();
+                for i in 0..40 {
+                    crate::btrfs::delete_subvolume(&mnt.join(format!("s{i}"))).unwrap();
+                }
+                sync(mnt);
+                let gone = t.elapsed().as_secs_f64() * 1e3;
+                let e = times.entry(mode).or_default();
+                e.0.push(made);
+                e.1.push(gone);
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        for (mode, (made, gone)) in &mut times {
+            eprintln!(
+                "quotas {mode}: 40 snapshots + writes {:.0} ms, 40 deletes + commit {:.0} ms \
+                 (medians of {rounds} rounds)",
+                median(made),
+                median(gone)
+            );
+        }
+    }
 }
