@@ -417,12 +417,18 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
         }),
     };
     let child = ns::spawn_sandbox_init(&spec)?;
+    // The open-files limit is set once the init has exec'd the daemon: until it closes them
+    // in its last setup step, the init holds a copy of every fd of this process, and a node
+    // with more open than the sandbox's limit (1,024 by default: about 150 sandboxes) would
+    // leave it no room for the fds its setup opens (EMFILE). Only the daemon's own start-up
+    // runs in between; sandbox processes start later, on the node's requests.
+    let (nofile, rlimits): (Vec<_>, Vec<_>) =
+        with_overrides(inner.boundary.rlimits, &plan.limits.rlimits)
+            .into_iter()
+            .partition(|l| l.resource == libc::RLIMIT_NOFILE);
     let released = (|| -> Result<(), RuntimeError> {
         child.write_id_maps(plan.uid_base, plan.id_count)?;
-        child.set_rlimits(&with_overrides(
-            inner.boundary.rlimits,
-            &plan.limits.rlimits,
-        ))?;
+        child.set_rlimits(&rlimits)?;
         child.lower_oom_score_adj(DAEMON_OOM_SCORE_ADJ)?;
         if cgroup_fd.is_none() {
             inner.cgroups.add_process(&plan.id, child.pid())?;
@@ -449,6 +455,11 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
     }
     let pid = child.pid();
     let pidfd = child.wait_exec(inner.cfg.launch_timeout)?;
+    if let Err(e) = ns::set_rlimits_of(pid, &nofile) {
+        let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+        let _ = ns::waitid_pidfd(pidfd.as_fd(), 0);
+        return Err(e.into());
+    }
     let start_time = match read_stat(pid) {
         Ok(st) => st.start_time,
         Err(e) => {

@@ -470,6 +470,30 @@ async fn real_child_failure_names_the_step_and_undoes() {
     }
 }
 
+/// A node holding more open files than a sandbox may (the sandbox's default is 1,024; a
+/// node with ~150 sandboxes holds more) still launches one, and the sandbox gets its own
+/// limit: the init holds a copy of the node's fds until its last setup step.
+#[tokio::test]
+async fn a_node_holding_more_fds_than_a_sandboxs_limit_still_launches() {
+    let Some(fs_) = Btrfs::new() else { return };
+    space_sys::process::raise_open_file_limit().unwrap();
+    let held: Vec<fs::File> = (0..1_500)
+        .map(|_| fs::File::open("/dev/null").unwrap())
+        .collect();
+    let rootfs = fs_.rootfs("sbfd");
+    let daemon = fs_.daemon(
+        "fds.sh",
+        "echo \"nofile=$(ulimit -n)\"; echo DONE; exec sleep 1000",
+    );
+    let rt = real_runtime("space-test");
+    let plan = plan_in(fs_.dir.path(), "sbrealfd", rootfs, daemon);
+    let launched = rt.launch(&plan).await.unwrap();
+    let log = wait_for_log(&plan, "DONE").await;
+    assert_eq!(line(&log, "nofile"), "1024");
+    rt.destroy("sbrealfd", Some(&launched)).await.unwrap();
+    drop(held);
+}
+
 #[tokio::test]
 async fn real_destroy_kills_every_process_and_adopted_inits() {
     let Some(fs_) = Btrfs::new() else { return };
