@@ -100,6 +100,12 @@ pub struct InitSpec<'a> {
     /// The sandbox then has no capability over its network: addresses, routes and firewall
     /// rules stay the node's. Its loopback is the node's job too.
     pub netns: Option<NetnsJoin<'a>>,
+    /// The open-files limit (`RLIMIT_NOFILE`), which the child sets itself once it has
+    /// closed the fds it inherited: until then it holds a copy of every fd of the caller,
+    /// which on a busy node are more than a sandbox's limit allows, and its setup would fail
+    /// with EMFILE. The hard limit is clamped to the one the child has; raise that first with
+    /// [`InitChild::set_rlimits`] where it must go higher.
+    pub open_files: Option<Rlimit>,
 }
 
 /// See [`InitSpec::netns`].
@@ -143,6 +149,7 @@ pub enum InitStep {
     ReadOnlyPaths,
     BindDaemon,
     Fds,
+    OpenFiles,
     Seccomp,
     CapBounding,
     CapSet,
@@ -151,7 +158,7 @@ pub enum InitStep {
 }
 
 impl InitStep {
-    const ALL: [InitStep; 30] = [
+    const ALL: [InitStep; 31] = [
         InitStep::Signals,
         InitStep::WaitParent,
         InitStep::Setsid,
@@ -177,6 +184,7 @@ impl InitStep {
         InitStep::ReadOnlyPaths,
         InitStep::BindDaemon,
         InitStep::Fds,
+        InitStep::OpenFiles,
         InitStep::Seccomp,
         InitStep::CapBounding,
         InitStep::CapSet,
@@ -215,6 +223,7 @@ impl InitStep {
             InitStep::ReadOnlyPaths => "make paths of /proc read-only",
             InitStep::BindDaemon => "bind the daemon binary",
             InitStep::Fds => "set up file descriptors",
+            InitStep::OpenFiles => "set the open-files limit",
             InitStep::CapBounding => "drop the capability bounding set",
             InitStep::CapSet => "set capabilities",
             InitStep::Ambient => "raise ambient capabilities",
@@ -351,6 +360,7 @@ struct Prepared {
     read_only: Vec<CString>,
     /// A fresh network namespace (bring its loopback up) rather than the node's slot.
     own_netns: bool,
+    open_files: Option<Rlimit>,
     stdin: RawFd,
     stdout: RawFd,
     channel: RawFd,
@@ -467,6 +477,7 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
         masked: spec.masked.to_vec(),
         read_only: spec.read_only.iter().map(|p| (*p).to_owned()).collect(),
         own_netns: spec.netns.is_none(),
+        open_files: spec.open_files,
         stdin: spec.stdin.as_raw_fd(),
         stdout: spec.stdout.as_raw_fd(),
         channel: spec.channel.as_raw_fd(),
@@ -1201,6 +1212,17 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
         check(libc::dup3(err, 4, libc::O_CLOEXEC)).at(Fds)?;
         *err_fd = 4;
         checkl(libc::syscall(libc::SYS_close_range, 5u32, u32::MAX, 0u32)).at(Fds)?;
+    }
+    // Only now, holding five fds, may the open-files limit go below what the caller held.
+    if let Some(want) = p.open_files {
+        let have = getrlimit(libc::RLIMIT_NOFILE).at(OpenFiles)?;
+        let hard = want.hard.min(have.hard);
+        let set = Rlimit {
+            soft: want.soft.min(hard),
+            hard,
+            ..want
+        };
+        prlimit(0, &set).at(OpenFiles)?;
     }
 
     // The seccomp filter first, while this process still holds every capability of its user

@@ -125,7 +125,7 @@ pub(crate) fn prlimit(pid: libc::pid_t, l: &Rlimit) -> io::Result<()> {
 }
 
 /// This process's limit of `resource`.
-pub(crate) fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<Rlimit> {
+pub fn getrlimit(resource: libc::__rlimit_resource_t) -> io::Result<Rlimit> {
     let mut old = libc::rlimit64 {
         rlim_cur: 0,
         rlim_max: 0,

@@ -394,6 +394,14 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
         env.push(("SPACE_SANDBOX_ID".into(), plan.id.clone()));
     }
     let argv = ["space-daemon".to_owned()];
+    // The init sets its own open-files limit once it has closed the fds it inherited (see
+    // `InitSpec::open_files`); the host only raises the hard limit beforehand where the
+    // sandbox's goes above the node's own.
+    let (nofile, rlimits): (Vec<_>, Vec<_>) =
+        with_overrides(inner.boundary.rlimits, &plan.limits.rlimits)
+            .into_iter()
+            .partition(|l| l.resource == libc::RLIMIT_NOFILE);
+    let open_files = nofile.first().copied();
     let cgroup_fd = inner.cgroups.clone_target(&plan.id);
     let spec = InitSpec {
         rootfs: &plan.rootfs,
@@ -415,20 +423,22 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
             ns: n.ns.as_fd(),
             home: n.home.as_fd(),
         }),
+        open_files,
     };
     let child = ns::spawn_sandbox_init(&spec)?;
-    // The open-files limit is set once the init has exec'd the daemon: until it closes them
-    // in its last setup step, the init holds a copy of every fd of this process, and a node
-    // with more open than the sandbox's limit (1,024 by default: about 150 sandboxes) would
-    // leave it no room for the fds its setup opens (EMFILE). Only the daemon's own start-up
-    // runs in between; sandbox processes start later, on the node's requests.
-    let (nofile, rlimits): (Vec<_>, Vec<_>) =
-        with_overrides(inner.boundary.rlimits, &plan.limits.rlimits)
-            .into_iter()
-            .partition(|l| l.resource == libc::RLIMIT_NOFILE);
     let released = (|| -> Result<(), RuntimeError> {
         child.write_id_maps(plan.uid_base, plan.id_count)?;
         child.set_rlimits(&rlimits)?;
+        if let Some(l) = open_files {
+            let own = space_sys::process::getrlimit(libc::RLIMIT_NOFILE)
+                .map_err(setup("read the node's open-files limit"))?;
+            if l.hard > own.hard {
+                child.set_rlimits(&[Rlimit {
+                    soft: own.soft,
+                    ..l
+                }])?;
+            }
+        }
         child.lower_oom_score_adj(DAEMON_OOM_SCORE_ADJ)?;
         if cgroup_fd.is_none() {
             inner.cgroups.add_process(&plan.id, child.pid())?;
@@ -455,11 +465,6 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
     }
     let pid = child.pid();
     let pidfd = child.wait_exec(inner.cfg.launch_timeout)?;
-    if let Err(e) = ns::set_rlimits_of(pid, &nofile) {
-        let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
-        let _ = ns::waitid_pidfd(pidfd.as_fd(), 0);
-        return Err(e.into());
-    }
     let start_time = match read_stat(pid) {
         Ok(st) => st.start_time,
         Err(e) => {
