@@ -218,6 +218,11 @@ async fn template_access(
     }
     match name.split_once('.') {
         Some((t, rest)) if t == who.tenant && !rest.is_empty() => {
+            // A private template of `default`'s by that name (an operator's) is not the
+            // tenant's to take.
+            if s.tenant.is_none() && !engine.node.template_versions(name).await?.is_empty() {
+                return Err(not_found());
+            }
             if engine.store.claim_template(name, &who.tenant).await? == who.tenant {
                 Ok(())
             } else {
@@ -421,8 +426,8 @@ fn decode_settings(r: &sqlx::any::AnyRow) -> Result<TenantSettings, StoreError> 
     })
 }
 
-/// What sandboxes hold or ask for of a quota: how many, and the CPU and memory (MiB) their
-/// limits claim.
+/// What sandboxes hold or ask for of a quota: how many, and the CPU, memory and disk (MiB)
+/// their limits claim.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Claim {
     pub sandboxes: u64,

@@ -584,6 +584,37 @@ async fn a_tenants_templates_are_its_own_and_shared_ones_read_only() {
         .await;
     let msg = r.error(404, "not_found");
     assert_eq!(msg, format!("sandbox {} not found", other.id));
+    // An operator's private template in a tenant's name space stays the operator's.
+    let r = h.call(Method::PUT, "/v1/templates/team-b.ops", "tar").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let r = h
+        .call(
+            Method::PUT,
+            "/v1/templates/team-b.ops/settings",
+            r#"{"shared":false}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = h
+        .call_as(
+            &b.key,
+            Method::DELETE,
+            "/v1/templates/team-b.ops",
+            Body::empty(),
+        )
+        .await;
+    r.error(404, "not_found");
+    let l: space_api::TemplateList = h
+        .call(Method::GET, "/v1/templates", Body::empty())
+        .await
+        .json();
+    assert!(
+        l.templates
+            .iter()
+            .any(|t| t.name == "team-b.ops" && t.tenant == "default")
+    );
+    h.call(Method::DELETE, "/v1/templates/team-b.ops", Body::empty())
+        .await;
     // The admin sees every template, with its host path.
     let r = h.call(Method::GET, "/v1/templates", Body::empty()).await;
     let l: space_api::TemplateList = r.json();
