@@ -859,7 +859,14 @@ impl Qmp {
             reader: BufReader::new(stream),
             writer,
         };
-        let greeting = q.read_message()?;
+        // QEMU can write an event before the greeting (as space-node's QMP client notes).
+        let mut greeting = q.read_message()?;
+        for _ in 0..16 {
+            if greeting.get("event").is_none() {
+                break;
+            }
+            greeting = q.read_message()?;
+        }
         if greeting.get("QMP").is_none() {
             bail!("QMP greeting expected, got {greeting}");
         }

@@ -37,6 +37,9 @@ pub enum QmpError {
     },
 }
 
+/// Events taken before the greeting at most: past them, what comes is not QMP.
+const MAX_EARLY_EVENTS: usize = 16;
+
 /// One QMP session. QEMU serves one client per QMP socket at a time; others queue.
 pub struct Qmp {
     stream: BufReader<UnixStream>,
@@ -72,9 +75,19 @@ impl Qmp {
             next_id: 1,
             events: Vec::new(),
         };
-        let greeting = q
-            .read_message(deadline)?
-            .ok_or_else(|| QmpError::Timeout("the greeting".into()))?;
+        // QEMU can write an event to a new client before its greeting (seen once: a RESUME
+        // first, a VM starting under TCG; the greeting and the events come from different
+        // threads of QEMU's). The event is this VM's, so it is kept with the others.
+        let greeting = loop {
+            let m = q
+                .read_message(deadline)?
+                .ok_or_else(|| QmpError::Timeout("the greeting".into()))?;
+            if m.get("event").is_some() && q.events.len() < MAX_EARLY_EVENTS {
+                q.events.push(m);
+                continue;
+            }
+            break m;
+        };
         if greeting.get("QMP").is_none() {
             return Err(QmpError::Protocol(format!(
                 "greeting expected, got {greeting}"

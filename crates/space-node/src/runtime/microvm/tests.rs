@@ -702,6 +702,38 @@ fn qmp_client_matches_ids_keeps_events_and_reports_errors() {
 }
 
 #[test]
+fn qmp_keeps_an_event_that_comes_before_the_greeting() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let fake = std::thread::spawn(move || {
+        let mut r = BufReader::new(theirs.try_clone().unwrap());
+        let mut w = theirs;
+        w.write_all(
+            b"{\"event\": \"RESUME\", \"timestamp\": {}}\n\
+              {\"QMP\": {\"version\": {}, \"capabilities\": []}}\n",
+        )
+        .unwrap();
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        w.write_all(b"{\"return\": {}, \"id\": 1}\n").unwrap();
+        // Then only events: no greeting comes, and the handshake gives up with a clear error.
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let mut w = theirs;
+        for _ in 0..20 {
+            w.write_all(b"{\"event\": \"STOP\", \"timestamp\": {}}\n")
+                .unwrap();
+        }
+        (ours, w)
+    });
+    let deadline = || Instant::now() + Duration::from_secs(10);
+    let q = Qmp::handshake(ours, deadline()).unwrap();
+    assert_eq!(q.events.len(), 1);
+    assert_eq!(q.events[0]["event"], "RESUME");
+    let (ours, _w) = fake.join().unwrap();
+    let e = Qmp::handshake(ours, deadline()).unwrap_err().to_string();
+    assert!(e.contains("greeting expected"), "{e}");
+}
+
+#[test]
 fn qmp_read_gives_up_at_its_deadline() {
     let (ours, _theirs) = UnixStream::pair().unwrap();
     let t0 = Instant::now();
