@@ -390,6 +390,11 @@ pub struct Sandbox {
     /// Its replica, once one holds a snapshot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<ReplicaStatus>,
+    /// Its node did not answer (its heartbeat lapsed, or it failed to answer just now):
+    /// `state` is the one recorded before, and the live figures are missing. The sandbox is
+    /// left as it is, neither failed nor recreated elsewhere, until its node is back.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub node_unreachable: bool,
 }
 
 fn is_zero(n: &u32) -> bool {

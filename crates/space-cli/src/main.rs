@@ -451,7 +451,11 @@ async fn run(cli: Cli) -> Result<i32> {
                         s.cpu,
                         s.memory_mib,
                         s.created_at,
-                        s.error.unwrap_or_default()
+                        match (s.node_unreachable, s.error) {
+                            (true, None) => "its node is unreachable".to_owned(),
+                            (true, Some(e)) => format!("its node is unreachable; {e}"),
+                            (false, e) => e.unwrap_or_default(),
+                        }
                     );
                 }
             }

@@ -20,8 +20,8 @@ use space_api::{
     is_valid_template_name, rfc3339_from_unix_ms,
 };
 use space_node_api::{
-    GuestChannel, Limits, NodeApi, RuntimeKind, SandboxSpec, SandboxStatus, TemplateInfo,
-    TemplateSource,
+    GuestChannel, Limits, NodeApi, NodeError, RuntimeKind, SandboxSpec, SandboxStatus,
+    TemplateInfo, TemplateSource,
 };
 use space_proto as pb;
 use space_proto::guest_client::GuestClient;
@@ -465,6 +465,14 @@ fn node_rlimits(r: space_api::Rlimits) -> space_node_api::Rlimits {
     }
 }
 
+/// Whether a sandbox in state `s` has a status on its node worth asking for.
+fn asks_node(s: SandboxState) -> bool {
+    matches!(
+        s,
+        SandboxState::Running | SandboxState::Stopped | SandboxState::Paused
+    )
+}
+
 pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox {
     let live = status.filter(|_| {
         matches!(
@@ -529,6 +537,8 @@ pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox 
         replicas: row.spec.replicas,
         // Filled by `replicas::replica_of`.
         replica: None,
+        // Set by the listing or lookup that asked the node.
+        node_unreachable: false,
     }
 }
 
@@ -908,16 +918,17 @@ impl Engine {
 
     pub async fn get_sandbox(&self, id: &str) -> ControlResult<Sandbox> {
         let row = self.load(id).await?;
+        let mut node_unreachable = false;
         let status = match row.state {
-            SandboxState::Running | SandboxState::Stopped | SandboxState::Paused => {
-                self.node.sandbox_status(id).await.unwrap_or_else(|e| {
-                    tracing::warn!(sandbox = id, error = %e, "node status");
-                    None
-                })
-            }
+            s if asks_node(s) => self.node.sandbox_status(id).await.unwrap_or_else(|e| {
+                node_unreachable = matches!(e, NodeError::Unreachable { .. });
+                tracing::warn!(sandbox = id, error = %e, "node status");
+                None
+            }),
             _ => None,
         };
         let mut sb = sandbox_dto(&row, status.as_ref());
+        sb.node_unreachable = node_unreachable;
         self.decorate_one(&mut sb).await;
         if row.spec.replicas > 0 {
             sb.replica = self.replica_of(id).await?;
@@ -927,20 +938,32 @@ impl Engine {
 
     /// Every sandbox, or `tenant`'s only.
     pub async fn list_sandboxes(&self, tenant: Option<&str>) -> ControlResult<Vec<Sandbox>> {
-        let observed: HashMap<String, SandboxStatus> = match self.node.list_sandboxes().await {
-            Ok(list) => list.into_iter().map(|s| (s.id.clone(), s)).collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "node list");
-                HashMap::new()
-            }
-        };
+        // What the nodes hold; a sandbox whose node did not answer is shown as unreachable
+        // (all of them when the only node did not).
+        let (observed, unseen, all_unseen): (HashMap<String, SandboxStatus>, _, _) =
+            match self.node.observe().await {
+                Ok(o) => (
+                    o.sandboxes.into_iter().map(|s| (s.id.clone(), s)).collect(),
+                    o.unseen,
+                    false,
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "node list");
+                    let unreachable = matches!(e, NodeError::Unreachable { .. });
+                    (HashMap::new(), Default::default(), unreachable)
+                }
+            };
         let mut rows = self.store.list_sandboxes().await?;
         if let Some(t) = tenant {
             rows.retain(|r| r.tenant == t);
         }
         let mut list: Vec<Sandbox> = rows
             .iter()
-            .map(|r| sandbox_dto(r, observed.get(&r.id)))
+            .map(|r| {
+                let mut sb = sandbox_dto(r, observed.get(&r.id));
+                sb.node_unreachable = asks_node(r.state) && (all_unseen || unseen.contains(&r.id));
+                sb
+            })
             .collect();
         self.decorate_all(&mut list).await;
         if rows.iter().any(|r| r.spec.replicas > 0) {

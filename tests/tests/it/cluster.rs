@@ -546,8 +546,22 @@ fn sandboxes_spread_over_three_nodes_and_stay_on_theirs() {
     assert!(!stranded.is_empty());
     // Two reconcile passes see the node gone.
     std::thread::sleep(Duration::from_secs(5));
+    let listed: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
     for id in &stranded {
-        assert_eq!(s.inspect(id)["state"], "running", "{id}");
+        let sb = s.inspect(id);
+        assert_eq!(sb["state"], "running", "{id}");
+        assert_eq!(sb["node_unreachable"], true, "{sb}");
+        let l = listed["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == **id)
+            .unwrap();
+        assert_eq!(l["node_unreachable"], true, "{l}");
+    }
+    assert!(s.space_ok(&["ls"]).contains("its node is unreachable"));
+    for (id, _) in sandboxes.iter().filter(|(_, n)| *n != gone_id) {
+        assert_eq!(s.inspect(id).get("node_unreachable"), None, "{id}");
     }
     for _ in 0..3 {
         let id = s.create(&[]);
@@ -563,6 +577,7 @@ fn sandboxes_spread_over_three_nodes_and_stay_on_theirs() {
         "the node's sandboxes did not come back with it:\n{}",
         gone.log_tail()
     );
+    assert_eq!(s.inspect(stranded[0]).get("node_unreachable"), None);
     others.push(gone);
     for (id, _) in &sandboxes {
         s.space_ok(&["rm", id]);

@@ -65,6 +65,7 @@ class SandboxInfo(_Model):
     secrets: List[str] = field(default_factory=list)
     pooled: bool = False
     restored: bool = False
+    node_unreachable: bool = False
 
     @classmethod
     def _nested(cls, d: Dict[str, Any]) -> Dict[str, Any]:
