@@ -1,6 +1,11 @@
 //! The control plane's store on PostgreSQL: the same SQL as the embedded SQLite default, run
 //! against a real PostgreSQL server through a whole sandbox lifecycle and a restart.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
 use serde_json::Value;
 use space_tests::{Postgres, Spaced};
 
@@ -42,15 +47,134 @@ fn lifecycle_on_postgresql() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// What the load clients saw: each key's sandbox, the ones they removed, how many answers
+/// were 503 (with Retry-After), and any other answer (none may come).
+#[derive(Debug, Default)]
+struct Load {
+    answered: BTreeMap<String, String>,
+    removed: BTreeSet<String>,
+    unavailable: usize,
+    bad: Vec<String>,
+}
+
+/// Keys a load client uses at most, tries per request, and the time it runs at most.
+const LOAD_KEYS: usize = 200;
+const LOAD_TRIES: usize = 60;
+const LOAD_LIMIT: Duration = Duration::from_secs(120);
+
+/// Three clients looping create (with an `Idempotency-Key`, retried on 503 with the same
+/// key), get and remove until `stop`.
+fn load(url: String, key: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Load> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let http = reqwest::Client::new();
+        let started = Instant::now();
+        // One request, retried while the answer is 503: the final answer's status and body.
+        let call = |method: reqwest::Method, path: String, idem: Option<String>| {
+            let (http, url, key) = (http.clone(), url.clone(), key.clone());
+            async move {
+                let mut unavailable = 0;
+                for _ in 0..LOAD_TRIES {
+                    let mut req = http
+                        .request(method.clone(), format!("{url}{path}"))
+                        .bearer_auth(&key)
+                        .timeout(Duration::from_secs(20));
+                    if let Some(k) = &idem {
+                        req = req
+                            .header("Idempotency-Key", k)
+                            .json(&serde_json::json!({}));
+                    }
+                    let r = match req.send().await {
+                        Ok(r) => r,
+                        Err(e) => return (0, Value::String(e.to_string()), unavailable),
+                    };
+                    let status = r.status().as_u16();
+                    let retry = r.headers().get("retry-after").cloned();
+                    let body: Value = r.json().await.unwrap_or(Value::Null);
+                    if status != 503 {
+                        return (status, body, unavailable);
+                    }
+                    if retry.is_none() || body["error"]["code"] != "unavailable" {
+                        return (status, body, unavailable);
+                    }
+                    unavailable += 1;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                (503, Value::String("still 503".into()), unavailable)
+            }
+        };
+        let client = |c: usize| {
+            let (stop, call) = (stop.clone(), &call);
+            async move {
+                let mut out = Load::default();
+                for k in 0..LOAD_KEYS {
+                    if stop.load(Ordering::SeqCst) || started.elapsed() > LOAD_LIMIT {
+                        break;
+                    }
+                    let idem = format!("load-{c}-{k}");
+                    let (status, body, n) = call(
+                        reqwest::Method::POST,
+                        "/v1/sandboxes".into(),
+                        Some(idem.clone()),
+                    )
+                    .await;
+                    out.unavailable += n;
+                    if !(200..300).contains(&status) {
+                        out.bad.push(format!("create {idem}: {status} {body}"));
+                        continue;
+                    }
+                    let id = body["id"].as_str().unwrap().to_owned();
+                    out.answered.insert(idem, id.clone());
+                    let (status, body, n) =
+                        call(reqwest::Method::GET, format!("/v1/sandboxes/{id}"), None).await;
+                    out.unavailable += n;
+                    if status != 200 {
+                        out.bad.push(format!("get {id}: {status} {body}"));
+                    }
+                    let (status, body, n) =
+                        call(reqwest::Method::DELETE, format!("/v1/sandboxes/{id}"), None).await;
+                    out.unavailable += n;
+                    if (200..300).contains(&status) {
+                        out.removed.insert(id);
+                    } else {
+                        out.bad.push(format!("remove {id}: {status} {body}"));
+                    }
+                }
+                out
+            }
+        };
+        rt.block_on(async {
+            let all = futures::future::join_all((0..3).map(client)).await;
+            let mut load = Load::default();
+            for l in all {
+                load.answered.extend(l.answered);
+                load.removed.extend(l.removed);
+                load.unavailable += l.unavailable;
+                load.bad.extend(l.bad);
+            }
+            load
+        })
+    })
+}
+
 /// PostgreSQL restarted under load (issue 14): while it is down the API answers 503 with
 /// Retry-After (within the pool's 3 s wait, not a hang, and never a 500); sandboxes keep
-/// running; once it is back the API recovers by itself, with nothing lost.
+/// running; once it is back the API recovers by itself, with nothing lost. Meanwhile three
+/// clients loop create, get and remove, retrying each 503 with the same `Idempotency-Key`:
+/// every key gets one sandbox, each answered create is there, and none is left over.
 #[test]
 fn a_postgresql_restart_is_503_with_retry_after_then_recovers() {
     let pg = Postgres::start().unwrap();
     let s = Spaced::start_with(&["--database-url", &pg.socket_url]).unwrap();
     let id = s.create(&[]);
     s.sh(&id, "echo kept > /root/f");
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = load(s.url.clone(), s.key.clone(), stop.clone());
+    // Load before the outage.
+    std::thread::sleep(Duration::from_secs(2));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -110,6 +234,21 @@ fn a_postgresql_restart_is_503_with_retry_after_then_recovers() {
         s.log_tail()
     );
     assert_eq!(s.sh(&id, "cat /root/f").1, "kept\n");
+    // Load after it too, then stop.
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    let load = clients.join().expect("the load clients");
+    eprintln!(
+        "load: {} creates answered, {} removed, {} answers were 503",
+        load.answered.len(),
+        load.removed.len(),
+        load.unavailable
+    );
+    assert!(load.bad.is_empty(), "{:?}", load.bad);
+    assert!(load.unavailable > 0, "the load never met the outage");
+    let ids: BTreeSet<&String> = load.answered.values().collect();
+    assert_eq!(ids.len(), load.answered.len(), "two keys, one sandbox");
+    assert_eq!(load.removed.len(), load.answered.len());
     let list: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
     let n = list
         .as_array()
