@@ -105,6 +105,17 @@ fn bench_all_reports_every_section_and_cleans_up() {
     assert!(tp["creates"].as_u64().unwrap() >= 1, "{tp}");
     assert!(tp["creates_per_s"].as_f64().unwrap() > 0.0, "{tp}");
     assert_eq!(tp["errors"], 0, "{tp}");
+    // The creates before the pool drained (all of them when it never did), and the rate the
+    // node built the pre-warm at.
+    assert!(
+        tp["before_drain_ms"]["count"].as_u64().unwrap() >= 1,
+        "{tp}"
+    );
+    assert!(tp["prewarm"]["built_per_s"].as_f64().unwrap() > 0.0, "{tp}");
+    assert!(
+        tp["prewarm"]["cpu_ms_per_sandbox"].as_f64().unwrap() > 0.0,
+        "{tp}"
+    );
     assert_eq!(v["exec"]["ok"]["rtt_ms"]["count"], 5);
     let files = &v["files"]["ok"];
     assert_eq!(files["size_bytes"], 4 * 1024 * 1024);
@@ -204,6 +215,32 @@ fn bench_all_reports_every_section_and_cleans_up() {
     assert_eq!(r["idle_memory_bytes"]["count"], 2, "{r}");
     assert!(sandboxes(&s).is_empty(), "{:?}", sandboxes(&s));
     assert_eq!(pool_sizes(&s), before, "pool not restored");
+
+    // `space bench churn`: each cycle creates, execs and removes; none is left behind and
+    // the pool is as the node runs it.
+    let out = s.space_ok(&[
+        "bench",
+        "churn",
+        "--duration",
+        "2",
+        "--concurrency",
+        "2",
+        "--json",
+    ]);
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let cycles = r["cycles"].as_u64().unwrap();
+    assert!(cycles >= 1, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+    for k in ["create_ms", "exec_ms", "remove_ms", "cycle_ms"] {
+        assert!(r[k]["count"].as_u64().unwrap() >= cycles, "{k}: {r}");
+    }
+    assert_eq!(
+        r["hits"].as_u64().unwrap() + r["misses"].as_u64().unwrap(),
+        r["create_ms"]["count"].as_u64().unwrap(),
+        "{r}"
+    );
+    assert!(sandboxes(&s).is_empty(), "{:?}", sandboxes(&s));
+    assert_eq!(pool_sizes(&s), before, "pool changed");
 }
 
 #[test]

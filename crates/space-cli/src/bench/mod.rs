@@ -6,6 +6,7 @@
 //! and deletes everything it created at the end, also after a failure or Ctrl-C; a template
 //! pool it changed is put back as it was.
 
+mod churn;
 mod create;
 mod density;
 mod disk;
@@ -51,6 +52,10 @@ pub enum BenchCmd {
     Create(CreateArgs),
     /// Sustained create throughput from concurrent tasks, with a pre-warmed pool.
     Throughput(ThroughputArgs),
+    /// Churn: concurrent clients each looping create, exec `true`, remove, with the pool
+    /// as the node runs it (nothing pre-warmed): the refill rate and the remove cost set
+    /// the pace.
+    Churn(ChurnArgs),
     /// Exec round trip of `true` (-n runs, default 200).
     Exec(RunsArgs),
     /// File write and read throughput through the files API.
@@ -107,6 +112,18 @@ pub struct ThroughputArgs {
     /// half of MemAvailable at 4 MiB each; at most 5000).
     #[arg(long)]
     pub prewarm: Option<usize>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Args)]
+pub struct ChurnArgs {
+    /// Seconds of churn (1 to 60).
+    #[arg(long, default_value_t = 60)]
+    pub duration: u64,
+    /// Concurrent clients (1 to 64); each holds at most one sandbox at a time.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
     #[command(flatten)]
     pub common: Common,
 }
@@ -281,6 +298,17 @@ fn throughput_plan(
     })
 }
 
+fn churn_plan(duration: u64, concurrency: usize, mem_available: u64) -> Result<churn::Plan> {
+    check_range("--duration", duration, 1, MAX_DURATION_S)?;
+    check_runs("--concurrency", concurrency, MAX_CONCURRENCY)?;
+    check_sandbox_memory("--concurrency", concurrency, mem_available)?;
+    Ok(churn::Plan {
+        duration: Duration::from_secs(duration),
+        concurrency,
+        cap: duration as usize * MAX_CREATES_PER_SECOND,
+    })
+}
+
 fn check_files(mib: u64, runs: usize, mem_available: u64) -> Result<()> {
     check_range("--file-mib", mib, 1, MAX_FILE_MIB)?;
     check_buffer_memory("--file-mib", mib * 1024 * 1024, mem_available)?;
@@ -389,6 +417,12 @@ pub async fn run(c: Client, cmd: BenchCmd) -> Result<i32> {
             let s = Session::new(c, &a.common.template);
             let r = s.guarded(throughput::measure(&s, plan)).await?;
             emit(a.common.json, &r, throughput::print)
+        }
+        BenchCmd::Churn(a) => {
+            let plan = churn_plan(a.duration, a.concurrency, mem_available()?)?;
+            let s = Session::new(c, &a.common.template);
+            let r = s.guarded(churn::measure(&s, plan)).await?;
+            emit(a.common.json, &r, churn::print)
         }
         BenchCmd::Exec(a) => {
             let runs = a.n.unwrap_or(EXEC_RUNS);
@@ -846,6 +880,14 @@ mod tests {
                 ..
             })
         ));
+        assert!(matches!(
+            parse(&["churn"]),
+            BenchCmd::Churn(ChurnArgs {
+                duration: 60,
+                concurrency: 8,
+                ..
+            })
+        ));
         assert!(T::try_parse_from(["bench", "all", "-n", "many"]).is_err());
         assert!(T::try_parse_from(["bench", "nope"]).is_err());
     }
@@ -949,6 +991,14 @@ mod tests {
             ),
             (
                 &["throughput", "--concurrency", "65"],
+                "--concurrency must be between 1 and 64",
+            ),
+            (
+                &["churn", "--duration", "61"],
+                "--duration must be between 1 and 60",
+            ),
+            (
+                &["churn", "--concurrency", "0"],
                 "--concurrency must be between 1 and 64",
             ),
             (&["exec", "-n", "0"], "-n must be between 1 and 10000"),
