@@ -632,6 +632,14 @@ fn a_microvm_is_networked_through_its_slot_and_cannot_spoof_its_way_out() {
         assert_eq!(ifaces, ["eth0", "lo", "tap0"], "{id}");
     }
     assert_ne!(vm_mac(&a), vm_mac(&b));
+    // The template's pool, of namespace sandboxes, builds on a node whose default runtime
+    // is microvm (its members were once built as microvm disks and every launch failed).
+    let log = std::fs::read_to_string(s.log_path()).unwrap_or_default();
+    assert!(
+        !log.contains("building a pool sandbox failed"),
+        "{}",
+        s.log_tail()
+    );
 
     // The node's end of the link answers only the redirected DNS and HTTP(S).
     for port in [22, 53_000, 15001, 7070] {

@@ -395,7 +395,10 @@ impl Node {
                 .map(|n| n.default_spec())
                 .unwrap_or_default(),
             secrets: Vec::new(),
-            runtime: None,
+            // Named, not left to the node's default: on a node whose default runtime is
+            // microvm, a namespace pool's members were built as microvms' disks and then
+            // launched as namespace sandboxes, and every build failed.
+            runtime: Some(self.runtime.kind()),
         };
         let microvm = self.pools.is_microvm(template);
         let mut from = None;
