@@ -149,6 +149,17 @@ fn a_microvm_sandbox_runs_its_own_kernel_behind_the_same_api() {
         }
         (total, rotated)
     };
+    // What the guest wrote reaches the files a little later: wait until they stop growing.
+    let mut last = consoles();
+    let settle = Instant::now() + Duration::from_secs(20);
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = consoles();
+        if now == last || Instant::now() > settle {
+            break;
+        }
+        last = now;
+    }
     let (kept, rotated) = consoles();
     assert!(
         rotated,

@@ -137,7 +137,9 @@ fn load(url: String, key: String, stop: Arc<AtomicBool>) -> std::thread::JoinHan
                     let (status, body, n) =
                         call(reqwest::Method::DELETE, format!("/v1/sandboxes/{id}"), None).await;
                     out.unavailable += n;
-                    if (200..300).contains(&status) {
+                    // A try answered 503 may have removed it before the store failed: its
+                    // retry then finds it gone.
+                    if (200..300).contains(&status) || (status == 404 && n > 0) {
                         out.removed.insert(id);
                     } else {
                         out.bad.push(format!("remove {id}: {status} {body}"));
