@@ -176,6 +176,10 @@ struct NodeArgs {
     /// creates that ask for a disk limit.
     #[arg(long, value_enum, default_value = "on")]
     disk_quotas: OnOff,
+    /// New sandboxes (creates, forks, pool members) are refused while the node's
+    /// MemAvailable is below this many MiB (decision 0049); 0 never refuses.
+    #[arg(long, value_name = "MIB", default_value_t = NodeConfig::default().min_free_memory_mib)]
+    min_free_memory: u64,
     /// Seconds a finished process stays listed and attachable. Applies to sandboxes started
     /// from now on.
     #[arg(long, default_value_t = NodeConfig::default().exited_retention_secs)]
@@ -519,6 +523,7 @@ async fn open_node(
             .map_err(|e: space_node::api::NodeError| anyhow::anyhow!("--default-runtime: {e}"))?,
         usage_interval: Duration::from_secs(args.usage_interval),
         disk_quotas: args.disk_quotas == OnOff::On,
+        min_free_memory_mib: args.min_free_memory,
         ..NodeConfig::default()
     };
     if let Some(ca) = &args.upstream_ca {

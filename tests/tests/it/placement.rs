@@ -227,3 +227,36 @@ fn bench_scheduler_decision_time() {
         }
     });
 }
+
+/// All-in-one, a node below its memory floor refuses new sandboxes, naming the floor and
+/// what it has (decision 0049); a node above it creates as before.
+#[test]
+fn a_node_below_its_memory_floor_refuses_new_sandboxes() {
+    // A floor no machine reaches: 1 PiB.
+    let s = space_tests::Spaced::start_with(&["--min-free-memory", "1073741824"]).unwrap();
+    let out = s.space(&["create"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("below its floor of 1073741824 MiB") && err.contains("--min-free-memory"),
+        "{err}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
+    for sb in v["sandboxes"].as_array().unwrap() {
+        assert_eq!(sb["state"], "failed", "{sb}");
+        assert!(
+            sb["error"].as_str().unwrap().contains("below its floor"),
+            "{sb}"
+        );
+        s.space_ok(&["rm", sb["id"].as_str().unwrap()]);
+    }
+    // The pool builds nothing either.
+    let p: serde_json::Value =
+        serde_json::from_str(&s.space_ok(&["pool", "get", "minimal", "--json"])).unwrap();
+    assert_eq!(p["ready"], 0, "{p}");
+    drop(s);
+    // 0 never refuses.
+    let s = space_tests::Spaced::start_with(&["--min-free-memory", "0"]).unwrap();
+    let id = s.create(&[]);
+    s.space_ok(&["rm", &id]);
+}

@@ -57,7 +57,7 @@ fn member_name() -> String {
 }
 
 /// A `/proc/meminfo` figure (`MemTotal`, `MemAvailable`), in bytes.
-fn meminfo_bytes(key: &str) -> Option<u64> {
+pub(super) fn meminfo_bytes(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s
         .lines()
@@ -375,6 +375,7 @@ impl Node {
     /// Builds one member of `template`'s pool: a sandbox like a cold create, under a fresh
     /// name, with default limits and the node's default egress policy.
     async fn build_member(&self, template: &str) -> Result<Entry, NodeError> {
+        self.check_free_memory()?;
         let tmpl = self
             .templates
             .latest(template)

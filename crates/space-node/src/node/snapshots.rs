@@ -776,6 +776,7 @@ impl Node {
         if let Some(entry) = self.entry(&id) {
             return Ok(self.status_of(&entry.record));
         }
+        self.check_free_memory()?;
         let src = self.require_entry(source)?;
         crate::quota::check_limit(&spec.limits, src.record.runtime, self.subvols.as_ref())?;
         let vm = src.record.runtime == super::MICROVM;
