@@ -17,18 +17,18 @@ use space_api::{
     CreateSandbox, DEFAULT_CPU, DEFAULT_MEMORY_MIB, DEFAULT_PIDS, DEFAULT_TEMPLATE, EntryInfo,
     ExecEvent, ExecRequest, MakeDirRequest, PathQuery, ProcessInfo, RenameRequest, Sandbox,
     SandboxState, SignalRequest, Template, WriteFileQuery, is_valid_env_key, is_valid_sandbox_id,
-    is_valid_template_name, rfc3339_from_unix_ms,
+    is_valid_template_name,
 };
 use space_node_api::{
     GuestChannel, Limits, NodeApi, NodeError, RuntimeKind, SandboxSpec, SandboxStatus,
-    TemplateInfo, TemplateSource,
+    TemplateSource,
 };
 use space_proto as pb;
 use space_proto::guest_client::GuestClient;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Notify, OwnedMutexGuard};
 
-use crate::convert;
+use crate::convert::{self, asks_node, sandbox_dto, template_dto};
 use crate::error::{ControlError, ControlResult};
 use crate::metrics::{Metrics, inc};
 use crate::store::{SandboxRow, SandboxSpecRecord, Store, now_ms};
@@ -462,99 +462,6 @@ fn node_rlimits(r: space_api::Rlimits) -> space_node_api::Rlimits {
         nofile: r.nofile,
         core: r.core,
         memlock: r.memlock,
-    }
-}
-
-/// Whether a sandbox in state `s` has a status on its node worth asking for.
-fn asks_node(s: SandboxState) -> bool {
-    matches!(
-        s,
-        SandboxState::Running | SandboxState::Stopped | SandboxState::Paused
-    )
-}
-
-pub fn sandbox_dto(row: &SandboxRow, status: Option<&SandboxStatus>) -> Sandbox {
-    let live = status.filter(|_| {
-        matches!(
-            row.state,
-            SandboxState::Running
-                | SandboxState::Stopped
-                | SandboxState::Creating
-                | SandboxState::Paused
-        )
-    });
-    Sandbox {
-        id: row.id.clone(),
-        tenant: row.tenant.clone(),
-        template: row.spec.template.clone(),
-        runtime: live.map(|s| s.runtime.to_string()).unwrap_or_else(|| {
-            row.spec
-                .runtime
-                .clone()
-                .unwrap_or_else(|| RUNTIME_NAME.to_string())
-        }),
-        state: row.state,
-        created_at: rfc3339_from_unix_ms(row.created_at),
-        cpu: row.spec.cpu,
-        memory_mib: row.spec.memory_mib,
-        pids: row.spec.pids,
-        disk_mib: row.spec.disk_mib,
-        rlimits: row.spec.rlimits,
-        env: row.spec.env.clone(),
-        metadata: row.spec.metadata.clone(),
-        hostname: row.spec.hostname.clone(),
-        error: row.error.clone(),
-        init_pid: live
-            .filter(|_| row.state == SandboxState::Running)
-            .and_then(|s| s.init_pid),
-        uid_base: live.map(|s| s.uid_base),
-        memory_bytes: live.and_then(|s| s.memory_bytes),
-        cpu_usage_usec: live.and_then(|s| s.cpu_usage_usec),
-        disk_bytes: live.and_then(|s| s.disk_bytes),
-        // Filled by `lifecycle::decorate`.
-        timeout_at: None,
-        on_timeout: None,
-        auto_pause_secs: None,
-        paused_at: None,
-        // Filled by `snapshot_policy::decorate`.
-        snapshot_policy: None,
-        network: Some(crate::net::network_dto(
-            &row.spec.network,
-            live.and_then(|s| s.network.as_ref()),
-        )),
-        secrets: {
-            // A secret can be bound more than once (a placeholder and headers).
-            let mut names: Vec<String> = Vec::new();
-            for b in &row.spec.secrets {
-                if !names.contains(&b.name) {
-                    names.push(b.name.clone());
-                }
-            }
-            names
-        },
-        pooled: live.is_some_and(|s| s.pooled),
-        restored: live.is_some_and(|s| s.restored),
-        replicas: row.spec.replicas,
-        // Filled by `replicas::replica_of`.
-        replica: None,
-        // Set by the listing or lookup that asked the node.
-        node_unreachable: false,
-    }
-}
-
-pub fn template_dto(t: &TemplateInfo) -> Template {
-    Template {
-        name: t.name.clone(),
-        version: t.version,
-        created_at: rfc3339_from_unix_ms(t.created_unix_ms as i64),
-        path: Some(t.path.display().to_string()),
-        source: Some(t.source.clone()).filter(|s| !s.is_empty()),
-        start_cmd: t.defaults.start_cmd.clone(),
-        ready_cmd: t.defaults.ready_cmd.clone(),
-        runtime: None,
-        replicas: None,
-        tenant: space_api::tenant::DEFAULT_TENANT.to_owned(),
-        shared: true,
     }
 }
 

@@ -17,7 +17,8 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::checkpoints::Checkpoint;
-use crate::engine::{Action, Engine, check_lifecycle, node_spec, sandbox_dto};
+use crate::convert::sandbox_dto;
+use crate::engine::{Action, Engine, check_lifecycle, node_spec};
 use crate::error::{ControlError, ControlResult};
 use crate::store::{SandboxRow, Store, StoreError, now_ms};
 

@@ -10,7 +10,8 @@ use space_api::tenant::DEFAULT_TENANT;
 use space_api::{MAX_REPLICAS, SetTemplateSettings, Template};
 use sqlx::Row;
 
-use crate::engine::{Engine, RUNTIMES, template_dto};
+use crate::convert::template_dto;
+use crate::engine::{Engine, RUNTIMES};
 use crate::error::{ControlError, ControlResult};
 use crate::store::{Store, StoreError, now_ms};
 

@@ -8,7 +8,8 @@ use futures::stream::BoxStream;
 use space_api::{PullTemplate, TemplateLog, is_valid_template_name};
 use space_node_api::{PullSpec, TemplateEvent, TemplateSource};
 
-use crate::engine::{Engine, template_dto};
+use crate::convert::template_dto;
+use crate::engine::Engine;
 use crate::error::{ControlError, ControlResult};
 
 /// Longest start or ready command accepted.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
-use super::report::{Target, print_targets, section, stats_header, stats_row, value_row};
+use super::report::{Target, print_targets, rate_row, section, stats_header, stats_row, value_row};
 use super::session::Session;
 use super::stats::{Stats, ms, stats};
 
@@ -222,18 +222,11 @@ pub fn print(r: &ChurnReport) {
         "churn: {} clients looping create, exec `true`, remove for {:.0} s",
         r.concurrency, r.duration_s
     ));
-    value_row(
+    rate_row(
         "cycles completed / creates per second",
-        format!(
-            "{} / {:.1}{}",
-            r.cycles,
-            r.creates_per_s,
-            if r.capped {
-                format!(" (stopped at the cap of {})", r.cap)
-            } else {
-                String::new()
-            }
-        ),
+        r.cycles,
+        r.creates_per_s,
+        r.capped.then_some(r.cap),
     );
     stats_header("ms");
     stats_row("create -> ready (API call)", r.create_ms.as_ref(), 1.0);

@@ -126,6 +126,12 @@ pub fn value_row(name: &str, value: impl std::fmt::Display) {
     println!("{name:<38} {value}");
 }
 
+/// A count and its rate per second, noting when the run stopped at its cap.
+pub fn rate_row(name: &str, count: usize, per_s: f64, capped_at: Option<usize>) {
+    let cap = capped_at.map_or(String::new(), |c| format!(" (stopped at the cap of {c})"));
+    value_row(name, format!("{count} / {per_s:.1}{cap}"));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
-use super::report::{Target, print_targets, section, stats_header, stats_row, value_row};
+use super::report::{Target, print_targets, rate_row, section, stats_header, stats_row, value_row};
 use super::session::{Session, pool_wait_limit};
 use super::stats::{Stats, ms, stats};
 
@@ -272,18 +272,11 @@ pub fn print(r: &ThroughputReport) {
         "sustained create throughput: {} tasks for {:.0} s",
         r.concurrency, r.duration_s
     ));
-    value_row(
+    rate_row(
         "creates completed / per second",
-        format!(
-            "{} / {:.1}{}",
-            r.creates,
-            r.creates_per_s,
-            if r.capped {
-                format!(" (stopped at the cap of {})", r.cap)
-            } else {
-                String::new()
-            }
-        ),
+        r.creates,
+        r.creates_per_s,
+        r.capped.then_some(r.cap),
     );
     stats_header("ms");
     stats_row("create (API call) under load", r.create_ms.as_ref(), 1.0);

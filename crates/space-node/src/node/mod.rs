@@ -143,8 +143,7 @@ pub struct NodeConfig {
     /// Per-sandbox disk limits (decision 0043): simple quotas are turned on for the volume
     /// when it opens. Default on.
     pub disk_quotas: bool,
-    /// New sandboxes (creates, forks, pool members) are refused while the node's
-    /// MemAvailable is below this many MiB (decision 0049); 0: never. Default 256.
+    /// MiB of MemAvailable below which new sandboxes are refused (decision 0049); 0: never.
     pub min_free_memory_mib: u64,
 }
 
@@ -747,19 +746,6 @@ impl Node {
         }
     }
 
-    /// Refuses a new sandbox while the node's MemAvailable is below its floor
-    /// ([`NodeConfig::min_free_memory_mib`]).
-    pub(crate) fn check_free_memory(&self) -> Result<(), NodeError> {
-        let floor = self.cfg.min_free_memory_mib;
-        if floor == 0 {
-            return Ok(());
-        }
-        match pools::meminfo_bytes("MemAvailable") {
-            Some(avail) => admit(avail >> 20, floor),
-            None => Ok(()),
-        }
-    }
-
     async fn create_new(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
         self.check_free_memory()?;
         let id = spec.id.clone();
@@ -1029,18 +1015,6 @@ impl Node {
         tracing::info!(id, paused = pause, "sandbox freezer state changed");
         Ok(self.status_of(&entry.record))
     }
-}
-
-/// Whether a new sandbox may start with `avail_mib` of the node's memory available and a
-/// floor of `floor_mib`: refused below the floor, naming both and what to do.
-pub(crate) fn admit(avail_mib: u64, floor_mib: u64) -> Result<(), NodeError> {
-    if avail_mib < floor_mib {
-        return Err(NodeError::Exhausted(format!(
-            "memory: the node has {avail_mib} MiB available, below its floor of {floor_mib} MiB \
-             (spaced --min-free-memory); remove or pause sandboxes, or lower the floor"
-        )));
-    }
-    Ok(())
 }
 
 fn check_spec(spec: &SandboxSpec) -> Result<(), NodeError> {
@@ -1507,6 +1481,7 @@ use snapshots::remove_sandbox_storage;
 
 mod diff;
 
+mod admission;
 mod pools;
 
 mod recover;

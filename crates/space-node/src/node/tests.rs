@@ -891,10 +891,10 @@ async fn pool_members_are_hidden_and_a_failed_hand_out_falls_back_cold() {
 
 #[test]
 fn a_new_sandbox_is_refused_below_the_memory_floor() {
-    assert!(super::admit(300, 256).is_ok());
-    assert!(super::admit(256, 256).is_ok());
-    assert!(super::admit(0, 0).is_ok());
-    let e = super::admit(100, 256).unwrap_err();
+    assert!(super::admission::admit(300, 256).is_ok());
+    assert!(super::admission::admit(256, 256).is_ok());
+    assert!(super::admission::admit(0, 0).is_ok());
+    let e = super::admission::admit(100, 256).unwrap_err();
     assert!(matches!(e, NodeError::Exhausted(_)), "{e:?}");
     let msg = e.to_string();
     assert!(
