@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::report::{Target, print_targets, rate_row, section, stats_header, stats_row, value_row};
 use super::session::Session;
-use super::stats::{Stats, ms, stats};
+use super::stats::{Stats, ms, rate_window, stats};
 
 /// Errors after which a task stops.
 const MAX_ERRORS: usize = 20;
@@ -167,8 +167,12 @@ pub async fn measure(s: &Session, plan: Plan) -> Result<ChurnReport> {
     }
     let elapsed = t0.elapsed();
     let pool_after = pool_view(s).await;
-    let capped = started.load(Ordering::SeqCst) >= plan.cap && elapsed < plan.duration;
-    let window = if capped { elapsed } else { plan.duration };
+    let (capped, window) = rate_window(
+        started.load(Ordering::SeqCst),
+        plan.cap,
+        elapsed,
+        plan.duration,
+    );
     let cycles = all.done_at.iter().filter(|d| **d <= window).count();
     Ok(ChurnReport {
         duration_s: plan.duration.as_secs_f64(),

@@ -36,6 +36,18 @@ pub fn stats(samples: &[f64]) -> Option<Stats> {
     })
 }
 
+/// Whether a run of `duration` stopped early at its cap (`started` reached `cap` before
+/// `elapsed` reached `duration`), and the window its rate is taken over.
+pub fn rate_window(
+    started: usize,
+    cap: usize,
+    elapsed: Duration,
+    duration: Duration,
+) -> (bool, Duration) {
+    let capped = started >= cap && elapsed < duration;
+    (capped, if capped { elapsed } else { duration })
+}
+
 /// Milliseconds, as a float.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0

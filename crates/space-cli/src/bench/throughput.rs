@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::report::{Target, print_targets, rate_row, section, stats_header, stats_row, value_row};
 use super::session::{Session, pool_wait_limit};
-use super::stats::{Stats, ms, stats};
+use super::stats::{Stats, ms, rate_window, stats};
 
 /// Errors after which a task stops creating.
 const MAX_ERRORS: usize = 20;
@@ -198,8 +198,12 @@ pub async fn measure(s: &Session, plan: Plan) -> Result<ThroughputReport> {
         errors.extend(e);
     }
     let elapsed = t0.elapsed();
-    let capped = started.load(Ordering::SeqCst) >= plan.cap && elapsed < plan.duration;
-    let window = if capped { elapsed } else { plan.duration };
+    let (capped, window) = rate_window(
+        started.load(Ordering::SeqCst),
+        plan.cap,
+        elapsed,
+        plan.duration,
+    );
     let creates = samples.iter().filter(|x| x.done_at <= window).count();
     let hits = samples.iter().filter(|x| x.pooled).count();
     let latencies: Vec<f64> = samples.iter().map(|x| x.latency_ms).collect();
