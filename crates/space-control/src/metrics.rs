@@ -195,7 +195,90 @@ impl Metrics {
             }
             let _ = writeln!(out, "{series} {v}");
         }
+        render_process(&mut out, &ProcessStats::read());
         out
+    }
+}
+
+/// What `/proc/self` says of this process, for the standard `process_*` series (the names
+/// the Prometheus client libraries use), so that `space bench scale` and any scraper can
+/// follow spaced's own memory and CPU as a node fills. Fields it could not read are None.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ProcessStats {
+    pub resident_bytes: Option<u64>,
+    pub cpu_seconds: Option<f64>,
+    pub threads: Option<u64>,
+    pub open_fds: Option<u64>,
+}
+
+impl ProcessStats {
+    pub fn read() -> Self {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let fds = std::fs::read_dir("/proc/self/fd")
+            .ok()
+            .map(|d| d.count() as u64);
+        Self::parse(&status, &stat, fds)
+    }
+
+    /// From the text of `/proc/self/status` and `/proc/self/stat`. CPU time is utime + stime
+    /// in clock ticks, which Linux reports in USER_HZ: 100 on every architecture it runs on.
+    pub fn parse(status: &str, stat: &str, open_fds: Option<u64>) -> Self {
+        let field = |key: &str| {
+            status.lines().find_map(|l| {
+                let v = l.strip_prefix(key)?.strip_prefix(':')?;
+                v.split_whitespace().next()?.parse::<u64>().ok()
+            })
+        };
+        // After the comm's closing parenthesis: state is field 3, utime 14, stime 15.
+        let cpu = stat.rfind(')').and_then(|i| {
+            let rest: Vec<&str> = stat[i + 1..].split_whitespace().collect();
+            let ticks = |n: usize| rest.get(n - 3)?.parse::<u64>().ok();
+            Some((ticks(14)? + ticks(15)?) as f64 / 100.0)
+        });
+        Self {
+            resident_bytes: field("VmRSS").map(|kb| kb * 1024),
+            cpu_seconds: cpu,
+            threads: field("Threads"),
+            open_fds,
+        }
+    }
+}
+
+fn render_process(out: &mut String, p: &ProcessStats) {
+    let series = [
+        (
+            "process_resident_memory_bytes",
+            "Resident memory of this spaced process in bytes.",
+            "gauge",
+            p.resident_bytes.map(|v| v as f64),
+        ),
+        (
+            "process_cpu_seconds_total",
+            "User and system CPU time of this spaced process in seconds.",
+            "counter",
+            p.cpu_seconds,
+        ),
+        (
+            "process_threads",
+            "Threads of this spaced process.",
+            "gauge",
+            p.threads.map(|v| v as f64),
+        ),
+        (
+            "process_open_fds",
+            "Open file descriptors of this spaced process.",
+            "gauge",
+            p.open_fds.map(|v| v as f64),
+        ),
+    ];
+    for (name, help, kind, v) in series {
+        if let Some(v) = v {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
     }
 }
 
@@ -307,6 +390,11 @@ mod tests {
         let err = |code| value(&samples, "space_http_errors_total", Some(("code", code)));
         assert_eq!((err("not_found"), err("conflict")), (2.0, 1.0));
         assert_eq!(value(&samples, "space_net_slots_ready", None), 5.0);
+        // This test process's own: resident, using CPU, with threads and fds.
+        assert_eq!(types["process_cpu_seconds_total"], "counter");
+        assert!(value(&samples, "process_resident_memory_bytes", None) > 1e6);
+        assert!(value(&samples, "process_threads", None) >= 1.0);
+        assert!(value(&samples, "process_open_fds", None) >= 3.0);
         assert_eq!(
             value(&samples, "space_sandboxes", Some(("state", "running"))),
             2.0
@@ -355,5 +443,28 @@ mod tests {
         assert!((sum - 20.747).abs() < 1e-9, "{sum}");
         assert_eq!(value(&samples, "space_exec_seconds_count", None), 1.0);
         assert_eq!(value(&samples, "space_snapshot_seconds_count", None), 0.0);
+    }
+
+    #[test]
+    fn reads_process_stats_from_proc_text() {
+        let status = "Name:\tspaced\nVmPeak:\t  9000 kB\nVmRSS:\t  2048 kB\nThreads:\t7\n";
+        // The comm holds a space and a parenthesis; utime 250 and stime 50 ticks.
+        let stat = "42 (spa ce)) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0";
+        assert_eq!(
+            ProcessStats::parse(status, stat, Some(9)),
+            ProcessStats {
+                resident_bytes: Some(2048 * 1024),
+                cpu_seconds: Some(3.0),
+                threads: Some(7),
+                open_fds: Some(9),
+            }
+        );
+        assert_eq!(
+            ProcessStats::parse("", "garbage", None),
+            ProcessStats::default()
+        );
+        let mut out = String::new();
+        render_process(&mut out, &ProcessStats::default());
+        assert!(out.is_empty(), "nothing unread is rendered: {out}");
     }
 }
