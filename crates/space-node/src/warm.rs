@@ -10,8 +10,16 @@ use std::time::{Duration, Instant};
 /// The refill waits until no create has taken a member for this long, so that building new
 /// members does not compete with a burst of creates for the CPU.
 pub const QUIET: Duration = Duration::from_millis(50);
-/// A target raised by misses falls back halfway toward `min` after this long without one.
+/// A raised target falls back halfway toward `min` after this long without a miss or
+/// demand that holds it up.
 pub const DECAY_AFTER: Duration = Duration::from_secs(30);
+/// Time constant of a pool's arrival rate: takes are counted with weights that fall by e
+/// every this long, so the rate follows a change of demand within a few seconds.
+pub const RATE_WINDOW: Duration = Duration::from_secs(5);
+/// Demand a pool holds ready: this long of its observed arrival rate (decision 0050). The
+/// target rises to it on the takes themselves, hits included, so a pool grows with a rising
+/// rate before it runs dry instead of after its first misses.
+pub const LEAD: Duration = Duration::from_secs(2);
 /// After a failed build the pool waits this long before trying again.
 pub const BUILD_BACKOFF: Duration = Duration::from_secs(2);
 /// Memory budgeted per ready sandbox when sizing pools against the node's RAM (the idle
@@ -30,18 +38,49 @@ struct Pool<M> {
     starting: u32,
     hits: u64,
     misses: u64,
+    /// When the target was last raised, or held up by demand (the decay's clock).
     last_miss: Option<Instant>,
     last_grow: Option<Instant>,
     backoff_until: Option<Instant>,
+    /// Takes per second as of `rate_at` (an exponentially decaying count over
+    /// [`RATE_WINDOW`]).
+    rate: f64,
+    rate_at: Option<Instant>,
+}
+
+impl<M> Pool<M> {
+    /// Takes per second at `now`.
+    fn arrival_rate(&self, now: Instant) -> f64 {
+        self.rate_at.map_or(0.0, |t| {
+            let age = now.saturating_duration_since(t).as_secs_f64();
+            self.rate * (-age / RATE_WINDOW.as_secs_f64()).exp()
+        })
+    }
+
+    /// Counts one take at `now`; raises the target to [`LEAD`] of the new rate (within
+    /// max), and keeps a target that demand holds up from decaying.
+    fn arrive(&mut self, now: Instant) {
+        self.rate = self.arrival_rate(now) + 1.0 / RATE_WINDOW.as_secs_f64();
+        self.rate_at = Some(now);
+        let demand = (self.rate * LEAD.as_secs_f64())
+            .ceil()
+            .min(f64::from(self.max)) as u32;
+        if demand >= self.target && demand > self.min {
+            self.target = demand;
+            self.last_miss = Some(now);
+        }
+    }
 }
 
 /// What a template's pool looks like now.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PoolView {
     pub template: String,
     pub min: u32,
     pub max: u32,
     pub target: u32,
+    /// Takes per second, as the pool observes them (over [`RATE_WINDOW`]).
+    pub arrivals_per_s: f64,
     pub ready: u32,
     pub starting: u32,
     pub hits: u64,
@@ -106,6 +145,8 @@ impl<M> Pools<M> {
             last_miss: None,
             last_grow: None,
             backoff_until: None,
+            rate: 0.0,
+            rate_at: None,
         });
         p.min = min;
         p.max = max;
@@ -126,12 +167,14 @@ impl<M> Pools<M> {
 
     /// Takes a ready member of `template` built from `version` for a create. Counts a hit,
     /// or a miss when the template has a pool but nothing ready (the target then grows toward
-    /// `max`, at most once a second). Members of other versions are left to the refill to
-    /// destroy.
+    /// `max`, at most once a second). Either way the take counts toward the pool's arrival
+    /// rate, which sizes it too ([`LEAD`]). Members of other versions are left to the refill
+    /// to destroy.
     pub fn take(&self, template: &str, version: u32, now: Instant) -> Option<M> {
         *lock(&self.last_take) = Some(now);
         let mut pools = lock(&self.pools);
         let p = pools.get_mut(template)?;
+        p.arrive(now);
         let mut stale = Vec::new();
         let mut found = None;
         while let Some((v, m)) = p.ready.pop_front() {
@@ -249,20 +292,28 @@ impl<M> Pools<M> {
     }
 
     pub fn view(&self, template: &str) -> Option<PoolView> {
-        lock(&self.pools).get(template).map(|p| view(template, p))
+        let now = Instant::now();
+        lock(&self.pools)
+            .get(template)
+            .map(|p| view(template, p, now))
     }
 
     pub fn views(&self) -> Vec<PoolView> {
-        lock(&self.pools).iter().map(|(t, p)| view(t, p)).collect()
+        let now = Instant::now();
+        lock(&self.pools)
+            .iter()
+            .map(|(t, p)| view(t, p, now))
+            .collect()
     }
 }
 
-fn view<M>(template: &str, p: &Pool<M>) -> PoolView {
+fn view<M>(template: &str, p: &Pool<M>, now: Instant) -> PoolView {
     PoolView {
         template: template.to_owned(),
         min: p.min,
         max: p.max,
         target: p.target,
+        arrivals_per_s: p.arrival_rate(now),
         ready: p.ready.len() as u32,
         starting: p.starting,
         hits: p.hits,
@@ -292,6 +343,12 @@ mod tests {
 
     fn t0() -> Instant {
         Instant::now()
+    }
+
+    impl<M> Pools<M> {
+        fn lock_pool<T>(&self, template: &str, f: impl FnOnce(&Pool<M>) -> T) -> T {
+            f(&lock(&self.pools)[template])
+        }
     }
 
     /// Runs builds until the pool asks for none (each build succeeds with `version`).
@@ -346,6 +403,36 @@ mod tests {
         assert_eq!(p.view("base").unwrap().target, 3);
         p.next_job(quiet + DECAY_AFTER);
         assert_eq!(p.view("base").unwrap().target, 2);
+    }
+
+    #[test]
+    fn the_arrival_rate_raises_the_target_while_every_take_is_a_hit() {
+        for max in [100, 10] {
+            let p = Pools::default();
+            let now = t0();
+            p.configure("base", 2, max, None);
+            fill(&p, 1, now);
+            // 20 takes a second for 3 s, each one served and refilled before the next.
+            let mut t = now;
+            for i in 0..60 {
+                t = now + Duration::from_millis(50 * i);
+                assert!(p.take("base", 1, t).is_some(), "take {i} missed");
+                fill(&p, 1, t + QUIET);
+            }
+            let v = p.view("base").unwrap();
+            assert_eq!((v.hits, v.misses), (60, 0));
+            // 20/s seen through a 5 s window for 3 s: about 20 * (1 - e^-0.6) = 9.1/s.
+            let rate = p.lock_pool("base", |p| p.arrival_rate(t));
+            assert!((8.5..9.5).contains(&rate), "{rate}");
+            let want = if max == 100 { 19 } else { 10 };
+            assert_eq!(v.target, want, "LEAD of the rate, within max");
+            assert_eq!(v.ready, want, "the refill built up to it");
+            // Demand gone: the rate fades, and the target decays toward min as before.
+            let idle = t + DECAY_AFTER;
+            assert!(p.lock_pool("base", |p| p.arrival_rate(idle)) < 0.1);
+            p.next_job(idle);
+            assert_eq!(p.view("base").unwrap().target, 2 + (want - 2) / 2);
+        }
     }
 
     #[test]

@@ -183,6 +183,10 @@ impl PoolService {
                 format!("space_pool_misses_total{{template=\"{t}\"}}"),
                 v.misses as f64,
             ));
+            out.push((
+                format!("space_pool_arrivals_per_second{{template=\"{t}\"}}"),
+                v.arrivals_per_s,
+            ));
         }
     }
 }
@@ -328,6 +332,7 @@ impl Node {
             min,
             max,
             target: 0,
+            arrivals_per_s: 0.0,
             ready: 0,
             starting: 0,
             hits: 0,
