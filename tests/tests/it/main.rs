@@ -28,6 +28,7 @@ mod postgres;
 mod reconnect;
 mod recovery;
 mod replicas;
+mod scale;
 mod sdk;
 mod snapshot_policy;
 mod snapshots;

@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// Sandboxes whose network slot or channel is taken back at once during recovery.
+const ADOPT_PARALLEL: usize = 32;
+
 impl Node {
     /// Rebuilds the table from `sandbox.json` records: adopts live sandboxes, marks the rest
     /// stopped, removes half-created leftovers.
@@ -125,24 +128,37 @@ impl Node {
                 .filter(|e| e.record.slot.is_some())
                 .map(|e| e.record.clone())
                 .collect();
-            for rec in with_slots {
-                let id = rec.spec.id.clone();
-                let slot = rec.slot.clone().expect("filtered");
-                if let Err(e) = net
-                    .adopt(&id, &slot, &rec.spec.network, &rec.spec.secrets)
-                    .await
-                {
-                    tracing::warn!(id, error = %e, "could not take back the sandbox's network slot");
-                    if let Some(e) = self
-                        .table
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get_mut(&id)
+            // Concurrently: each slot is a netns to open, a firewall transaction and the
+            // slot's DNS and proxy listeners, mostly waits on the kernel.
+            let lost: Vec<String> = futures::stream::iter(with_slots)
+                .map(|rec| async move {
+                    let id = rec.spec.id.clone();
+                    let slot = rec.slot.as_ref().expect("filtered");
+                    match net
+                        .adopt(&id, slot, &rec.spec.network, &rec.spec.secrets)
+                        .await
                     {
-                        e.record.slot = None;
+                        Ok(()) => None,
+                        Err(e) => {
+                            tracing::warn!(id, error = %e, "could not take back the sandbox's network slot");
+                            Some(id)
+                        }
                     }
-                    self.persist(&id, false).await?;
+                })
+                .buffer_unordered(ADOPT_PARALLEL)
+                .filter_map(std::future::ready)
+                .collect()
+                .await;
+            for id in lost {
+                if let Some(e) = self
+                    .table
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_mut(&id)
+                {
+                    e.record.slot = None;
                 }
+                self.persist(&id, false).await?;
             }
             net.finish_recovery().await;
         }
@@ -155,7 +171,7 @@ impl Node {
                     (id, node.connector.connect(&sock).await)
                 }
             })
-            .buffer_unordered(32)
+            .buffer_unordered(ADOPT_PARALLEL)
             .collect()
             .await;
         let mut adopted = 0;
@@ -178,7 +194,7 @@ impl Node {
         // Run dirs of sandboxes we know nothing about.
         if let Ok(rd) = std::fs::read_dir(self.layout.run_sandboxes()) {
             // Run dirs are named by the runtime's name of a sandbox (decision 0013).
-            let known: Vec<String> = self
+            let known: std::collections::HashSet<String> = self
                 .table
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
