@@ -243,6 +243,68 @@ fn bench_all_reports_every_section_and_cleans_up() {
     assert_eq!(pool_sizes(&s), before, "pool changed");
 }
 
+/// `space bench scale` as CI runs it (issue 16): levels 0 and 500, figures at each, SVG plots,
+/// spaced's own memory and CPU read from its `/metrics`, everything removed after.
+#[test]
+fn bench_scale_measures_each_level_plots_and_cleans_up() {
+    let s = Spaced::start().unwrap();
+    let before = pool_sizes(&s);
+    let dir = tempfile::tempdir().unwrap();
+    let plots = dir.path().join("plots");
+    let out = s.space_ok(&[
+        "bench",
+        "scale",
+        "--live",
+        "0,500",
+        "-n",
+        "3",
+        "--exec-runs",
+        "5",
+        "--snapshot-runs",
+        "2",
+        "--plot",
+        plots.to_str().unwrap(),
+        "--json",
+    ]);
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert!(r.get("stopped").is_none(), "{r}");
+    let levels = r["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2, "{r}");
+    for (l, live) in levels.iter().zip([0, 500]) {
+        assert_eq!(l["live"], live, "{l}");
+        assert_eq!(l["create_hit"]["create_ready_ms"]["count"], 3, "{l}");
+        assert_eq!(
+            l["create_hit"]["hits"], 3,
+            "pool creates came from the pool: {l}"
+        );
+        assert_eq!(l["create_miss"]["create_ready_ms"]["count"], 3, "{l}");
+        assert_eq!(l["exec_ms"]["count"], 5, "{l}");
+        assert_eq!(l["snapshot_ms"]["count"], 2, "{l}");
+        assert!(l["spaced_rss_bytes"].as_f64().unwrap() > 1e6, "{l}");
+        assert!(l["spaced_cpu_at_rest"].as_f64().unwrap() >= 0.0, "{l}");
+    }
+    assert!(levels[0]["node_bytes_per_sandbox"].is_null());
+    assert!(levels[1]["node_bytes_per_sandbox"].as_f64().is_some());
+    assert!(levels[1]["fill_per_s"].as_f64().unwrap() > 0.0);
+    let names: Vec<&str> = r["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"exec p50 at 500 / at 0"), "{names:?}");
+    for f in [
+        "scale-latency.svg",
+        "scale-memory.svg",
+        "scale-create-histogram.svg",
+    ] {
+        let svg = std::fs::read_to_string(plots.join(f)).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("<polyline"), "{f}");
+    }
+    assert!(sandboxes(&s).is_empty(), "{} left", sandboxes(&s).len());
+    assert_eq!(pool_sizes(&s), before, "pool not restored");
+}
+
 #[test]
 fn bench_refuses_parameters_that_would_exhaust_the_machine() {
     let s = Spaced::start().unwrap();
@@ -270,6 +332,14 @@ fn bench_refuses_parameters_that_would_exhaust_the_machine() {
         (
             &["bench", "density", "--density", "1001"],
             "--density must be between 1 and 1000",
+        ),
+        (
+            &["bench", "scale", "--live", "0,20001"],
+            "--live must be between 0 and 20000",
+        ),
+        (
+            &["bench", "scale", "--live", "100,10"],
+            "--live levels must rise",
         ),
         (
             &["bench", "microvm", "-n", "0"],

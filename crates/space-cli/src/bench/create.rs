@@ -47,6 +47,9 @@ pub struct CreateReport {
     pub create_ms: Option<Stats>,
     /// Create, then the first exec of `true` to completion.
     pub create_ready_ms: Option<Stats>,
+    /// The samples behind `create_ready_ms`, in run order (for plots).
+    #[serde(skip)]
+    pub ready_samples: Vec<f64>,
     /// Creates whose sandbox says it came from the pool (`pooled`), and the others.
     pub hits: usize,
     pub misses: usize,
@@ -136,6 +139,7 @@ pub async fn measure(s: &Session, n: usize, path: Path) -> Result<(CreateReport,
         template: s.template.clone(),
         create_ms: stats(&create),
         create_ready_ms: stats(&ready),
+        ready_samples: ready,
         hits,
         misses: n - hits,
         pool,

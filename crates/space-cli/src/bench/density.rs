@@ -7,22 +7,19 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use futures::StreamExt;
 use serde::Serialize;
 
 use super::report::{Target, print_targets, section, stats_header, stats_row, value_row};
 use super::session::Session;
 use super::stats::{MIB, Stats, stats};
 
-/// Creates in flight at once while filling the node.
-const CREATE_CONCURRENCY: usize = 8;
 const SETTLE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DensityReport {
     pub n: usize,
     pub settle_s: u64,
-    /// Seconds to create the N sandboxes (CREATE_CONCURRENCY at a time).
+    /// Seconds to create the N sandboxes ([`Session::fill`]).
     pub fill_s: f64,
     pub memory_cgroup_bytes: Option<Stats>,
     pub rss_bytes: Option<Stats>,
@@ -108,19 +105,7 @@ pub async fn measure(s: &Session, n: usize) -> Result<DensityReport> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = super::limits::mem_available()?;
     let t0 = Instant::now();
-    let mut last = Instant::now();
-    let mut made = Vec::with_capacity(n);
-    let mut creates = futures::stream::iter(0..n)
-        .map(|_| s.create())
-        .buffer_unordered(CREATE_CONCURRENCY);
-    while let Some(r) = creates.next().await {
-        made.push(r?.id);
-        if last.elapsed() >= Duration::from_secs(2) {
-            eprintln!("space bench: density: {}/{n} sandboxes", made.len());
-            last = Instant::now();
-        }
-    }
-    drop(creates);
+    let made = s.fill(n, "density").await?;
     let fill_s = t0.elapsed().as_secs_f64();
     tokio::time::sleep(SETTLE).await;
     let sandboxes: Vec<_> =

@@ -30,6 +30,12 @@ pub const MAX_CREATES_PER_SECOND: usize = 500;
 /// What the bench budgets per sandbox when it sizes a run against the node's memory.
 pub const SANDBOX_BUDGET_BYTES: u64 = 4 * 1024 * 1024;
 
+/// The top level of `space bench scale --live` (issue 16 asks for 10,000).
+pub const MAX_LIVE: usize = 20_000;
+/// What `space bench scale` budgets per idle sandbox (measured: 1.1 to 1.7 MiB of node
+/// memory each, network slot included).
+pub const SCALE_BUDGET_BYTES: u64 = 2 * 1024 * 1024;
+
 const MIB: u64 = 1024 * 1024;
 
 /// `flag` within `min..=max`, else an error naming the range.

@@ -15,8 +15,10 @@ mod files;
 pub mod limits;
 mod microvm;
 mod peers;
+mod plot;
 mod reconnect;
 mod report;
+mod scale;
 mod session;
 mod snapshot;
 mod stats;
@@ -67,6 +69,10 @@ pub enum BenchCmd {
     Reconnect(RunsArgs),
     /// Memory of N idle sandboxes: memory cgroup, RSS and PSS per sandbox, node memory.
     Density(DensityArgs),
+    /// Cost as the node fills: at each --live level of idle sandboxes, create -> ready
+    /// (pool and cold), exec, snapshot, spaced's RSS and CPU at rest, node memory per
+    /// sandbox; --plot DIR writes SVG plots.
+    Scale(ScaleArgs),
     /// runc, bwrap and QEMU microvm peers on the template's rootfs.
     Peers(PeersArgs),
     /// The microvm runtime: cold boot, creates that restore the template's warm checkpoint
@@ -166,6 +172,28 @@ pub struct DensityArgs {
     /// Idle sandboxes (1 to 1000, and N x 4 MiB within half of MemAvailable).
     #[arg(short = 'n', long = "density", default_value_t = 100)]
     pub n: usize,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Args)]
+pub struct ScaleArgs {
+    /// Live idle sandboxes at each level, rising (at most 20,000, and 2 MiB each within
+    /// MemAvailable less a GiB).
+    #[arg(long, value_delimiter = ',', default_value = "0,100,500,1000")]
+    pub live: Vec<usize>,
+    /// Creates timed at each level, from the pool and cold each (1 to 1000).
+    #[arg(short = 'n', long, default_value_t = 20)]
+    pub n: usize,
+    /// Exec round trips timed at each level.
+    #[arg(long, default_value_t = 100)]
+    pub exec_runs: usize,
+    /// Snapshots timed at each level.
+    #[arg(long, default_value_t = 10)]
+    pub snapshot_runs: usize,
+    /// Write SVG plots into this directory (created if missing).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub common: Common,
 }
@@ -456,6 +484,19 @@ pub async fn run(c: Client, cmd: BenchCmd) -> Result<i32> {
             let s = Session::new(c, &a.common.template);
             let r = s.guarded(density::measure(&s, a.n)).await?;
             emit(a.common.json, &r, density::print)
+        }
+        BenchCmd::Scale(a) => {
+            let plan = scale::plan(
+                a.live,
+                a.n,
+                a.exec_runs,
+                a.snapshot_runs,
+                a.plot,
+                mem_available()?,
+            )?;
+            let s = Session::new(c, &a.common.template);
+            let r = s.guarded(scale::measure(&s, plan)).await?;
+            emit(a.common.json, &r, scale::print)
         }
         BenchCmd::Microvm(a) => {
             check_runs("-n", a.n, MAX_HEAVY_RUNS)?;
@@ -847,6 +888,15 @@ mod tests {
             panic!()
         };
         assert!(!c.pool && !c.peers);
+        let BenchCmd::Scale(sc) = parse(&["scale", "--live", "0,10,20", "--plot", "/tmp/p"]) else {
+            panic!()
+        };
+        assert_eq!((sc.live, sc.n), (vec![0, 10, 20], 20));
+        assert_eq!(sc.plot.as_deref(), Some(std::path::Path::new("/tmp/p")));
+        let BenchCmd::Scale(sc) = parse(&["scale"]) else {
+            panic!()
+        };
+        assert_eq!(sc.live, vec![0, 100, 500, 1000]);
         let a = all_args(&[
             "-n",
             "3",
