@@ -231,7 +231,12 @@ pub async fn serve_with_tls(
             tracing::warn!(error = %e, "cannot set TCP_NODELAY");
         }
     });
-    let app = app(state);
+    // One router for every connection. `axum::serve` given a `Router` calls `with_state(())`
+    // on it for each connection it accepts, which deep-copies every route and its layers
+    // (each holding an `AppState`) and drops them all when the connection closes: with ~150
+    // routes that was most of what a short connection cost (a reconnect, a CLI command;
+    // decision 0051). `app` has its state already, so a connection only clones an `Arc`.
+    let app = app(state).into_make_service();
     let plain = axum::serve(listener, app.clone())
         .with_graceful_shutdown(server_shutdown())
         .into_future();
