@@ -241,6 +241,34 @@ fn bench_all_reports_every_section_and_cleans_up() {
     );
     assert!(sandboxes(&s).is_empty(), "{:?}", sandboxes(&s));
     assert_eq!(pool_sizes(&s), before, "pool changed");
+
+    // Several levels give the throughput-latency curve, and --plot draws it.
+    let dir = tempfile::tempdir().unwrap();
+    let out = s.space_ok(&[
+        "bench",
+        "churn",
+        "--duration",
+        "1",
+        "--concurrency",
+        "1,2",
+        "--plot",
+        dir.path().to_str().unwrap(),
+        "--json",
+    ]);
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let levels = r["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2, "{r}");
+    for (l, c) in levels.iter().zip([1, 2]) {
+        assert_eq!(l["concurrency"], c, "{l}");
+        assert!(l["cycles"].as_u64().unwrap() >= 1, "{l}");
+        assert_eq!(l["errors"], 0, "{l}");
+    }
+    for f in ["churn-throughput-latency.svg", "churn-create-histogram.svg"] {
+        let svg = std::fs::read_to_string(dir.path().join(f)).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("<polyline"), "{f}");
+    }
+    assert!(sandboxes(&s).is_empty(), "{:?}", sandboxes(&s));
+    assert_eq!(pool_sizes(&s), before, "pool changed");
 }
 
 /// `space bench scale` as CI runs it (issue 16): levels 0 and 500, figures at each, SVG plots,
@@ -305,6 +333,39 @@ fn bench_scale_measures_each_level_plots_and_cleans_up() {
     assert_eq!(pool_sizes(&s), before, "pool not restored");
 }
 
+/// `space bench reconnect --clients` (issue 16) at CI size: 60 clients on 60 processes in 6
+/// sandboxes drop and reattach from their offsets; every byte checked, none lost or repeated.
+#[test]
+fn bench_reconnect_at_scale_checks_every_byte_and_cleans_up() {
+    let s = Spaced::start().unwrap();
+    let out = s.space_ok(&[
+        "bench",
+        "reconnect",
+        "--clients",
+        "60",
+        "--duration",
+        "3",
+        "--json",
+    ]);
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (r["clients"].as_u64(), r["sandboxes"].as_u64()),
+        (Some(60), Some(6)),
+        "{r}"
+    );
+    assert_eq!(r["mismatches"], 0, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+    let reconnects = r["reconnects"].as_u64().unwrap();
+    assert!(reconnects >= 60, "{r}");
+    assert!(
+        r["reconnect_ms"]["count"].as_u64().unwrap() >= reconnects,
+        "{r}"
+    );
+    // Each reconnect keeps at least one byte of what it was sent.
+    assert!(r["verified_bytes"].as_u64().unwrap() >= reconnects, "{r}");
+    assert!(sandboxes(&s).is_empty(), "{} left", sandboxes(&s).len());
+}
+
 #[test]
 fn bench_refuses_parameters_that_would_exhaust_the_machine() {
     let s = Spaced::start().unwrap();
@@ -340,6 +401,10 @@ fn bench_refuses_parameters_that_would_exhaust_the_machine() {
         (
             &["bench", "scale", "--live", "100,10"],
             "--live levels must rise",
+        ),
+        (
+            &["bench", "reconnect", "--clients", "5001"],
+            "--clients must be between 1 and 5000",
         ),
         (
             &["bench", "microvm", "-n", "0"],

@@ -60,6 +60,15 @@ pub struct ChurnReport {
     pub pool_before: Option<PoolView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pool_after: Option<PoolView>,
+    /// Every create → ready sample, for the plots.
+    #[serde(skip)]
+    pub create_samples: Vec<f64>,
+}
+
+/// Churn at several concurrency levels, one after the other: the throughput-latency curve.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChurnCurve {
+    pub levels: Vec<ChurnReport>,
 }
 
 #[derive(Default)]
@@ -182,6 +191,7 @@ pub async fn measure(s: &Session, plan: Plan) -> Result<ChurnReport> {
         creates_per_s: cycles as f64 / window.as_secs_f64().max(1e-3),
         capped,
         create_ms: stats(&all.create),
+        create_samples: all.create.clone(),
         exec_ms: stats(&all.exec),
         remove_ms: stats(&all.remove),
         cycle_ms: stats(&all.cycle),
@@ -218,6 +228,32 @@ fn pool_line(p: &Option<PoolView>) -> String {
             p.min, p.max, p.target, p.ready
         ),
         None => "none".into(),
+    }
+}
+
+/// The curve as one table: a row per level.
+pub fn print_curve(c: &ChurnCurve) {
+    section("churn: the throughput-latency curve (create -> ready, ms)");
+    println!(
+        "  {:>7} {:>10} {:>8} {:>8} {:>8} {:>8} {:>7}",
+        "clients", "creates/s", "p50", "p90", "p99", "max", "errors"
+    );
+    for r in &c.levels {
+        let s = r.create_ms;
+        let f = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
+        println!(
+            "  {:>7} {:>10.1} {:>8} {:>8} {:>8} {:>8} {:>7}",
+            r.concurrency,
+            r.creates_per_s,
+            f(s.map(|s| s.p50)),
+            f(s.map(|s| s.p90)),
+            f(s.map(|s| s.p99)),
+            f(s.map(|s| s.max)),
+            r.errors
+        );
+    }
+    for r in &c.levels {
+        print(r);
     }
 }
 

@@ -30,6 +30,18 @@ pub const MAX_CREATES_PER_SECOND: usize = 500;
 /// What the bench budgets per sandbox when it sizes a run against the node's memory.
 pub const SANDBOX_BUDGET_BYTES: u64 = 4 * 1024 * 1024;
 
+/// Clients of the reconnect run at scale (issue 16 asks for 1,000).
+pub const MAX_CLIENTS: usize = 5000;
+/// Background processes per sandbox in that run.
+pub const MAX_PER_SANDBOX: usize = 100;
+/// Lines (`seq 1 N`) each process of that run prints: 100,000 is 588,895 bytes, within
+/// the daemon's 1 MiB output ring, so nothing is dropped before a client reads it.
+pub const MAX_LINES: u64 = 100_000;
+/// Most reconnects per second of that run the bench allows itself (20x the goal).
+pub const MAX_RECONNECTS_PER_SECOND: usize = 100_000;
+/// Open files the bench keeps for itself beyond one per client.
+pub const FILES_SPARE: u64 = 64;
+
 /// The top level of `space bench scale --live` (issue 16 asks for 10,000).
 pub const MAX_LIVE: usize = 20_000;
 /// What `space bench scale` budgets per idle sandbox (measured: 1.1 to 1.7 MiB of node

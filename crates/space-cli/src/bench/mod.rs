@@ -17,6 +17,7 @@ mod microvm;
 mod peers;
 mod plot;
 mod reconnect;
+mod reconnect_scale;
 mod report;
 mod scale;
 mod session;
@@ -65,8 +66,9 @@ pub enum BenchCmd {
     /// Snapshot, fork and rollback latency (-n runs each, default 20).
     Snapshot(RunsArgs),
     /// Reconnect latency: attach to a process's output from offset 0 until the first byte
-    /// (-n runs, default 100).
-    Reconnect(RunsArgs),
+    /// (-n runs, default 100); with --clients C, C clients each dropping and reattaching
+    /// from its offset in a loop, every byte checked.
+    Reconnect(ReconnectArgs),
     /// Memory of N idle sandboxes: memory cgroup, RSS and PSS per sandbox, node memory.
     Density(DensityArgs),
     /// Cost as the node fills: at each --live level of idle sandboxes, create -> ready
@@ -124,12 +126,17 @@ pub struct ThroughputArgs {
 
 #[derive(Debug, Args)]
 pub struct ChurnArgs {
-    /// Seconds of churn (1 to 60).
+    /// Seconds of churn at each level (1 to 60).
     #[arg(long, default_value_t = 60)]
     pub duration: u64,
-    /// Concurrent clients (1 to 64); each holds at most one sandbox at a time.
-    #[arg(long, default_value_t = 8)]
-    pub concurrency: usize,
+    /// Concurrent clients (1 to 64); each holds at most one sandbox at a time. Several
+    /// (`1,2,4,8,16`) run one after the other and give the throughput-latency curve.
+    #[arg(long, value_delimiter = ',', default_value = "8")]
+    pub concurrency: Vec<usize>,
+    /// Write SVG plots into this directory (created if missing): the throughput-latency
+    /// curve and the create -> ready histogram of each level.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     #[command(flatten)]
     pub common: Common,
 }
@@ -139,6 +146,29 @@ pub struct RunsArgs {
     /// Timed runs.
     #[arg(short = 'n', long)]
     pub n: Option<usize>,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, Args)]
+pub struct ReconnectArgs {
+    /// Timed runs of the single-client latency (default 100).
+    #[arg(short = 'n', long, conflicts_with = "clients")]
+    pub n: Option<usize>,
+    /// Reconnects at scale: this many clients (1 to 5000), each attached to its own
+    /// background process, each dropping and reattaching from its offset in a loop.
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// With --clients: processes per sandbox (1 to 100).
+    #[arg(long, default_value_t = 10, requires = "clients")]
+    pub per_sandbox: usize,
+    /// With --clients: each process prints `seq 1 LINES` (1 to 100,000; 1,000 is 3,893
+    /// bytes), the backlog a reconnect is sent from its offset.
+    #[arg(long, default_value_t = 1000, requires = "clients")]
+    pub lines: u32,
+    /// With --clients: seconds of reconnecting (1 to 60).
+    #[arg(long, default_value_t = 10, requires = "clients")]
+    pub duration: u64,
     #[command(flatten)]
     pub common: Common,
 }
@@ -337,6 +367,49 @@ fn churn_plan(duration: u64, concurrency: usize, mem_available: u64) -> Result<c
     })
 }
 
+/// The open-files limit of this process, raised to its hard limit first: each client of
+/// the reconnect run holds a connection.
+fn open_file_limit() -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let cur = getrlimit(Resource::Nofile);
+    let _ = setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: cur.maximum,
+            maximum: cur.maximum,
+        },
+    );
+    getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX)
+}
+
+fn reconnect_plan(
+    a: &ReconnectArgs,
+    mem_available: u64,
+    open_files: u64,
+) -> Result<reconnect_scale::Plan> {
+    let clients = a.clients.unwrap_or(0);
+    check_runs("--clients", clients, MAX_CLIENTS)?;
+    check_runs("--per-sandbox", a.per_sandbox, MAX_PER_SANDBOX)?;
+    check_range("--duration", a.duration, 1, MAX_DURATION_S)?;
+    check_range("--lines", a.lines.into(), 1, MAX_LINES)?;
+    let plan = reconnect_scale::Plan {
+        clients,
+        per_sandbox: a.per_sandbox,
+        lines: a.lines,
+        duration: Duration::from_secs(a.duration),
+        cap: a.duration as usize * MAX_RECONNECTS_PER_SECOND,
+    };
+    check_sandbox_memory("--clients", plan.sandboxes(), mem_available)?;
+    let need = clients as u64 + FILES_SPARE;
+    if need > open_files {
+        bail!(
+            "--clients {clients} needs about {need} open files (one connection each), more \
+             than this process's limit of {open_files} (ulimit -n)"
+        );
+    }
+    Ok(plan)
+}
+
 fn check_files(mib: u64, runs: usize, mem_available: u64) -> Result<()> {
     check_range("--file-mib", mib, 1, MAX_FILE_MIB)?;
     check_buffer_memory("--file-mib", mib * 1024 * 1024, mem_available)?;
@@ -446,12 +519,7 @@ pub async fn run(c: Client, cmd: BenchCmd) -> Result<i32> {
             let r = s.guarded(throughput::measure(&s, plan)).await?;
             emit(a.common.json, &r, throughput::print)
         }
-        BenchCmd::Churn(a) => {
-            let plan = churn_plan(a.duration, a.concurrency, mem_available()?)?;
-            let s = Session::new(c, &a.common.template);
-            let r = s.guarded(churn::measure(&s, plan)).await?;
-            emit(a.common.json, &r, churn::print)
-        }
+        BenchCmd::Churn(a) => run_churn(c, a).await,
         BenchCmd::Exec(a) => {
             let runs = a.n.unwrap_or(EXEC_RUNS);
             check_runs("-n", runs, MAX_RUNS)?;
@@ -471,6 +539,12 @@ pub async fn run(c: Client, cmd: BenchCmd) -> Result<i32> {
             let s = Session::new(c, &a.common.template);
             let r = s.guarded(snapshot::measure(&s, runs)).await?;
             emit(a.common.json, &r, snapshot::print)
+        }
+        BenchCmd::Reconnect(a) if a.clients.is_some() => {
+            let plan = reconnect_plan(&a, mem_available()?, open_file_limit())?;
+            let s = Session::new(c, &a.common.template);
+            let r = s.guarded(reconnect_scale::measure(&s, plan)).await?;
+            emit(a.common.json, &r, reconnect_scale::print)
         }
         BenchCmd::Reconnect(a) => {
             let runs = a.n.unwrap_or(RECONNECT_RUNS);
@@ -530,6 +604,43 @@ pub async fn run(c: Client, cmd: BenchCmd) -> Result<i32> {
             emit(a.common.json, &r, disk::print)
         }
         BenchCmd::All(a) => run_all(c, a).await,
+    }
+}
+
+/// `space bench churn`: one level gives its report; several give the curve (`levels`).
+async fn run_churn(c: Client, a: ChurnArgs) -> Result<i32> {
+    let mem = mem_available()?;
+    if a.concurrency.is_empty() {
+        bail!("--concurrency needs at least one level");
+    }
+    let plans = a
+        .concurrency
+        .iter()
+        .map(|&n| churn_plan(a.duration, n, mem))
+        .collect::<Result<Vec<_>>>()?;
+    let s = Session::new(c, &a.common.template);
+    let levels = s
+        .guarded(async {
+            let mut levels = Vec::with_capacity(plans.len());
+            for plan in &plans {
+                levels.push(churn::measure(&s, *plan).await?);
+            }
+            Ok(levels)
+        })
+        .await?;
+    let plots = match &a.plot {
+        Some(dir) => plot::churn(dir, &a.common.template, &levels)?,
+        None => Vec::new(),
+    };
+    for f in &plots {
+        eprintln!("space bench: wrote {}", f.display());
+    }
+    match <[churn::ChurnReport; 1]>::try_from(levels) {
+        Ok([one]) => emit(a.common.json, &one, churn::print),
+        Err(levels) => {
+            let curve = churn::ChurnCurve { levels };
+            emit(a.common.json, &curve, churn::print_curve)
+        }
     }
 }
 
@@ -851,10 +962,14 @@ mod tests {
 
     const GIB: u64 = 1024 * 1024 * 1024;
 
-    fn parse(args: &[&str]) -> BenchCmd {
+    fn try_parse(args: &[&str]) -> Result<BenchCmd, clap::Error> {
         let mut all = vec!["bench"];
         all.extend_from_slice(args);
-        T::try_parse_from(all).unwrap().cmd
+        T::try_parse_from(all).map(|t| t.cmd)
+    }
+
+    fn parse(args: &[&str]) -> BenchCmd {
+        try_parse(args).unwrap()
     }
 
     fn all_args(extra: &[&str]) -> AllArgs {
@@ -930,14 +1045,14 @@ mod tests {
                 ..
             })
         ));
-        assert!(matches!(
-            parse(&["churn"]),
-            BenchCmd::Churn(ChurnArgs {
-                duration: 60,
-                concurrency: 8,
-                ..
-            })
-        ));
+        let BenchCmd::Churn(a) = parse(&["churn"]) else {
+            panic!()
+        };
+        assert_eq!((a.duration, a.concurrency), (60, vec![8]));
+        let BenchCmd::Churn(a) = parse(&["churn", "--concurrency", "1,2,4"]) else {
+            panic!()
+        };
+        assert_eq!(a.concurrency, vec![1, 2, 4]);
         assert!(T::try_parse_from(["bench", "all", "-n", "many"]).is_err());
         assert!(T::try_parse_from(["bench", "nope"]).is_err());
     }
@@ -1015,6 +1130,32 @@ mod tests {
     }
 
     #[test]
+    fn reconnect_plan_spreads_clients_and_checks_open_files() {
+        let BenchCmd::Reconnect(a) = parse(&["reconnect", "--clients", "1000"]) else {
+            panic!()
+        };
+        let p = reconnect_plan(&a, 64 * GIB, 20_000).unwrap();
+        assert_eq!((p.clients, p.per_sandbox, p.sandboxes()), (1000, 10, 100));
+        assert_eq!(p.cap, 10 * MAX_RECONNECTS_PER_SECOND);
+        let e = reconnect_plan(&a, 64 * GIB, 1024).unwrap_err().to_string();
+        assert!(e.contains("1064 open files") && e.contains("1024"), "{e}");
+        // 100 sandboxes at 4 MiB need 400 MiB: more than half of 512 MiB.
+        let e = reconnect_plan(&a, 512 << 20, 20_000)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--clients 100"), "{e}");
+        let BenchCmd::Reconnect(a) =
+            parse(&["reconnect", "--clients", "25", "--per-sandbox", "10"])
+        else {
+            panic!()
+        };
+        assert_eq!(reconnect_plan(&a, 64 * GIB, 20_000).unwrap().sandboxes(), 3);
+        // The per-sandbox and duration flags belong to --clients; -n to the latency run.
+        assert!(try_parse(&["reconnect", "--per-sandbox", "5"]).is_err());
+        assert!(try_parse(&["reconnect", "-n", "5", "--clients", "5"]).is_err());
+    }
+
+    #[test]
     fn throughput_plan_is_bounded_by_memory() {
         // 2 GiB available: 256 sandboxes of budget.
         let p = throughput_plan(10, 8, None, 2 * GIB).unwrap();
@@ -1051,6 +1192,10 @@ mod tests {
                 &["churn", "--concurrency", "0"],
                 "--concurrency must be between 1 and 64",
             ),
+            (
+                &["churn", "--concurrency", "1,2,65"],
+                "--concurrency must be between 1 and 64",
+            ),
             (&["exec", "-n", "0"], "-n must be between 1 and 10000"),
             (
                 &["files", "--mib", "0"],
@@ -1071,6 +1216,22 @@ mod tests {
             ),
             (
                 &["all", "--duration", "61"],
+                "--duration must be between 1 and 60",
+            ),
+            (
+                &["reconnect", "--clients", "5001"],
+                "--clients must be between 1 and 5000",
+            ),
+            (
+                &["reconnect", "--clients", "10", "--per-sandbox", "0"],
+                "--per-sandbox must be between 1 and 100",
+            ),
+            (
+                &["reconnect", "--clients", "10", "--lines", "0"],
+                "--lines must be between 1 and 100000",
+            ),
+            (
+                &["reconnect", "--clients", "10", "--duration", "61"],
                 "--duration must be between 1 and 60",
             ),
         ] {

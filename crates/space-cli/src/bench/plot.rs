@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow};
 use plotters::prelude::*;
 
+use super::churn::ChurnReport;
 use super::scale::ScaleReport;
 use super::stats::MIB;
 
@@ -248,6 +249,57 @@ pub fn scale(dir: &Path, r: &ScaleReport) -> Result<Vec<PathBuf>> {
     histograms(
         &files[2],
         &format!("create -> ready at each level ({what})"),
+        "ms (log)",
+        &sets,
+    )?;
+    Ok(files.to_vec())
+}
+
+/// `space bench churn --plot DIR`: create -> ready against the creates per second each
+/// concurrency level reached (the throughput-latency curve), and each level's histogram.
+pub fn churn(dir: &Path, template: &str, levels: &[ChurnReport]) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let at = |f: &dyn Fn(&ChurnReport) -> Option<f64>| {
+        levels
+            .iter()
+            .map(|r| (r.creates_per_s, f(r)))
+            .collect::<Vec<_>>()
+    };
+    let curve = [
+        Series::new("create -> ready, p50", at(&|r| r.create_ms.map(|s| s.p50))),
+        Series::new("create -> ready, p99", at(&|r| r.create_ms.map(|s| s.p99))),
+        Series::new(
+            "whole cycle (create, exec, remove), p50",
+            at(&|r| r.cycle_ms.map(|s| s.p50)),
+        ),
+    ];
+    let sets: Vec<(String, Vec<f64>)> = levels
+        .iter()
+        .map(|r| {
+            (
+                format!("{} clients", r.concurrency),
+                r.create_samples.clone(),
+            )
+        })
+        .collect();
+    let files = [
+        dir.join("churn-throughput-latency.svg"),
+        dir.join("churn-create-histogram.svg"),
+    ];
+    let clients: Vec<String> = levels.iter().map(|r| r.concurrency.to_string()).collect();
+    lines(
+        &files[0],
+        &format!(
+            "Churn: latency against throughput, {} clients (template {template})",
+            clients.join(", ")
+        ),
+        "creates per second reached",
+        "ms (log)",
+        &curve,
+    )?;
+    histograms(
+        &files[1],
+        &format!("Churn: create -> ready at each level (template {template})"),
         "ms (log)",
         &sets,
     )?;
