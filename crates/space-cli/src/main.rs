@@ -347,8 +347,28 @@ fn report(e: &anyhow::Error) -> String {
     format!("error: {e:#}")
 }
 
+/// `space ls | head` closes stdout early. Rust ignores SIGPIPE (so that sockets get EPIPE),
+/// which turns the next `println!` into a panic with a backtrace; a closed stdout ends the
+/// command quietly instead, with the shell's status for SIGPIPE.
+fn quiet_on_closed_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 #[tokio::main]
 async fn main() {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let code = match run(cli).await {
         Ok(code) => code,

@@ -338,3 +338,22 @@ fn node_ls_and_cluster_status_show_this_host() {
         "{status}"
     );
 }
+
+/// `space template ls | head -0`: a reader that has gone away ends the command quietly with
+/// the shell's SIGPIPE status, not a panic and a backtrace.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    let s = Spaced::start().unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = s
+        .cli()
+        .args(["template", "ls"])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(141), "{err}");
+}
