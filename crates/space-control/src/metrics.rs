@@ -209,6 +209,8 @@ pub struct ProcessStats {
     pub cpu_seconds: Option<f64>,
     pub threads: Option<u64>,
     pub open_fds: Option<u64>,
+    /// The soft limit on open files: a node holds several per sandbox (docs/BENCHMARKS.md).
+    pub max_fds: Option<u64>,
 }
 
 impl ProcessStats {
@@ -218,7 +220,11 @@ impl ProcessStats {
         let fds = std::fs::read_dir("/proc/self/fd")
             .ok()
             .map(|d| d.count() as u64);
-        Self::parse(&status, &stat, fds)
+        let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+        Self {
+            max_fds: soft_open_files(&limits),
+            ..Self::parse(&status, &stat, fds)
+        }
     }
 
     /// From the text of `/proc/self/status` and `/proc/self/stat`. CPU time is utime + stime
@@ -241,8 +247,19 @@ impl ProcessStats {
             cpu_seconds: cpu,
             threads: field("Threads"),
             open_fds,
+            max_fds: None,
         }
     }
+}
+
+/// The soft limit of `Max open files` in the text of `/proc/self/limits`.
+fn soft_open_files(limits: &str) -> Option<u64> {
+    let l = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    l["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn render_process(out: &mut String, p: &ProcessStats) {
@@ -270,6 +287,12 @@ fn render_process(out: &mut String, p: &ProcessStats) {
             "Open file descriptors of this spaced process.",
             "gauge",
             p.open_fds.map(|v| v as f64),
+        ),
+        (
+            "process_max_fds",
+            "The open-files limit (soft) of this spaced process.",
+            "gauge",
+            p.max_fds.map(|v| v as f64),
         ),
     ];
     for (name, help, kind, v) in series {
@@ -457,7 +480,19 @@ mod tests {
                 cpu_seconds: Some(3.0),
                 threads: Some(7),
                 open_fds: Some(9),
+                max_fds: None,
             }
+        );
+        let mut out = String::new();
+        render_process(&mut out, &ProcessStats::read());
+        assert!(out.contains("\nprocess_max_fds "), "{out}");
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
+                      Max processes             95452                95452                processes\n\
+                      Max open files            20000                40000                files\n";
+        assert_eq!(soft_open_files(limits), Some(20000));
+        assert_eq!(
+            soft_open_files("Max open files  unlimited  unlimited files"),
+            None
         );
         assert_eq!(
             ProcessStats::parse("", "garbage", None),

@@ -314,6 +314,9 @@ fn bench_scale_measures_each_level_plots_and_cleans_up() {
     assert!(levels[0]["node_bytes_per_sandbox"].is_null());
     assert!(levels[1]["node_bytes_per_sandbox"].as_f64().is_some());
     assert!(levels[1]["fill_per_s"].as_f64().unwrap() > 0.0);
+    // spaced's open files grow with the sandboxes it holds: a handful each, no more.
+    let fds = levels[1]["fds_per_sandbox"].as_f64().unwrap();
+    assert!((1.0..=10.0).contains(&fds), "{}", levels[1]);
     let names: Vec<&str> = r["targets"]
         .as_array()
         .unwrap()

@@ -279,6 +279,12 @@ pub fn print(r: &ChurnReport) {
     );
     value_row("pool before", pool_line(&r.pool_before));
     value_row("pool after", pool_line(&r.pool_after));
+    if r.pool_before.as_ref().is_none_or(|p| p.max == 0) {
+        println!(
+            "  note: template without a warm pool: every create was built cold \
+             (--pool 4:32 gives it spaced's default pool for the run)"
+        );
+    }
     if r.errors > 0 {
         println!(
             "  note: {} cycles failed, first: {}",

@@ -137,8 +137,30 @@ pub struct ChurnArgs {
     /// curve and the create -> ready histogram of each level.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Give the template this warm pool for the run (`4:32` is spaced's default pool), put
+    /// back as it was after. Without it the pool is the node's as it stands: a template
+    /// without one builds every create cold.
+    #[arg(long, value_name = "MIN:MAX", value_parser = parse_min_max)]
+    pub pool: Option<(u32, u32)>,
     #[command(flatten)]
     pub common: Common,
+}
+
+/// `MIN:MAX`, MIN at most MAX.
+fn parse_min_max(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected MIN:MAX, e.g. 4:32"))?;
+    let n = |v: &str| {
+        v.trim()
+            .parse::<u32>()
+            .map_err(|e| format!("{v:?} in {s:?}: {e}"))
+    };
+    let (min, max) = (n(a)?, n(b)?);
+    if min > max {
+        return Err(format!("{s:?}: MIN is above MAX"));
+    }
+    Ok((min, max))
 }
 
 #[derive(Debug, Args)]
@@ -569,6 +591,8 @@ pub async fn run(c: Client, cmd: BenchCmd) -> Result<i32> {
                 mem_available()?,
             )?;
             let s = Session::new(c, &a.common.template);
+            let top = plan.levels.last().copied().unwrap_or(0);
+            scale::check_open_files(top, plan.runs, &scale::process_figures(&s).await)?;
             let r = s.guarded(scale::measure(&s, plan)).await?;
             emit(a.common.json, &r, scale::print)
         }
@@ -621,6 +645,11 @@ async fn run_churn(c: Client, a: ChurnArgs) -> Result<i32> {
     let s = Session::new(c, &a.common.template);
     let levels = s
         .guarded(async {
+            if let Some((min, max)) = a.pool {
+                s.set_pool(min, max).await?;
+                eprintln!("space bench: churn: waiting for the pool ({min}:{max}) to fill");
+                s.wait_pool_ready(min, Duration::from_secs(120)).await?;
+            }
             let mut levels = Vec::with_capacity(plans.len());
             for plan in &plans {
                 levels.push(churn::measure(&s, *plan).await?);
@@ -1053,6 +1082,13 @@ mod tests {
             panic!()
         };
         assert_eq!(a.concurrency, vec![1, 2, 4]);
+        let BenchCmd::Churn(a) = parse(&["churn", "--pool", "4:32"]) else {
+            panic!()
+        };
+        assert_eq!(a.pool, Some((4, 32)));
+        for bad in ["4", "32:4", "a:1", "1:-2"] {
+            assert!(try_parse(&["churn", "--pool", bad]).is_err(), "{bad}");
+        }
         assert!(T::try_parse_from(["bench", "all", "-n", "many"]).is_err());
         assert!(T::try_parse_from(["bench", "nope"]).is_err());
     }

@@ -10,6 +10,10 @@
 //! - exec round trip and snapshot latency on one probe sandbox, held for the whole run (each
 //!   snapshot is deleted again, so the probe's own snapshot count does not grow with the run).
 //!
+//! Before anything is made, the top level is checked against the node's memory and spaced's
+//! open-files limit (`process_max_fds`; [`FDS_PER_SANDBOX`] each), and refused with what the
+//! node holds when either is short.
+//!
 //! A level the node cannot reach (a create fails: memory, slots, any limit) ends the run
 //! there; the levels measured below it are kept, printed and plotted, and the report says
 //! where and why it stopped. Everything is removed at the end, also after Ctrl-C.
@@ -22,7 +26,7 @@ use futures::StreamExt;
 use serde::Serialize;
 
 use super::create::{self, Path};
-use super::limits::{MAX_LIVE, SCALE_BUDGET_BYTES, check_range};
+use super::limits::{FDS_PER_SANDBOX, FDS_SPARE, MAX_LIVE, SCALE_BUDGET_BYTES, check_range};
 use super::report::{Target, print_targets, section, value_row};
 use super::session::Session;
 use super::stats::{MIB, Stats, ms, ratio, stats};
@@ -103,6 +107,10 @@ pub struct Level {
     /// Sandboxes added per second while filling.
     pub fill_per_s: Option<f64>,
     pub spaced_rss_bytes: Option<f64>,
+    /// spaced's open file descriptors at rest, and (that - the count before filling) / live.
+    pub spaced_open_fds: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fds_per_sandbox: Option<f64>,
     /// spaced's CPU seconds per second at rest.
     pub spaced_cpu_at_rest: Option<f64>,
     /// (MemAvailable before the run - now) / live; None at 0.
@@ -129,15 +137,46 @@ pub struct ScaleReport {
     pub plots: Vec<PathBuf>,
 }
 
-/// spaced's own series from `/metrics`: (resident bytes, CPU seconds).
-async fn process_figures(s: &Session) -> (Option<f64>, Option<f64>) {
+/// spaced's own series from `/metrics`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessFigures {
+    pub rss: Option<f64>,
+    pub cpu_s: Option<f64>,
+    pub open_fds: Option<f64>,
+    pub max_fds: Option<f64>,
+}
+
+pub async fn process_figures(s: &Session) -> ProcessFigures {
     let Ok(text) = s.c.metrics().await else {
-        return (None, None);
+        return ProcessFigures::default();
     };
-    (
-        metric(&text, "process_resident_memory_bytes"),
-        metric(&text, "process_cpu_seconds_total"),
-    )
+    ProcessFigures {
+        rss: metric(&text, "process_resident_memory_bytes"),
+        cpu_s: metric(&text, "process_cpu_seconds_total"),
+        open_fds: metric(&text, "process_open_fds"),
+        max_fds: metric(&text, "process_max_fds"),
+    }
+}
+
+/// Refuses a top level that spaced's open-files limit cannot hold at [`FDS_PER_SANDBOX`]
+/// each, with the timed creates and spare slots on top. Passes when spaced does not say.
+pub fn check_open_files(top: usize, runs: usize, p: &ProcessFigures) -> Result<()> {
+    let (Some(open), Some(max)) = (p.open_fds, p.max_fds) else {
+        return Ok(());
+    };
+    let (open, max) = (open as u64, max as u64);
+    let need = open + (top + runs + 1) as u64 * FDS_PER_SANDBOX + FDS_SPARE;
+    if need > max {
+        let fits = max.saturating_sub(open + FDS_SPARE) / FDS_PER_SANDBOX;
+        bail!(
+            "--live {top} needs about {need} open files in spaced ({FDS_PER_SANDBOX} per idle \
+             sandbox, {open} open now), but its limit is {max}: it holds about {} here. Raise \
+             spaced's limit (`ulimit -n` or systemd's LimitNOFILE; spaced lifts its soft limit to \
+             the hard one itself)",
+            fits.saturating_sub(runs as u64 + 1)
+        );
+    }
+    Ok(())
 }
 
 /// The value of an unlabelled sample `name` in Prometheus text.
@@ -175,6 +214,13 @@ async fn snapshots(s: &Session, probe: &str, runs: usize) -> Result<Option<Stats
     Ok(stats(&took))
 }
 
+/// The node before the run filled it (the probe sandbox made).
+#[derive(Debug, Clone, Copy)]
+struct Baseline {
+    mem_available: u64,
+    open_fds: Option<f64>,
+}
+
 async fn measure_level(
     s: &Session,
     plan: &Plan,
@@ -182,21 +228,22 @@ async fn measure_level(
     live: usize,
     fill_s: f64,
     added: usize,
-    before: u64,
+    base: Baseline,
 ) -> Result<Level> {
     // Rest: nothing of the bench's in flight, no pool building.
     s.wait_pool_idle(Duration::from_secs(120)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (_, cpu0) = process_figures(s).await;
+    let cpu0 = process_figures(s).await.cpu_s;
     let t0 = Instant::now();
     tokio::time::sleep(REST_WINDOW).await;
-    let (rss, cpu1) = process_figures(s).await;
+    let at_rest = process_figures(s).await;
+    let (rss, cpu1) = (at_rest.rss, at_rest.cpu_s);
     let cpu = match (cpu0, cpu1) {
         (Some(a), Some(b)) => Some((b - a) / t0.elapsed().as_secs_f64()),
         _ => None,
     };
     let mem_available = super::limits::mem_available()?;
-    let node = (live > 0).then(|| (before as f64 - mem_available as f64) / live as f64);
+    let node = (live > 0).then(|| (base.mem_available as f64 - mem_available as f64) / live as f64);
     eprintln!("space bench: scale: {live} live: exec and snapshot on the probe");
     let exec_ms = super::exec::round_trips(s, probe, plan.exec_runs).await?;
     let snapshot_ms = snapshots(s, probe, plan.snapshot_runs).await?;
@@ -213,6 +260,11 @@ async fn measure_level(
         fill_s,
         fill_per_s: (added > 0 && fill_s > 0.0).then(|| added as f64 / fill_s),
         spaced_rss_bytes: rss,
+        spaced_open_fds: at_rest.open_fds,
+        fds_per_sandbox: match (at_rest.open_fds, base.open_fds) {
+            (Some(now), Some(b)) if live > 0 => Some((now - b) / live as f64),
+            _ => None,
+        },
         spaced_cpu_at_rest: cpu,
         node_bytes_per_sandbox: node,
         mem_available,
@@ -229,6 +281,11 @@ pub async fn measure(s: &Session, plan: Plan) -> Result<ScaleReport> {
     s.wait_pool_idle(Duration::from_secs(120)).await;
     let before = super::limits::mem_available()?;
     let probe = s.create().await.context("creating the probe sandbox")?.id;
+    s.wait_pool_idle(Duration::from_secs(120)).await;
+    let base = Baseline {
+        mem_available: before,
+        open_fds: process_figures(s).await.open_fds,
+    };
     let mut levels = Vec::new();
     let mut live = 0;
     let mut stopped = None;
@@ -247,7 +304,7 @@ pub async fn measure(s: &Session, plan: Plan) -> Result<ScaleReport> {
         let fill_s = t0.elapsed().as_secs_f64();
         live = want;
         eprintln!("space bench: scale: {live} live ({fill_s:.1} s to fill); measuring");
-        match measure_level(s, &plan, &probe, live, fill_s, add, before).await {
+        match measure_level(s, &plan, &probe, live, fill_s, add, base).await {
             Ok(l) => levels.push(l),
             Err(e) => {
                 stopped = Some(format!("measuring at {live} live sandboxes failed: {e:#}"));
@@ -326,7 +383,7 @@ pub fn print(r: &ScaleReport) {
     ));
     let p = |s: &Option<Stats>, f: fn(&Stats) -> f64| s.as_ref().map_or(f64::NAN, f);
     println!(
-        "{:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9}",
+        "{:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7}",
         "live",
         "hit p50",
         "hit p99",
@@ -337,11 +394,12 @@ pub fn print(r: &ScaleReport) {
         "fill/s",
         "node MiB",
         "RSS MiB",
-        "CPU rest"
+        "CPU rest",
+        "fds/sbx"
     );
     for l in &r.levels {
         println!(
-            "{:>7} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.1} {:>9.2} {:>9.1} {:>9.3}",
+            "{:>7} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.1} {:>9.2} {:>9.1} {:>9.3} {:>7.2}",
             l.live,
             p(&l.create_hit.create_ready_ms, |s| s.p50),
             p(&l.create_hit.create_ready_ms, |s| s.p99),
@@ -353,11 +411,13 @@ pub fn print(r: &ScaleReport) {
             l.node_bytes_per_sandbox.map_or(f64::NAN, |b| b / MIB),
             l.spaced_rss_bytes.map_or(f64::NAN, |b| b / MIB),
             l.spaced_cpu_at_rest.unwrap_or(f64::NAN),
+            l.fds_per_sandbox.unwrap_or(f64::NAN),
         );
     }
     println!(
         "  (ms; hit: create -> ready from the pool; cold: built on create; node MiB: MemAvailable \
-         drop per live sandbox; RSS and CPU rest: spaced's own, CPU-s per s over {} s idle)",
+         drop per live sandbox; RSS and CPU rest: spaced's own, CPU-s per s over {} s idle; \
+         fds/sbx: spaced's open files per live sandbox)",
         REST_WINDOW.as_secs()
     );
     for l in &r.levels {
@@ -403,6 +463,28 @@ mod tests {
         let file = tempfile::NamedTempFile::new().unwrap();
         let e = plan(vec![0], 5, 5, 5, Some(file.path().into()), 23 * GIB).unwrap_err();
         assert!(e.to_string().contains("not a directory"), "{e}");
+    }
+
+    #[test]
+    fn levels_beyond_spaceds_open_files_are_refused() {
+        let figures = |open, max| ProcessFigures {
+            open_fds: Some(open),
+            max_fds: Some(max),
+            ..Default::default()
+        };
+        // This machine: a 20,000 hard limit that root may not raise (no CAP_SYS_RESOURCE).
+        let e = check_open_files(10_000, 20, &figures(200.0, 20_000.0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--live 10000") && e.contains("60838") && e.contains("limit is 20000"),
+            "{e}"
+        );
+        assert!(e.contains("holds about 3193 here"), "{e}");
+        check_open_files(3000, 20, &figures(200.0, 20_000.0)).unwrap();
+        check_open_files(10_000, 20, &figures(200.0, 1_048_576.0)).unwrap();
+        // A server that does not say is not refused.
+        check_open_files(10_000, 20, &ProcessFigures::default()).unwrap();
     }
 
     #[test]
