@@ -1116,6 +1116,58 @@ mod tests {
         });
     }
 
+    /// A destroyed slot goes with its namespace: the kernel removes the veth pair soon after
+    /// the pin, and the index is free when it has. A namespace something still holds keeps
+    /// its pair only until the teardown wait ends; then the pair is deleted (decision 0052).
+    #[test]
+    fn a_destroyed_slot_takes_its_pair_along_and_a_held_one_is_cut_off() {
+        if !is_root() {
+            eprintln!("needs root");
+            return;
+        }
+        with_lab(|run| {
+            Box::pin(async move {
+                use super::slots::SlotBackend;
+                // In the lab's node namespace (/sys shows the host's).
+                let link = |i: u32| {
+                    Command::new("ip")
+                        .args(["link", "show", "dev", &slots::host_ifname(i)])
+                        .output()
+                        .unwrap()
+                        .status
+                        .success()
+                };
+                let subnet: Ipv4Net = "10.213.0.0/24".parse().unwrap();
+                let k = KernelSlots::new(subnet, &run.join("netns"), Arc::new(SystemNft::new()))
+                    .unwrap();
+                let policy = Policy::new(&spec(Egress::Open, &[]), &[subnet]).unwrap();
+                let slot = k.create(0, &policy).await.unwrap();
+                assert!(link(0));
+                drop(slot);
+                let t0 = Instant::now();
+                k.destroy(0).await;
+                assert!(!link(0), "the pair went with the namespace");
+                assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+
+                let slot = k.create(1, &policy).await.unwrap();
+                let held = File::open(&slot.info.netns).unwrap();
+                drop(slot);
+                let t0 = Instant::now();
+                k.destroy(1).await;
+                assert!(!link(1), "a held namespace loses its pair");
+                assert!(t0.elapsed() >= Duration::from_secs(4), "{:?}", t0.elapsed());
+                // The namespace itself lives on with whoever holds it, without a way out.
+                let links = space_sys::netns::run_in(held.as_fd(), || {
+                    Command::new("ip").args(["-o", "link"]).output()
+                })
+                .unwrap()
+                .unwrap();
+                let links = String::from_utf8_lossy(&links.stdout);
+                assert!(!links.contains("eth0"), "{links}");
+            })
+        });
+    }
+
     #[tokio::test]
     async fn networking_off_attaches_nothing() {
         let dir = tempfile::tempdir().unwrap();
