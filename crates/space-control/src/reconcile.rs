@@ -170,7 +170,7 @@ impl Engine {
             .reconcile_runs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.pools_pass().await;
-        let observation = self.node.observe().await?;
+        let observation = self.node.observe_phases().await?;
         let mut desired = self.store.list_sandboxes().await?;
         // Replication and node loss look at every row, those on silent nodes too.
         let replication = self.replication_pass(&desired, &observation).await?;

@@ -388,6 +388,13 @@ pub trait NodeApi: Send + Sync {
             ..Default::default()
         })
     }
+    /// What a reconcile pass works from: [`Self::observe`], where each sandbox's usage
+    /// figures (`memory_bytes`, `cpu_usage_usec`, `disk_bytes`) may be left out. Every pass
+    /// asks it of a node that may hold thousands of sandboxes, and reading those figures was
+    /// most of what an idle node spent per pass (issue 16).
+    async fn observe_phases(&self) -> Result<Observation, NodeError> {
+        self.observe().await
+    }
     /// The sandbox's guest channel (cached; cheap to call per request). Conflict while it is
     /// paused (its daemon is frozen too); NotFound for an unknown id.
     async fn guest_channel(&self, id: &str) -> Result<GuestChannel, NodeError>;

@@ -15,8 +15,8 @@ use futures::StreamExt;
 
 use crate::api::moves::{MoveStep, MoveStream, Received};
 use crate::api::{
-    NodeApi, NodeError, Phase, PoolConfig, PoolStatus, RuntimeKind, SandboxSpec, SandboxStatus,
-    SnapshotInfo, TemplateInfo, TemplateSource,
+    NodeApi, NodeError, Observation, Phase, PoolConfig, PoolStatus, RuntimeKind, SandboxSpec,
+    SandboxStatus, SnapshotInfo, TemplateInfo, TemplateSource,
 };
 use crate::channel::{GuestConnector, UnixConnector};
 use crate::ids::{self, UidAllocator};
@@ -479,7 +479,14 @@ impl Node {
     }
 
     fn status_of(&self, rec: &SandboxRecord) -> SandboxStatus {
+        self.status_with(rec, true)
+    }
+
+    /// The sandbox's status; without `usage`, its memory, CPU and disk figures are not read
+    /// (`NodeApi::observe_phases`).
+    fn status_with(&self, rec: &SandboxRecord, usage: bool) -> SandboxStatus {
         let running = self.is_running(rec);
+        let measured = running && usage;
         SandboxStatus {
             id: rec.spec.id.clone(),
             phase: if !running {
@@ -499,23 +506,37 @@ impl Node {
             uid_base: rec.uid_base,
             uid_count: rec.uid_count,
             channel: self.layout.channel_socket(rec.runtime_name()),
-            memory_bytes: if running {
+            memory_bytes: if measured {
                 self.rt(rec).memory_bytes(rec.runtime_name())
             } else {
                 None
             },
-            cpu_usage_usec: if running {
+            cpu_usage_usec: if measured {
                 self.rt(rec).cpu_usage_usec(rec.runtime_name())
             } else {
                 None
             },
-            disk_bytes: rec.spec.limits.disk_mib.and_then(|_| {
+            disk_bytes: rec.spec.limits.disk_mib.filter(|_| usage).and_then(|_| {
                 crate::quota::usage(&self.layout, self.subvols.as_ref(), &rec.spec.id)
             }),
             network: self.network.as_ref().and_then(|n| n.status(&rec.spec.id)),
             pooled: rec.pooled,
             restored: rec.restored,
         }
+    }
+
+    /// Every sandbox's status, sorted by id (see [`Node::status_with`]).
+    fn statuses(&self, usage: bool) -> Vec<SandboxStatus> {
+        let records: Vec<SandboxRecord> = self
+            .table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|e| e.record.clone())
+            .collect();
+        let mut out: Vec<_> = records.iter().map(|r| self.status_with(r, usage)).collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
     }
 
     /// Graceful shutdown: destroys the warm pools' ready sandboxes, a template checkpoint's
@@ -1166,16 +1187,14 @@ impl NodeApi for Node {
     }
 
     async fn list_sandboxes(&self) -> Result<Vec<SandboxStatus>, NodeError> {
-        let records: Vec<SandboxRecord> = self
-            .table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(|e| e.record.clone())
-            .collect();
-        let mut out: Vec<_> = records.iter().map(|r| self.status_of(r)).collect();
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+        Ok(self.statuses(true))
+    }
+
+    async fn observe_phases(&self) -> Result<Observation, NodeError> {
+        Ok(Observation {
+            sandboxes: self.statuses(false),
+            ..Default::default()
+        })
     }
 
     async fn guest_channel(&self, id: &str) -> Result<GuestChannel, NodeError> {

@@ -249,6 +249,27 @@ async fn create_snapshots_records_launches_and_connects() {
     assert!(f.node.guest("aaa").await.is_ok());
 }
 
+/// The reconciler's view of every sandbox carries its phase but not its usage figures,
+/// which it never reads; a list carries both.
+#[tokio::test]
+async fn observe_phases_leaves_out_the_usage_figures() {
+    let f = fixture().await;
+    f.node.create_sandbox(&spec("aaa")).await.unwrap();
+    f.node.create_sandbox(&spec("bbb")).await.unwrap();
+    f.node.pause_sandbox("bbb").await.unwrap();
+    let light = f.node.observe_phases().await.unwrap().sandboxes;
+    let phases: Vec<_> = light.iter().map(|s| (s.id.as_str(), s.phase)).collect();
+    assert_eq!(phases, [("aaa", Phase::Running), ("bbb", Phase::Paused)]);
+    assert!(light.iter().all(|s| s.init_pid.is_some()));
+    assert!(
+        light
+            .iter()
+            .all(|s| s.memory_bytes.is_none() && s.cpu_usage_usec.is_none())
+    );
+    let full = f.node.list_sandboxes().await.unwrap();
+    assert!(full.iter().all(|s| s.memory_bytes == Some(4096)));
+}
+
 #[tokio::test]
 async fn create_is_idempotent_and_serialized_per_id() {
     let f = fixture().await;
