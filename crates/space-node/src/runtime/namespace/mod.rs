@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -32,6 +32,8 @@ use async_trait::async_trait;
 use space_sys::mount::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, idmapped_clone};
 use space_sys::ns::{self, InitSpec, NsError, SockFilter, caps};
 use space_sys::process::{DAEMON_OOM_SCORE_ADJ, DEFAULT_RLIMITS, Rlimit};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 
 pub use self::seccomp::{
     ALLOWED as SECCOMP_ALLOWED, DENIED as SECCOMP_DENIED, IOCTL_FAMILIES, IoctlFamily,
@@ -94,7 +96,7 @@ impl Default for NamespaceConfig {
 /// What we hold for a sandbox launched by this process.
 #[derive(Debug)]
 struct Tracked {
-    pidfd: OwnedFd,
+    pidfd: Arc<OwnedFd>,
     exited: bool,
     socket: PathBuf,
 }
@@ -131,34 +133,58 @@ struct Inner {
     boundary: Boundary,
     dev_null: OwnedFd,
     tracked: Mutex<HashMap<String, Tracked>>,
-    reaper: std::sync::OnceLock<()>,
+}
+
+/// A tracked init's pidfd as the reactor sees it (shared with [`Tracked`], which signals
+/// through it).
+#[derive(Debug)]
+struct SharedPidfd(Arc<OwnedFd>);
+
+impl AsRawFd for SharedPidfd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
 }
 
 impl Inner {
-    /// Reap every tracked init that has exited (spaced is their parent, so nobody else will).
-    fn reap_exited(&self) {
-        let mut tracked = self.tracked.lock().unwrap();
-        for t in tracked.values_mut().filter(|t| !t.exited) {
-            // Err (ECHILD) means someone else reaped it: equally gone.
-            t.exited = !matches!(ns::waitid_pidfd(t.pidfd.as_fd(), libc::WNOHANG), Ok(None));
-        }
-    }
-
-    /// Start (once) the task that reaps exited inits on SIGCHLD. It needs no pidfd
-    /// registration with the reactor, and ends when the runtime is dropped.
-    fn ensure_reaper(self: &Arc<Self>) {
-        self.reaper.get_or_init(|| {
-            let weak = Arc::downgrade(self);
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
-                Ok(mut sigchld) => {
-                    tokio::spawn(async move {
-                        while sigchld.recv().await.is_some() {
-                            let Some(inner) = weak.upgrade() else { break };
-                            inner.reap_exited();
-                        }
-                    });
+    /// Reaps `id`'s init when it exits (spaced is its parent, so nobody else will): its
+    /// pidfd turns readable then, also when it exited before this was called. One task per
+    /// init, woken once. It replaced a sweep over every tracked init on each SIGCHLD, which
+    /// spaced's other children (`nft` for every slot) send too: thousands of `waitid` calls
+    /// per create on a full node (issue 16).
+    fn watch_exit(self: &Arc<Self>, id: String, pidfd: Arc<OwnedFd>) {
+        // `with_interest` is deprecated for `AsRawFd` types whose fd may change or close under
+        // the registration; the `Arc` keeps this one open and the same for as long as the
+        // registration holds it (the contract of the `unsafe` `register`; as in space-daemon).
+        #[allow(deprecated)]
+        let afd = match AsyncFd::with_interest(SharedPidfd(pidfd.clone()), Interest::READABLE) {
+            Ok(afd) => afd,
+            Err(e) => {
+                tracing::error!(id, error = %e, "cannot watch the sandbox init's pidfd; it stays a zombie once it exits, until destroyed");
+                return;
+            }
+        };
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Ok(mut ready) = afd.readable().await else {
+                    return;
+                };
+                let Some(inner) = weak.upgrade() else { return };
+                let mut tracked = inner.tracked.lock().unwrap();
+                let Some(t) = tracked
+                    .get_mut(&id)
+                    .filter(|t| Arc::ptr_eq(&t.pidfd, &pidfd))
+                else {
+                    // Destroyed (destroy reaps it) or relaunched (a watcher of its own).
+                    return;
+                };
+                // Err (ECHILD) means someone else reaped it: equally gone.
+                t.exited = !matches!(ns::waitid_pidfd(t.pidfd.as_fd(), libc::WNOHANG), Ok(None));
+                if t.exited {
+                    return;
                 }
-                Err(e) => tracing::error!(error = %e, "cannot watch SIGCHLD; exited sandbox inits stay zombies until destroyed"),
+                ready.clear_ready();
             }
         });
     }
@@ -234,7 +260,6 @@ impl NamespaceRuntime {
                 boundary,
                 dev_null: dev_null.into(),
                 tracked: Mutex::new(HashMap::new()),
-                reaper: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -511,7 +536,6 @@ impl Runtime for NamespaceRuntime {
     }
 
     async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError> {
-        self.inner.ensure_reaper();
         let inner = self.inner.clone();
         let owned = plan.clone();
         let (launched, pidfd) =
@@ -521,16 +545,16 @@ impl Runtime for NamespaceRuntime {
                     step: "join the launch task",
                     source: io::Error::other(e),
                 })??;
+        let pidfd = Arc::new(pidfd);
         let old = self.inner.tracked.lock().unwrap().insert(
             plan.id.clone(),
             Tracked {
-                pidfd,
+                pidfd: pidfd.clone(),
                 exited: false,
                 socket: plan.channel_socket.clone(),
             },
         );
-        // It may have died before it was tracked (its SIGCHLD found nothing to reap).
-        self.inner.reap_exited();
+        self.inner.watch_exit(plan.id.clone(), pidfd);
         if let Some(old) = old {
             // A relaunch of a live id: the old init must not linger unowned.
             let _ = ns::pidfd_send_signal(old.pidfd.as_fd(), libc::SIGKILL);
@@ -552,7 +576,7 @@ impl Runtime for NamespaceRuntime {
         if let Some(t) = tracked {
             // Killing PID 1 of the pid namespace takes every process in it along.
             let _ = ns::pidfd_send_signal(t.pidfd.as_fd(), libc::SIGKILL);
-            // No longer in the map, so the SIGCHLD task will not reap it: wait here.
+            // No longer in the map, so its exit watcher will not reap it: wait here.
             let pidfd = t.pidfd;
             let _ = tokio::time::timeout(
                 timeout,

@@ -515,10 +515,14 @@ async fn real_destroy_kills_every_process_and_adopted_inits() {
     };
     assert!(!restarted.alive(&wrong));
     restarted.destroy("sbreal3", Some(&launched)).await.unwrap();
-    // Our first instance still reaps its child (SIGCHLD).
+    // Our first instance still reaps its child (its exit watcher): no zombie is left.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while rt.alive(&launched) {
-        assert!(Instant::now() < deadline, "init survived destroy");
+    let proc_dir = PathBuf::from(format!("/proc/{}", launched.init_pid));
+    while rt.alive(&launched) || proc_dir.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "init survived destroy, or was not reaped"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     rt.destroy("sbreal3", Some(&launched)).await.unwrap();
