@@ -6,6 +6,7 @@ pub mod btrfs;
 pub mod guest;
 pub mod jail;
 pub mod loopdev;
+pub mod mntns;
 pub mod mount;
 pub mod netif;
 pub mod netns;

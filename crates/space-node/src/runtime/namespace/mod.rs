@@ -133,6 +133,9 @@ struct Inner {
     boundary: Boundary,
     dev_null: OwnedFd,
     tracked: Mutex<HashMap<String, Tracked>>,
+    /// The mount namespace inits are cloned from (made at the first launch; None when it
+    /// could not be made: they are cloned from the node's own then). Decision 0053.
+    launcher: std::sync::OnceLock<Option<OwnedFd>>,
 }
 
 /// A tracked init's pidfd as the reactor sees it (shared with [`Tracked`], which signals
@@ -147,6 +150,20 @@ impl AsRawFd for SharedPidfd {
 }
 
 impl Inner {
+    /// The launcher mount namespace ([`space_sys::mntns::launcher`]), made on first use: by
+    /// then the node's volume and everything else an init reads by path is mounted.
+    fn launcher(&self) -> Option<&OwnedFd> {
+        self.launcher
+            .get_or_init(|| match space_sys::mntns::launcher() {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no launcher mount namespace: sandbox inits copy the node's every mount");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
     /// Reaps `id`'s init when it exits (spaced is its parent, so nobody else will): its
     /// pidfd turns readable then, also when it exited before this was called. One task per
     /// init, woken once. It replaced a sweep over every tracked init on each SIGCHLD, which
@@ -260,6 +277,7 @@ impl NamespaceRuntime {
                 boundary,
                 dev_null: dev_null.into(),
                 tracked: Mutex::new(HashMap::new()),
+                launcher: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -450,7 +468,13 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
         }),
         open_files,
     };
-    let child = ns::spawn_sandbox_init(&spec)?;
+    // Cloned inside the launcher namespace, the init's mount namespace copies a few dozen
+    // mounts instead of the node's own, which holds one per network slot (decision 0053).
+    let child = match inner.launcher() {
+        Some(mnt) => space_sys::mntns::run_in(mnt.as_fd(), || ns::spawn_sandbox_init(&spec))
+            .map_err(setup("enter the launcher mount namespace"))??,
+        None => ns::spawn_sandbox_init(&spec)?,
+    };
     let released = (|| -> Result<(), RuntimeError> {
         child.write_id_maps(plan.uid_base, plan.id_count)?;
         child.set_rlimits(&rlimits)?;
