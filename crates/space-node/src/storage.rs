@@ -570,7 +570,7 @@ fn fstype_at(mountinfo: &str, path: &Path) -> Option<String> {
         let mut fields = line.split(' ');
         let mountpoint = fields.nth(4);
         let Some(mp) = mountpoint else { continue };
-        if Path::new(&unescape_mountinfo(mp)) != path {
+        if space_sys::mntns::unescape_mountinfo(mp) != path {
             continue;
         }
         let mut rest = fields.skip_while(|f| *f != "-");
@@ -581,27 +581,6 @@ fn fstype_at(mountinfo: &str, path: &Path) -> Option<String> {
         }
     }
     found
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

@@ -40,15 +40,16 @@ pub fn nsfs_mount_points(mountinfo: &str) -> Vec<PathBuf> {
             if tail.split_whitespace().next()? != "nsfs" {
                 return None;
             }
-            head.split_whitespace().nth(4).map(unescape)
+            head.split_whitespace().nth(4).map(unescape_mountinfo)
         })
         .collect();
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     points
 }
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo` (octal).
-fn unescape(s: &str) -> PathBuf {
+/// A path field of `/proc/.../mountinfo`, which escapes space, tab, newline and backslash
+/// as `\ooo` (octal).
+pub fn unescape_mountinfo(s: &str) -> PathBuf {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -143,7 +144,7 @@ mod tests {
             ]
         );
         assert!(nsfs_mount_points("garbage\n\n").is_empty());
-        assert_eq!(unescape("a\\134b\\0"), PathBuf::from("a\\b\\0"));
+        assert_eq!(unescape_mountinfo("a\\134b\\0"), PathBuf::from("a\\b\\0"));
     }
 
     #[test]
