@@ -1,9 +1,10 @@
 //! Reconnects at scale (issue 16): C clients, each attached to its own background process,
 //! each dropping its connection and reconnecting from its byte offset in a loop for D
 //! seconds. Every process prints the same known stream (`seq 1 L`: 3,893 bytes for the
-//! default L = 1,000, 48,894 for 10,000) and then sleeps; a client keeps a random prefix of the first chunk each attach returns
-//! (1 byte up to the whole chunk, so drops land mid-line too), checks it against the
-//! stream at its offset, and attaches again where it stopped. A client that reaches the
+//! default L = 1,000, 48,894 for 10,000) and then sleeps; a client keeps a random prefix of
+//! the first chunk each attach returns (1 byte up to the whole chunk, so drops land
+//! mid-line too), checks it against the stream at its offset, and attaches again where it
+//! stopped. A client that reaches the
 //! end has read the whole stream once, in pieces, with nothing lost or repeated; it starts
 //! over at 0. Any chunk at the wrong offset, with the wrong bytes or past the end, and any
 //! gap, counts as a mismatch. Bounded: C tasks, D seconds, and a cap on the reconnects.
