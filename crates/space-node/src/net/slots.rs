@@ -459,13 +459,19 @@ impl SlotBackend for KernelSlots {
                 Ok(_) if Instant::now() < deadline => {
                     tokio::time::sleep(TEARDOWN_POLL).await;
                 }
-                Ok(_) | Err(_) => break,
+                Ok(_) => {
+                    warn!(
+                        index,
+                        "slot namespace still held after {TEARDOWN_WAIT:?}: deleting {host}"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    warn!(index, error = %e, "cannot look for {host}: deleting it");
+                    break;
+                }
             }
         }
-        warn!(
-            index,
-            "slot namespace still held after {TEARDOWN_WAIT:?}: deleting {host}"
-        );
         match self
             .node
             .link()
