@@ -1147,7 +1147,12 @@ mod tests {
                 let t0 = Instant::now();
                 k.destroy(0).await;
                 assert!(!link(0), "the pair went with the namespace");
-                assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+                // Under the teardown wait: the kernel took the pair, not the fallback.
+                assert!(
+                    t0.elapsed() < Duration::from_millis(4500),
+                    "{:?}",
+                    t0.elapsed()
+                );
 
                 let slot = k.create(1, &policy).await.unwrap();
                 let held = File::open(&slot.info.netns).unwrap();
