@@ -97,7 +97,6 @@ impl Default for NamespaceConfig {
 #[derive(Debug)]
 struct Tracked {
     pidfd: Arc<OwnedFd>,
-    exited: bool,
     socket: PathBuf,
 }
 
@@ -163,48 +162,38 @@ impl Inner {
             })
             .as_ref()
     }
+}
 
-    /// Reaps `id`'s init when it exits (spaced is its parent, so nobody else will): its
-    /// pidfd turns readable then, also when it exited before this was called. One task per
-    /// init, woken once. It replaced a sweep over every tracked init on each SIGCHLD, which
-    /// spaced's other children (`nft` for every slot) send too: thousands of `waitid` calls
-    /// per create on a full node (issue 16).
-    fn watch_exit(self: &Arc<Self>, id: String, pidfd: Arc<OwnedFd>) {
-        // `with_interest` is deprecated for `AsRawFd` types whose fd may change or close under
-        // the registration; the `Arc` keeps this one open and the same for as long as the
-        // registration holds it (the contract of the `unsafe` `register`; as in space-daemon).
-        #[allow(deprecated)]
-        let afd = match AsyncFd::with_interest(SharedPidfd(pidfd.clone()), Interest::READABLE) {
-            Ok(afd) => afd,
-            Err(e) => {
-                tracing::error!(id, error = %e, "cannot watch the sandbox init's pidfd; it stays a zombie once it exits, until destroyed");
+/// Reaps `id`'s init when it exits (spaced is its parent, so nobody else will): its
+/// pidfd turns readable then, also when it exited before this was called. One task per
+/// init, woken once. It replaced a sweep over every tracked init on each SIGCHLD, which
+/// spaced's other children (`nft` for every slot) send too: thousands of `waitid` calls
+/// per create on a full node (issue 16).
+fn watch_exit(id: &str, pidfd: Arc<OwnedFd>) {
+    // `with_interest` is deprecated for `AsRawFd` types whose fd may change or close under
+    // the registration; the `Arc` keeps this one open and the same for as long as the
+    // registration holds it (the contract of the `unsafe` `register`; as in space-daemon).
+    #[allow(deprecated)]
+    let afd = match AsyncFd::with_interest(SharedPidfd(pidfd.clone()), Interest::READABLE) {
+        Ok(afd) => afd,
+        Err(e) => {
+            tracing::error!(id, error = %e, "cannot watch the sandbox init's pidfd; it stays a zombie once it exits, until destroyed");
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        loop {
+            let Ok(mut ready) = afd.readable().await else {
+                return;
+            };
+            // Also an init a relaunch of its id killed, which nobody else reaps. Err
+            // (ECHILD) means destroy reaped it first: equally gone.
+            if !matches!(ns::waitid_pidfd(pidfd.as_fd(), libc::WNOHANG), Ok(None)) {
                 return;
             }
-        };
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            loop {
-                let Ok(mut ready) = afd.readable().await else {
-                    return;
-                };
-                let Some(inner) = weak.upgrade() else { return };
-                let mut tracked = inner.tracked.lock().unwrap();
-                let Some(t) = tracked
-                    .get_mut(&id)
-                    .filter(|t| Arc::ptr_eq(&t.pidfd, &pidfd))
-                else {
-                    // Destroyed (destroy reaps it) or relaunched (a watcher of its own).
-                    return;
-                };
-                // Err (ECHILD) means someone else reaped it: equally gone.
-                t.exited = !matches!(ns::waitid_pidfd(t.pidfd.as_fd(), libc::WNOHANG), Ok(None));
-                if t.exited {
-                    return;
-                }
-                ready.clear_ready();
-            }
-        });
-    }
+            ready.clear_ready();
+        }
+    });
 }
 
 #[derive(Debug, Clone)]
@@ -574,11 +563,10 @@ impl Runtime for NamespaceRuntime {
             plan.id.clone(),
             Tracked {
                 pidfd: pidfd.clone(),
-                exited: false,
                 socket: plan.channel_socket.clone(),
             },
         );
-        self.inner.watch_exit(plan.id.clone(), pidfd);
+        watch_exit(&plan.id, pidfd);
         if let Some(old) = old {
             // A relaunch of a live id: the old init must not linger unowned.
             let _ = ns::pidfd_send_signal(old.pidfd.as_fd(), libc::SIGKILL);
