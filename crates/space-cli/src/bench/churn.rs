@@ -11,12 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
+use super::limits::MAX_TASK_ERRORS;
 use super::report::{Target, print_targets, rate_row, section, stats_header, stats_row, value_row};
 use super::session::Session;
 use super::stats::{Stats, ms, rate_window, stats};
-
-/// Errors after which a task stops.
-const MAX_ERRORS: usize = 20;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {
@@ -114,7 +112,7 @@ async fn client(
     started: Arc<AtomicUsize>,
 ) -> Samples {
     let mut out = Samples::default();
-    while Instant::now() < deadline && out.errors.len() < MAX_ERRORS {
+    while Instant::now() < deadline && out.errors.len() < MAX_TASK_ERRORS {
         if started.fetch_add(1, Ordering::SeqCst) >= cap {
             break;
         }
@@ -191,12 +189,12 @@ pub async fn measure(s: &Session, plan: Plan) -> Result<ChurnReport> {
         creates_per_s: cycles as f64 / window.as_secs_f64().max(1e-3),
         capped,
         create_ms: stats(&all.create),
-        create_samples: all.create.clone(),
         exec_ms: stats(&all.exec),
         remove_ms: stats(&all.remove),
         cycle_ms: stats(&all.cycle),
         hits: all.hits,
         misses: all.create.len() - all.hits,
+        create_samples: all.create,
         errors: all.errors.len(),
         first_error: all.errors.into_iter().next(),
         pool_before,

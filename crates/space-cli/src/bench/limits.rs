@@ -42,6 +42,9 @@ pub const MAX_RECONNECTS_PER_SECOND: usize = 100_000;
 /// Open files the bench keeps for itself beyond one per client.
 pub const FILES_SPARE: u64 = 64;
 
+/// Errors after which one task of a load benchmark (throughput, churn, reconnect) stops.
+pub const MAX_TASK_ERRORS: usize = 20;
+
 /// The top level of `space bench scale --live` (issue 16 asks for 10,000).
 pub const MAX_LIVE: usize = 20_000;
 /// What `space bench scale` budgets per idle sandbox (measured: 1.1 to 1.7 MiB of node

@@ -18,12 +18,11 @@ use futures::StreamExt;
 use serde::Serialize;
 use space_api::{ExecEvent, ExecRequest};
 
+use super::limits::MAX_TASK_ERRORS;
 use super::report::{Target, print_targets, rate_row, section, stats_header, stats_row, value_row};
 use super::session::Session;
 use super::stats::{Stats, ms, rate_window, stats};
 
-/// Errors after which a client stops.
-const MAX_ERRORS: usize = 20;
 /// Processes started at once during setup.
 const START_CONCURRENCY: usize = 16;
 /// How long setup waits for every process to have printed its stream.
@@ -170,7 +169,7 @@ async fn client(s: Session, run: Arc<Run>, id: String, pid: u32, seed: u64) -> S
     let mut cuts = Cuts::new(seed);
     let total = run.stream.len() as u64;
     let mut offset = 0u64;
-    while Instant::now() < run.deadline && out.errors.len() < MAX_ERRORS {
+    while Instant::now() < run.deadline && out.errors.len() < MAX_TASK_ERRORS {
         if run.started.fetch_add(1, Ordering::SeqCst) >= run.cap {
             break;
         }

@@ -9,12 +9,10 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use serde::Serialize;
 
+use super::limits::MAX_TASK_ERRORS;
 use super::report::{Target, print_targets, rate_row, section, stats_header, stats_row, value_row};
 use super::session::{Session, pool_wait_limit};
 use super::stats::{Stats, ms, rate_window, stats};
-
-/// Errors after which a task stops creating.
-const MAX_ERRORS: usize = 20;
 
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {
@@ -171,7 +169,7 @@ pub async fn measure(s: &Session, plan: Plan) -> Result<ThroughputReport> {
         tasks.spawn(async move {
             let mut samples = Vec::new();
             let mut errors = Vec::new();
-            while Instant::now() < deadline && errors.len() < MAX_ERRORS {
+            while Instant::now() < deadline && errors.len() < MAX_TASK_ERRORS {
                 if started.fetch_add(1, Ordering::SeqCst) >= plan.cap {
                     break;
                 }
