@@ -11,6 +11,7 @@
 //! Needs root. The binaries come from `SPACE_BIN_DIR` (spaced, space), `SPACE_DAEMON_BINARY`
 //! and `SPACE_PROBE_BINARY`; `scripts/test` sets all four.
 
+pub mod fake_node;
 pub mod netlab;
 pub mod oci;
 
@@ -553,6 +554,18 @@ impl Spaced {
         let mut s = Self::prepare(control_args, true)?;
         s.split = Some(node_args.iter().map(|a| a.to_string()).collect());
         s.joined = true;
+        s.spawn()?;
+        Ok(s)
+    }
+
+    /// A control plane alone (`spaced control` with a cluster listener, no node of its own),
+    /// in its own network namespace, with `control_args` (e.g. `--database-url`): nodes join
+    /// it with tokens ([`Spaced::join_node`], or the fake agents of [`fake_node`]).
+    pub fn start_control_only(control_args: &[&str]) -> Result<Spaced> {
+        let mut s = Self::prepare(control_args, true)?;
+        s.split = Some(Vec::new());
+        s.joined = true;
+        s.control_only = true;
         s.spawn()?;
         Ok(s)
     }
