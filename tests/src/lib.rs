@@ -606,9 +606,10 @@ impl Spaced {
 
     /// A second control-plane replica of this joined control plane (issue 14): a network
     /// namespace and data dir of its own, the same PostgreSQL (`--database-url` among this
-    /// one's flags), and copies of the files replicas share: `admin.key`, `secrets.key`,
-    /// `ports.key` and `cluster-ca/`. It drives the same nodes; those joined with
-    /// [`Spaced::join_node_via`] listing it heartbeat to it when this one is gone.
+    /// one's flags), and a copy of the one file replicas must be given, `secrets.key`; it
+    /// takes `admin.key`, `ports.key` and `cluster-ca/` from the store (decision 0054). It
+    /// drives the same nodes; those joined with [`Spaced::join_node_via`] listing it
+    /// heartbeat to it when this one is gone.
     pub fn add_replica(&self) -> Result<Spaced> {
         anyhow::ensure!(self.joined, "add_replica needs Spaced::start_joined");
         anyhow::ensure!(
@@ -618,21 +619,11 @@ impl Spaced {
         let args: Vec<&str> = self.extra_args.iter().map(String::as_str).collect();
         let mut r = Self::prepare(&args, true)?;
         std::fs::create_dir_all(r.data_dir())?;
-        for f in ["admin.key", "secrets.key", "ports.key"] {
-            std::fs::copy(self.data_dir().join(f), r.data_dir().join(f))
-                .with_context(|| format!("copy {f}"))?;
-        }
-        run_cmd(
-            "cp",
-            &[
-                "-a",
-                self.data_dir()
-                    .join("cluster-ca")
-                    .to_str()
-                    .context("utf-8")?,
-                r.data_dir().to_str().context("utf-8")?,
-            ],
-        )?;
+        std::fs::copy(
+            self.data_dir().join("secrets.key"),
+            r.data_dir().join("secrets.key"),
+        )
+        .context("copy secrets.key")?;
         for net in [&self.net, &r.net] {
             net.as_ref()
                 .context("a replica's namespace")?

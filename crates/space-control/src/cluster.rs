@@ -35,6 +35,8 @@ use crate::store::{Store, StoreError, now_ms};
 pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 pub const TOKEN_TTL_MAX: Duration = Duration::from_secs(24 * 3600);
 /// How often a node reports, and how long without a report makes it unreachable.
+/// Where a control plane keeps the cluster CA (`ca.key`, `ca.pem`), in its data dir.
+pub const CA_DIR: &str = "cluster-ca";
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(5);
 pub const UNREACHABLE_AFTER: Duration = Duration::from_secs(20);
 

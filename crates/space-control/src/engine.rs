@@ -552,10 +552,11 @@ impl Engine {
     ) -> Result<Self, crate::secrets::KeyFileError> {
         let vault = Arc::new(crate::secrets::SecretVault::open(
             store.clone(),
-            &cfg.data_dir.join("secrets.key"),
+            &cfg.data_dir.join(crate::secrets::SECRETS_KEY_FILE),
         )?);
-        let ports_key = crate::secrets::load_or_create_key(&cfg.data_dir.join("ports.key"))?;
-        crate::secrets::warn_if_loose(&cfg.data_dir.join("ports.key"));
+        let ports_path = cfg.data_dir.join(crate::secrets::PORTS_KEY_FILE);
+        let ports_key = crate::secrets::load_or_create_key(&ports_path)?;
+        crate::secrets::warn_if_loose(&ports_path);
         let events = crate::events::EventLog::spawn(store.clone());
         Ok(Self {
             leases: crate::leases::Leases::new(store.clone()),

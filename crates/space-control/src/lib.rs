@@ -33,6 +33,7 @@ pub mod recovery;
 pub mod replicas;
 pub mod scheduler;
 pub mod secrets;
+pub mod shared_files;
 pub mod snapshot_policy;
 pub mod snapshots;
 pub mod store;
@@ -95,10 +96,14 @@ pub enum OpenError {
     Serve(#[source] std::io::Error),
     #[error(
         "{path} does not open the secrets in the database: every control-plane replica needs \
-         the same secrets.key (copy it, with admin.key, ports.key and cluster-ca/, from the \
-         first replica's data dir; decision 0036)"
+         the same secrets.key (copy it from the first replica's data dir; decisions 0036 and \
+         0054)"
     )]
     SecretsKey { path: PathBuf },
+    #[error(transparent)]
+    SharedFiles(#[from] shared_files::SharedFileError),
+    #[error("failed to open the cluster CA: {0}")]
+    Cluster(String),
 }
 
 /// An opened control plane: state for [`app`] plus where the admin key is.
@@ -125,20 +130,27 @@ impl ControlPlane {
     }
 
     /// [`Self::open`] for a control plane that leads a cluster: its engine drives the nodes
-    /// that joined it ([`cluster_nodes::ClusterNodes`]).
+    /// that joined it ([`cluster_nodes::ClusterNodes`]), with the cluster CA in
+    /// `data_dir/cluster-ca` (shared with the other replicas through the store). `listen` is
+    /// the cluster listener's address as join commands show it.
     pub async fn open_cluster(
         cfg: ControlConfig,
         database_url: Option<&str>,
-        cluster: Arc<cluster::Cluster>,
+        listen: String,
     ) -> Result<Self, OpenError> {
-        Self::open_with(cfg, database_url, None, Some(cluster)).await
+        Self::open_with(cfg, database_url, None, Some(listen)).await
+    }
+
+    /// The cluster this control plane leads, if it leads one.
+    pub fn cluster(&self) -> Option<Arc<cluster::Cluster>> {
+        self.state.engine.cluster.clone()
     }
 
     async fn open_with(
         cfg: ControlConfig,
         database_url: Option<&str>,
         node: Option<Arc<dyn NodeApi>>,
-        cluster: Option<Arc<cluster::Cluster>>,
+        cluster_listen: Option<String>,
     ) -> Result<Self, OpenError> {
         // 0711, as the node keeps it: other host users can neither list nor read it.
         dir_with_mode(&cfg.data_dir, 0o711).map_err(|source| OpenError::DataDir {
@@ -149,12 +161,44 @@ impl ControlPlane {
             Some(url) => Store::open(url).await?,
             None => Store::open_sqlite(&cfg.data_dir.join("space.db")).await?,
         };
+        // The files replicas share are taken from the store before anything reads them, and
+        // what this start made is put there, one replica's start at a time (decision 0054).
+        let cipher = secrets::SecretCipher::new(&secrets::load_or_create_key(
+            &cfg.data_dir.join(secrets::SECRETS_KEY_FILE),
+        )?);
+        let holder = format!("start-{:016x}", rand::random::<u64>());
+        let start = shared_files::StartLease::take(&store, &holder).await?;
+        let opened = Self::open_shared(cfg, store, &cipher, node, cluster_listen).await;
+        if let Err(e) = start.release().await {
+            tracing::warn!(error = %e, "releasing the start lease failed; it lapses");
+        }
+        opened
+    }
+
+    async fn open_shared(
+        cfg: ControlConfig,
+        store: Store,
+        cipher: &secrets::SecretCipher,
+        node: Option<Arc<dyn NodeApi>>,
+        cluster_listen: Option<String>,
+    ) -> Result<Self, OpenError> {
+        let pulled = shared_files::pull(&store, cipher, &cfg.data_dir).await?;
+        if !pulled.is_empty() {
+            tracing::info!(files = ?pulled, "took the files replicas share from the store");
+        }
         let admin_key_path = auth::ensure_admin_key(&store, &cfg.data_dir).await?;
         let auth = Arc::new(Auth::load(&store).await?);
         auth::spawn_reload(&auth, store.clone());
         if let Some(keep) = cfg.events_retention {
             events::spawn_retention(store.clone(), keep);
         }
+        let cluster = match cluster_listen {
+            Some(listen) => Some(Arc::new(
+                cluster::Cluster::open(&cfg.data_dir.join(cluster::CA_DIR), listen)
+                    .map_err(OpenError::Cluster)?,
+            )),
+            None => None,
+        };
         let nodes = cluster.as_ref().map(|c| {
             Arc::new(cluster_nodes::ClusterNodes::new(
                 store.clone(),
@@ -167,10 +211,15 @@ impl ControlPlane {
             (None, Some(n)) => n,
             (None, None) => unreachable!("a control plane drives a node or a cluster"),
         };
-        let secrets_key = cfg.data_dir.join("secrets.key");
-        let mut engine = Engine::new(store, node, cfg)?;
+        let secrets_key = cfg.data_dir.join(secrets::SECRETS_KEY_FILE);
+        let data_dir = cfg.data_dir.clone();
+        let mut engine = Engine::new(store.clone(), node, cfg)?;
         if !engine.vault.key_opens_stored().await? {
             return Err(OpenError::SecretsKey { path: secrets_key });
+        }
+        let pushed = shared_files::push(&store, cipher, &data_dir).await?;
+        if !pushed.is_empty() {
+            tracing::info!(files = ?pushed, "put the files replicas share into the store");
         }
         engine.cluster = cluster;
         engine.cluster_nodes = nodes;

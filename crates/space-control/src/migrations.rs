@@ -86,6 +86,10 @@ const FILES: &[(&str, &str)] = &[
         "0019_tenant_disk.sql",
         include_str!("../migrations/0019_tenant_disk.sql"),
     ),
+    (
+        "0020_shared_files.sql",
+        include_str!("../migrations/0020_shared_files.sql"),
+    ),
 ];
 
 /// The version and description `migrate!` derives from a file name (`0002_snapshots.sql` is

@@ -37,6 +37,10 @@ use crate::store::{SecretBindingRecord, Store, StoreError, now_ms};
 
 /// Length of the key files (`secrets.key`, `ports.key`).
 pub const KEY_LEN: usize = 32;
+/// The key file that seals secrets and the files replicas share, in the data dir.
+pub const SECRETS_KEY_FILE: &str = "secrets.key";
+/// The key file that signs port URLs, in the data dir.
+pub const PORTS_KEY_FILE: &str = "ports.key";
 /// Prefix of placeholders; the rest is 32 lowercase hex digits.
 pub const PLACEHOLDER_PREFIX: &str = "spc_ph_";
 

@@ -2401,6 +2401,22 @@ async fn a_replica_with_another_secrets_key_refuses_to_start() {
     assert!(reopen().await.is_ok());
     std::fs::write(data_dir.join("secrets.key"), [7u8; 32]).unwrap();
     let e = reopen().await.err().expect("refused");
+    // The files replicas share (decision 0054), sealed under the first key, are what the
+    // other key fails to open first.
+    assert!(
+        matches!(
+            e,
+            crate::OpenError::SharedFiles(crate::shared_files::SharedFileError::WrongKey { .. })
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("first replica's secrets.key"), "{e}");
+    // A store without them (one an older spaced left): the secrets' own check refuses.
+    sqlx::query("DELETE FROM shared_files")
+        .execute(h.state.engine.store().pool())
+        .await
+        .unwrap();
+    let e = reopen().await.err().expect("refused");
     assert!(matches!(e, crate::OpenError::SecretsKey { .. }), "{e}");
     assert!(e.to_string().contains("same secrets.key"), "{e}");
 }

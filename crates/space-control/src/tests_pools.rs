@@ -415,7 +415,6 @@ async fn nodes_and_the_cluster_show_capacity_and_what_sandboxes_claim() {
 
 #[tokio::test]
 async fn join_tokens_and_node_removal_through_the_api() {
-    use crate::cluster::Cluster;
     let mut h = harness().await;
     // All-in-one leads no cluster.
     let r = h.call(Method::POST, "/v1/nodes/tokens", "{}").await;
@@ -427,15 +426,14 @@ async fn join_tokens_and_node_removal_through_the_api() {
     // A control plane that leads one: tokens pin its CA, bad input is refused, nothing
     // joined yet.
     let dir = tempfile::tempdir().unwrap();
-    let cluster =
-        Arc::new(Cluster::open(&dir.path().join("cluster-ca"), "10.0.0.1:7443".into()).unwrap());
     let cp = crate::ControlPlane::open_cluster(
         crate::ControlConfig::new(dir.path().join("data")),
         None,
-        cluster.clone(),
+        "10.0.0.1:7443".into(),
     )
     .await
     .unwrap();
+    let cluster = cp.cluster().unwrap();
     h.key = std::fs::read_to_string(&cp.admin_key_path)
         .unwrap()
         .trim()

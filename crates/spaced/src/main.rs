@@ -544,9 +544,10 @@ async fn open_node(
 enum Drives {
     /// One node, in-process or at a fixed address.
     One(Arc<dyn space_node::NodeApi>),
-    /// The nodes that joined it, with the cluster listener on this address, and how long
-    /// one may be silent before it is lost.
-    Cluster(Arc<space_control::cluster::Cluster>, SocketAddr, Duration),
+    /// The nodes that joined it: the cluster listener's address as join commands show it,
+    /// the address it listens on, and how long a node may be silent before it is lost. The
+    /// cluster CA is opened with the control plane (the replicas share it through the store).
+    Cluster(String, SocketAddr, Duration),
 }
 
 /// The control plane over what it drives, serving until SIGTERM or SIGINT.
@@ -580,14 +581,17 @@ async fn run_control(
     let db = args.database_url.as_deref();
     let cp = match &drives {
         Drives::One(node) => ControlPlane::open(cfg, db, node.clone()).await,
-        Drives::Cluster(cluster, ..) => ControlPlane::open_cluster(cfg, db, cluster.clone()).await,
+        Drives::Cluster(shown, ..) => ControlPlane::open_cluster(cfg, db, shown.clone()).await,
     }
     .map_err(|e| chain(&e))
     .context("failed to open the control plane")?;
     on_open(&cp);
     let cluster_server = match drives {
         Drives::One(_) => None,
-        Drives::Cluster(cluster, listen, _) => {
+        Drives::Cluster(_, listen, _) => {
+            let cluster = cp
+                .cluster()
+                .context("a cluster control plane without its cluster")?;
             let tcp = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("failed to listen on {listen} (--cluster-listen)"))?;
@@ -672,17 +676,7 @@ async fn control_role(args: ControlRole) -> Result<()> {
             } else {
                 listen.to_string()
             };
-            let cluster = space_control::cluster::Cluster::open(
-                &args.common.data_dir.join("cluster-ca"),
-                shown,
-            )
-            .map_err(anyhow::Error::msg)
-            .context("failed to open the cluster CA")?;
-            Drives::Cluster(
-                Arc::new(cluster),
-                listen,
-                Duration::from_secs(args.node_lost_after),
-            )
+            Drives::Cluster(shown, listen, Duration::from_secs(args.node_lost_after))
         }
     };
     run_control(&args.common, &args.control, drives, |_| {}).await?;

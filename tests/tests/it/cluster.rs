@@ -893,6 +893,21 @@ fn a_replica_killed_during_a_create_burst_doubles_and_loses_nothing() {
     )
     .unwrap();
     let r = s.add_replica().unwrap();
+    // Given only secrets.key, the replica took the files replicas share from the store
+    // (decision 0054), byte for byte.
+    for f in [
+        "admin.key",
+        "ports.key",
+        "cluster-ca/ca.key",
+        "cluster-ca/ca.pem",
+    ] {
+        assert_eq!(
+            std::fs::read(s.data_dir().join(f)).unwrap(),
+            std::fs::read(r.data_dir().join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    assert_eq!(r.key, s.key);
     let n = s.join_node_via(&[&r], &[]).unwrap();
     let (own, nid) = (node_id_of(&s), node_id_of(&n));
     wait_reported(&r, &nid);
