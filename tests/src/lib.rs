@@ -1327,6 +1327,15 @@ impl Postgres {
     }
 
     /// A new, empty database on this server; its TCP URL.
+    /// `psql` on this server's `postgres` database as the postgres user, stopping at the
+    /// first error: for a test's own SQL (`-c ...`).
+    pub fn psql(&self) -> Command {
+        let mut c = self.as_postgres("psql");
+        c.args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-v", "ON_ERROR_STOP=1", "-q", "postgres"]);
+        c
+    }
+
     pub fn create_database(&self, name: &str) -> Result<String> {
         let port = self.port.to_string();
         let out = self

@@ -206,10 +206,18 @@ impl Engine {
             Ok(s) => steps.extend(s),
             Err(e) => tracing::warn!(error = %e, "snapshot policy pass"),
         }
+        let now = Instant::now();
+        steps.retain(|s| backoff.ready(s.id(), now));
+        // Every step's sandbox lease in one claim: what another replica claimed first is its
+        // work this pass (decision 0055).
+        let leases = self.leases.sandboxes(steps.iter().map(Step::id)).await?;
         let mut applied = 0;
         for step in steps {
-            let now = Instant::now();
-            if !backoff.ready(step.id(), now) {
+            if !leases.holds(step.id()) {
+                tracing::debug!(
+                    ?step,
+                    "another replica holds the sandbox; left for a later pass"
+                );
                 continue;
             }
             match self.apply(&step).await {
@@ -229,18 +237,10 @@ impl Engine {
         Ok(applied)
     }
 
-    /// Applies one step under the sandbox's lock and its lease: a step whose sandbox another
-    /// replica holds (its own step, a move) is left for a later pass.
-    pub async fn apply(&self, step: &Step) -> ControlResult<()> {
+    /// Applies one step, whose sandbox's lease this replica holds, under the sandbox's lock.
+    async fn apply(&self, step: &Step) -> ControlResult<()> {
         let id = step.id();
         let _guard = self.locks.lock(id).await;
-        let Some(_lease) = self.leases.sandbox(id).await? else {
-            tracing::debug!(
-                ?step,
-                "another replica holds the sandbox; left for a later pass"
-            );
-            return Ok(());
-        };
         let row = self.store.get_sandbox(id).await?;
         match step {
             Step::FinalizeDelete { .. } => self.ensure_deleted(row).await,

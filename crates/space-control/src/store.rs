@@ -139,6 +139,9 @@ pub struct SandboxRow {
 #[derive(Debug, Clone)]
 pub struct Store {
     pool: AnyPool,
+    /// SQLite (the embedded default), where a statement needs another form than
+    /// PostgreSQL's (see `leases`).
+    sqlite: bool,
 }
 
 pub fn now_ms() -> i64 {
@@ -221,12 +224,20 @@ impl Store {
             .run(&pool)
             .await
             .map_err(StoreError::Migrate)?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            sqlite: is_sqlite,
+        })
     }
 
     /// The pool, for store methods kept in other modules (e.g. snapshots).
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.pool
+    }
+
+    /// Whether the store is SQLite (one process's embedded store) rather than PostgreSQL.
+    pub(crate) fn is_sqlite(&self) -> bool {
+        self.sqlite
     }
 
     /// Checks that the database answers.

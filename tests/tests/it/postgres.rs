@@ -298,3 +298,91 @@ fn event_retention_on_postgresql() {
         assert_eq!(left.len(), 5);
     });
 }
+
+/// Decision 0055: reconcile passes claim their sandboxes' leases in one statement, and on
+/// PostgreSQL a lease row that another transaction holds locked is skipped, not waited on
+/// (`FOR UPDATE SKIP LOCKED`). Two replicas claiming overlapping sets at once split them:
+/// every lease goes to exactly one.
+#[test]
+fn lease_claims_skip_locked_rows_and_split_between_replicas() {
+    use space_control::leases::{LEASE_TTL, Leases};
+    let pg = Postgres::start().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let a = space_control::Store::open(&pg.url).await.unwrap();
+        let b = space_control::Store::open(&pg.url).await.unwrap();
+        let (la, lb) = (Leases::new(a.clone()), Leases::new(b.clone()));
+
+        // A lapsed lease of a dead replica, its row locked by a transaction that stays open
+        // for 5 s (another replica mid-claim).
+        assert!(
+            a.try_lease("sandbox/x", "replica-dead", Duration::from_millis(1))
+                .await
+                .unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut lock = pg
+            .psql()
+            .args([
+                "-c",
+                "BEGIN; SELECT name FROM leases WHERE name = 'sandbox/x' FOR UPDATE; \
+                 SELECT pg_sleep(5); COMMIT;",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t0 = Instant::now();
+        let pass = la.sandboxes(["x", "y"]).await.unwrap();
+        let waited = t0.elapsed();
+        assert!(
+            pass.holds("y") && !pass.holds("x"),
+            "a locked row was taken"
+        );
+        assert!(
+            waited < Duration::from_secs(2),
+            "the claim waited {waited:?} on a locked row"
+        );
+        assert!(lock.wait().unwrap().success());
+        // Unlocked, the lapsed lease is free to take.
+        assert!(la.sandbox("x").await.unwrap().is_some());
+        drop(pass);
+
+        // Two replicas claim overlapping sets at once: each lease goes to exactly one of them.
+        let ids: Vec<String> = (0..1000).map(|i| format!("s{i:04}")).collect();
+        let (first, second) = tokio::join!(
+            la.sandboxes(ids[..700].iter().map(String::as_str)),
+            lb.sandboxes(ids[300..].iter().map(String::as_str)),
+        );
+        let (first, second) = (first.unwrap(), second.unwrap());
+        for id in &ids {
+            assert!(
+                first.holds(id) ^ second.holds(id),
+                "lease {id}: first {}, second {}",
+                first.holds(id),
+                second.holds(id)
+            );
+        }
+        assert_eq!(first.len() + second.len(), ids.len());
+        // The store agrees: one row per lease, named for its holder.
+        let still = a
+            .try_leases(
+                &ids.iter()
+                    .map(|i| format!("sandbox/{i}"))
+                    .collect::<Vec<_>>(),
+                la.holder(),
+                LEASE_TTL,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            still.len(),
+            first.len(),
+            "the first replica renews only its own"
+        );
+    });
+}
