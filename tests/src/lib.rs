@@ -1211,6 +1211,67 @@ impl Drop for Spaced {
     }
 }
 
+/// The whole cluster of issue 14's harness: a real PostgreSQL, two `spaced control`
+/// replicas on it, and node agents, each in a network namespace and data dir of its own,
+/// every node listing both replicas (`--control A,B`: its heartbeats go to whichever
+/// answers). Fields drop in order: the replicas remove what is left while nodes and
+/// PostgreSQL still run.
+pub struct ClusterLab {
+    /// The first replica, then the second ([`Spaced::add_replica`]). Either drives every node.
+    pub replicas: Vec<Spaced>,
+    pub nodes: Vec<Spaced>,
+    pub pg: Postgres,
+}
+
+impl ClusterLab {
+    /// Starts PostgreSQL, two replicas with `control_args` and `nodes` node agents with
+    /// `node_args`, and waits until every node has reported to both replicas.
+    pub fn start(nodes: usize, control_args: &[&str], node_args: &[&str]) -> Result<ClusterLab> {
+        let pg = Postgres::start()?;
+        let mut args = vec!["--database-url", pg.socket_url.as_str()];
+        args.extend_from_slice(control_args);
+        let first = Spaced::start_control_only(&args)?;
+        let second = first.add_replica()?;
+        let mut joined = Vec::new();
+        for _ in 0..nodes {
+            joined.push(first.join_node_via(&[&second], node_args)?);
+        }
+        let lab = ClusterLab {
+            replicas: vec![first, second],
+            nodes: joined,
+            pg,
+        };
+        for r in &lab.replicas {
+            for n in &lab.nodes {
+                let id = lab.node_id(n);
+                let reported = eventually(Duration::from_secs(30), || {
+                    let out = r.space(&["node", "ls", "--json"]);
+                    serde_json::from_slice::<Value>(&out.stdout)
+                        .ok()
+                        .and_then(|v| {
+                            v["nodes"]
+                                .as_array()?
+                                .iter()
+                                .find(|x| x["id"] == id.as_str())
+                                .map(|x| x["cpus"].as_u64().unwrap_or(0) > 0)
+                        })
+                        .unwrap_or(false)
+                });
+                anyhow::ensure!(reported, "node {id} did not report to {}", r.url);
+            }
+        }
+        Ok(lab)
+    }
+
+    /// The cluster id of node agent `n`.
+    pub fn node_id(&self, n: &Spaced) -> String {
+        std::fs::read_to_string(n.data_dir().join("cluster/node_id"))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    }
+}
+
 /// Percentile of sorted durations (nearest rank).
 pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {

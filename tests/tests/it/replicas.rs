@@ -8,21 +8,14 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use space_tests::{Spaced, eventually};
+use space_tests::{ClusterLab, Spaced, eventually};
 
-use crate::cluster::{node_id_of, node_row, placed_on, wait_reported};
+use crate::cluster::{node_row, placed_on};
 
-/// Three joined nodes (the control plane's own, and two more), nodes lost after 5 s of
-/// silence; answers them with their ids.
-fn three_nodes() -> (Spaced, Spaced, Spaced, [String; 3]) {
-    let s = Spaced::start_joined(&[], &["--warm-pool", "0:0", "--node-lost-after", "5"]).unwrap();
-    let a = s.join_node(&[]).unwrap();
-    let b = s.join_node(&[]).unwrap();
-    let ids = [node_id_of(&s), node_id_of(&a), node_id_of(&b)];
-    for id in &ids {
-        wait_reported(&s, id);
-    }
-    (s, a, b, ids)
+/// The combined harness: PostgreSQL, two control replicas and three nodes, nodes lost after
+/// 5 s of silence.
+fn three_nodes() -> ClusterLab {
+    ClusterLab::start(3, &["--warm-pool", "0:0", "--node-lost-after", "5"], &[]).unwrap()
 }
 
 /// The sandbox's replica as `inspect` shows it (null until one holds a snapshot).
@@ -45,9 +38,15 @@ fn wait_replicated(s: &Spaced, id: &str, snap: &str) -> Value {
     last
 }
 
+/// On the combined harness, with a second fault: the replica the test drove is killed with
+/// -9 together with the node, and the other replica alone marks the node lost, restores
+/// the sandbox and finds the lost one again; once the first replica is back, both list the
+/// same.
 #[test]
 fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
-    let (s, mut doomed, other, [own, lost_id, other_id]) = three_nodes();
+    let mut lab = three_nodes();
+    let [own, lost_id, other_id] = [0, 1, 2].map(|i| lab.node_id(&lab.nodes[i]));
+    let s = &lab.replicas[0];
     // Refused, nothing made: too many replicas, a malformed count.
     for (args, says) in [
         (vec!["create", "--replicas", "2"], "at most 1"),
@@ -69,13 +68,10 @@ fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
     s.space_ok(&["node", "drain", &own, "--undo"]);
     s.space_ok(&["node", "drain", &other_id, "--undo"]);
     for id in [&kept, &gone] {
-        assert_eq!(placed_on(&s, id), lost_id);
+        assert_eq!(placed_on(s, id), lost_id);
     }
     assert_eq!(s.inspect(&kept)["replicas"], 1);
-    assert!(
-        replica(&s, &kept).is_null(),
-        "a replica before any snapshot"
-    );
+    assert!(replica(s, &kept).is_null(), "a replica before any snapshot");
 
     let (rc, sum, err) = s.sh(
         &kept,
@@ -86,7 +82,7 @@ fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
         .space_ok(&["snapshot", &kept, "--label", "one"])
         .trim()
         .to_owned();
-    let r = wait_replicated(&s, &kept, &first);
+    let r = wait_replicated(s, &kept, &first);
     let keeper = r["node"].as_str().unwrap().to_owned();
     assert_ne!(keeper, lost_id, "the replica is on the sandbox's own node");
     assert!(r["last_bytes"].as_u64().unwrap() > 8 << 20, "{r}");
@@ -101,7 +97,7 @@ fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
         .space_ok(&["snapshot", &kept, "--label", "two"])
         .trim()
         .to_owned();
-    let r = wait_replicated(&s, &kept, &second);
+    let r = wait_replicated(s, &kept, &second);
     let inc = r["last_bytes"].as_u64().unwrap();
     assert!(
         (4 << 20..6 << 20).contains(&inc),
@@ -112,10 +108,13 @@ fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
     // After the newest replicated snapshot: lost with the node.
     assert_eq!(s.sh(&kept, "echo late > /root/after").0, 0);
 
-    // The node dies and stays silent: unreachable, then lost.
-    doomed.kill9_node();
+    // The node dies and stays silent: unreachable, then lost. The replica this test drove
+    // dies with it: the other one does the rest alone.
+    lab.nodes[1].kill9_node();
+    lab.replicas[0].kill9();
+    let s = &lab.replicas[1];
     assert!(
-        eventually(Duration::from_secs(90), || node_row(&s, &lost_id)["state"]
+        eventually(Duration::from_secs(90), || node_row(s, &lost_id)["state"]
             == "lost"),
         "the killed node was not marked lost:\n{}",
         s.space_ok(&["node", "ls"])
@@ -177,15 +176,16 @@ fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
         .unwrap()
         .to_owned();
     assert!(
-        eventually(Duration::from_secs(60), || replica(&s, &kept)["node"]
+        eventually(Duration::from_secs(60), || replica(s, &kept)["node"]
             == third.as_str()),
         "no new replica: {}",
-        replica(&s, &kept)
+        replica(s, &kept)
     );
 
     // The node comes back: its stale copy of the restored sandbox goes, the lost one is
     // found again with its processes.
-    doomed.spawn_node().unwrap();
+    lab.nodes[1].spawn_node().unwrap();
+    let doomed = &lab.nodes[1];
     assert!(
         // The stray's event is recorded once its removal returns, just after its dir goes.
         eventually(Duration::from_secs(60), || !doomed
@@ -202,6 +202,21 @@ fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
     assert_eq!(s.sh(&kept, "cat /root/f").1, "one\n");
     let listed: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
     assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 2, "{listed}");
+    // The first replica comes back and sees the same, from the same store and nodes.
+    lab.replicas[0].spawn().unwrap();
+    let s = &lab.replicas[0];
+    let again: Value = serde_json::from_str(&s.space_ok(&["ls", "--json"])).unwrap();
+    let ids = |v: &Value| {
+        let mut ids: Vec<String> = v["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| format!("{} {}", x["id"], x["state"]))
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids(&again), ids(&listed));
     for id in [&kept, &gone] {
         s.space_ok(&["rm", id]);
     }
@@ -234,7 +249,6 @@ fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
     for id in [&defaulted, &explicit, &unset] {
         s.space_ok(&["rm", id]);
     }
-    drop(other);
 }
 
 /// All-in-one has no other node to keep a replica on: refused, with the reason.
@@ -264,14 +278,15 @@ fn bench_replication() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
-    let (s, _a, _b, _) = three_nodes();
+    let lab = three_nodes();
+    let s = &lab.replicas[0];
     let id = s.create(&["--replicas", "1"]);
     assert_eq!(
         s.sh(&id, "head -c 268435456 /dev/urandom > /root/base").0,
         0
     );
     let snap = s.space_ok(&["snapshot", &id]).trim().to_owned();
-    let full = wait_replicated(&s, &id, &snap)["last_bytes"]
+    let full = wait_replicated(s, &id, &snap)["last_bytes"]
         .as_u64()
         .unwrap();
     let mut ratios = Vec::new();
@@ -288,7 +303,7 @@ fn bench_replication() {
         );
         let t = Instant::now();
         let snap = s.space_ok(&["snapshot", &id]).trim().to_owned();
-        let r = wait_replicated(&s, &id, &snap);
+        let r = wait_replicated(s, &id, &snap);
         lags.push(t.elapsed());
         ratios.push(r["last_bytes"].as_u64().unwrap() as f64 / (mib << 20) as f64);
     }
