@@ -103,6 +103,10 @@ pub struct Migration {
     /// paused (what changed meanwhile).
     pub base_bytes: u64,
     pub final_bytes: u64,
+    /// The snapshots the new node held already as the sandbox's replica: not sent again, the
+    /// rest incremental against them (decision 0056).
+    #[serde(default)]
+    pub reused_snapshots: Vec<String>,
     /// Its processes started again on the new node (a namespace sandbox's cannot move with
     /// it; the template's start command runs again).
     pub processes_restarted: bool,

@@ -119,14 +119,18 @@ pub fn summary(c: &ClusterStatus) -> String {
 pub fn migration_line(m: &space_api::Migration) -> String {
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
     format!(
-        "{} moved from node {} to node {} in {} ms (down {} ms); sent {} while it ran, {} while \
-         paused; now {}{}",
+        "{} moved from node {} to node {} in {} ms (down {} ms); sent {} while it ran{}, {} \
+         while paused; now {}{}",
         m.sandbox_id,
         m.from,
         m.to,
         m.total_ms,
         m.downtime_ms,
         mib(m.base_bytes),
+        match m.reused_snapshots.len() {
+            0 => String::new(),
+            n => format!(" ({n} snapshots were there already, in its replica)"),
+        },
         mib(m.final_bytes),
         m.sandbox.state,
         if m.processes_restarted {

@@ -44,10 +44,11 @@ struct Ends {
 }
 
 impl Ends {
-    /// One step: the source's stream straight into the target.
-    async fn step(&self, step: MoveStep) -> Result<Received, NodeError> {
-        let parts = self.src.send_sandbox(&self.id, step).await?;
-        self.dst.receive_sandbox(&self.id, step, parts).await
+    /// One step: the source's stream straight into the target. `have`: the snapshots the
+    /// target holds already as the sandbox's replica, which a `Base` does not send.
+    async fn step(&self, step: MoveStep, have: &[String]) -> Result<Received, NodeError> {
+        let parts = self.src.send_sandbox(&self.id, step, have).await?;
+        self.dst.receive_sandbox(&self.id, step, have, parts).await
     }
 
     /// Undoes a move that will not finish (before the claim moved). Its own errors are
@@ -194,11 +195,19 @@ impl Engine {
             "ok",
             &format!(
                 "from node {} to node {} in {total_ms} ms, down {downtime_ms} ms; {} + {} bytes \
-                 sent{}",
+                 sent{}{}",
                 ends.from,
                 ends.target.id,
                 base.bytes,
                 last.bytes,
+                if base.snapshots.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; {} snapshots taken from its replica there",
+                        base.snapshots.len()
+                    )
+                },
                 if restarted {
                     "; its processes started again there"
                 } else if restored {
@@ -220,6 +229,7 @@ impl Engine {
             downtime_ms,
             base_bytes: base.bytes,
             final_bytes: last.bytes,
+            reused_snapshots: base.snapshots,
             processes_restarted: restarted,
             sandbox: self.get_sandbox(id).await?,
         })
@@ -245,7 +255,31 @@ impl Engine {
         nodes
             .ensure_template(&ends.target.id, &ends.dst, &spec.template)
             .await?;
-        let base = ends.step(MoveStep::Base).await?;
+        // The target may hold the sandbox's replica (decision 0056): what it holds of the
+        // sandbox's snapshots is not sent again, and the base is incremental against the
+        // newest of them. Asked of the target itself (the answer trims the replica to the
+        // sandbox's snapshots); the lease keeps replication away meanwhile.
+        let snapshots: Vec<String> = self
+            .store
+            .list_snapshots(id)
+            .await
+            .map_err(|e| NodeError::Internal(e.to_string()))?
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        let have = if snapshots.is_empty() {
+            Vec::new()
+        } else {
+            match ends.dst.drop_replica(id, &snapshots).await {
+                Ok(have) => have,
+                Err(e) => {
+                    tracing::warn!(sandbox = id, node = %ends.target.id, error = %e, "could not ask the target for its replica; sending every snapshot");
+                    Vec::new()
+                }
+            }
+        };
+        let mut base = ends.step(MoveStep::Base, &have).await?;
+        base.snapshots = have;
         let mut stopped_at = None;
         if was == SandboxState::Running {
             stopped_at = Some(Instant::now());
@@ -260,7 +294,7 @@ impl Engine {
             *paused_here = true;
         }
         let t = Instant::now();
-        let last = ends.step(MoveStep::Final).await?;
+        let last = ends.step(MoveStep::Final, &[]).await?;
         let final_ms = t.elapsed().as_millis() as u64;
         ends.dst.adopt_sandbox(spec).await?;
         *adopted = true;

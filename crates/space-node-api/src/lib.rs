@@ -608,28 +608,34 @@ pub trait NodeApi: Send + Sync {
 
     /// Step `step` of moving sandbox `id` away: its storage as a stream for another node's
     /// [`Self::receive_sandbox`]. `Final` needs the sandbox paused or stopped and a `Base`
-    /// sent before it. NotFound for an unknown id; InvalidArgument for a runtime whose
+    /// sent before it. `have`: snapshots the target holds already as the sandbox's replica
+    /// (decision 0056); a `Base` sends none of them, and what follows them is incremental
+    /// against them. NotFound for an unknown id; InvalidArgument for a runtime whose
     /// sandboxes cannot move.
     async fn send_sandbox(
         &self,
         id: &str,
         step: moves::MoveStep,
+        have: &[String],
     ) -> Result<moves::MoveStream, NodeError> {
-        let _ = step;
+        let _ = (step, have);
         Err(NodeError::InvalidArgument(format!(
             "this node cannot move sandbox {id}"
         )))
     }
     /// Receives step `step` of sandbox `id` from another node's [`Self::send_sandbox`]. A
     /// `Base` is refused (Conflict) while this node holds the sandbox; what a failed move
-    /// left here goes with [`Self::discard_move`].
+    /// left here goes with [`Self::discard_move`]. `have`: as the sender was given it; a
+    /// `Base` takes those snapshots from this node's replica of the sandbox (Conflict when
+    /// it holds one of them no longer), and the rest of the replica goes.
     async fn receive_sandbox(
         &self,
         id: &str,
         step: moves::MoveStep,
+        have: &[String],
         parts: moves::MoveStream,
     ) -> Result<moves::Received, NodeError> {
-        let _ = (step, parts);
+        let _ = (step, have, parts);
         Err(NodeError::InvalidArgument(format!(
             "this node cannot receive sandbox {id}"
         )))

@@ -63,7 +63,8 @@ pub struct Received {
     /// Subvolumes received.
     pub subvolumes: u32,
     /// A replica's receive (decision 0037): every snapshot of the sandbox the replica holds
-    /// whole now, oldest first. Empty for moves.
+    /// whole now, oldest first. A move's base, as the control plane keeps it: the snapshots
+    /// the target took from its replica instead of receiving them (decision 0056).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<String>,
 }

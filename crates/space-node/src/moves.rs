@@ -132,12 +132,15 @@ pub(crate) fn snapshots_oldest_first(dir: &Path) -> Result<Vec<(String, u64)>, N
 }
 
 /// Takes the read-only copy of the sandbox's disk that step `step` sends (with `copy`), and
-/// lists what the step carries. `Final` needs the `Base` copy taken before.
+/// lists what the step carries. `Final` needs the `Base` copy taken before. A `Base` leaves
+/// out the snapshots in `have` (the target's replica holds them, decision 0056), and sends
+/// what follows each of them incremental against it.
 pub(crate) fn plan(
     layout: &Layout,
     subvols: &dyn Subvolumes,
     id: &str,
     step: MoveStep,
+    have: &[String],
     copy: MakeCopy<'_>,
 ) -> Result<Vec<Item>, NodeError> {
     let out = outgoing_dir(layout, id);
@@ -152,6 +155,10 @@ pub(crate) fn plan(
             let mut newest: Option<PathBuf> = None;
             for (snap, _) in snapshots_oldest_first(&layout.sandbox_dir(id).join("snapshots"))? {
                 let dir = layout.sandbox_dir(id).join("snapshots").join(&snap);
+                if have.contains(&snap) {
+                    newest = Some(dir.join("rootfs"));
+                    continue;
+                }
                 items.push(Item::File {
                     rel: format!("snapshots/{snap}/snapshot.json"),
                     path: dir.join("snapshot.json"),
@@ -184,6 +191,41 @@ pub(crate) fn plan(
         parent,
     });
     Ok(items)
+}
+
+/// Moves the snapshots `have` of this node's replica of sandbox `id` into the sandbox's own
+/// directory (a move's target, decision 0056), and deletes the rest of the replica. Conflict
+/// when the replica lacks one of them (whole): the sender would leave it out.
+pub(crate) fn take_from_replica(
+    layout: &Layout,
+    subvols: &dyn Subvolumes,
+    id: &str,
+    have: &[String],
+) -> Result<(), NodeError> {
+    let replica = replica_dir(layout, id);
+    if !have.is_empty() {
+        let whole: Vec<String> = snapshots_oldest_first(&replica.join("snapshots"))?
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        if let Some(missing) = have.iter().find(|s| !whole.contains(s)) {
+            return Err(NodeError::Conflict(format!(
+                "this node's replica of sandbox {id} does not hold snapshot {missing}: the move \
+                 must send it"
+            )));
+        }
+        let snaps = layout.sandbox_dir(id).join("snapshots");
+        storage::mkdir_private(&snaps)?;
+        for s in have {
+            let (from, to) = (replica.join("snapshots").join(s), snaps.join(s));
+            std::fs::rename(&from, &to)
+                .map_err(|e| StorageError::io("move a replica snapshot to", &to, e))?;
+        }
+    }
+    if replica.exists() {
+        trim_replica(&replica, subvols, Some(&[]))?;
+    }
+    Ok(())
 }
 
 /// What a replication of sandbox `id` sends to a replica that holds `have` (decision 0037):
@@ -536,6 +578,79 @@ mod tests {
 
     fn stream(parts: Vec<MovePart>) -> MoveStream {
         Box::pin(tokio_stream::iter(parts.into_iter().map(Ok)))
+    }
+
+    /// A snapshot directory as `snapshots_oldest_first` counts one whole.
+    fn whole_snapshot(dir: &Path, at: u64) {
+        std::fs::create_dir_all(dir.join("rootfs")).unwrap();
+        std::fs::write(
+            dir.join("snapshot.json"),
+            format!(r#"{{"created_unix_ms": {at}}}"#),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_base_leaves_out_what_the_targets_replica_holds_and_the_target_takes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout {
+            volume: dir.path().to_owned(),
+            run_dir: dir.path().join("run"),
+        };
+        let subvols = crate::storage::fake::DirSubvolumes::default();
+        let snaps = layout.sandbox_dir("sb").join("snapshots");
+        for (i, s) in ["s1", "s2", "s3"].iter().enumerate() {
+            whole_snapshot(&snaps.join(s), i as u64 + 1);
+        }
+        std::fs::create_dir_all(layout.sandbox_rootfs("sb")).unwrap();
+        let copy = |out: &Path, name: &str| -> Result<(), StorageError> {
+            std::fs::create_dir_all(out.join(name)).map_err(|e| StorageError::io("mk", out, e))
+        };
+        let have = ["s1".to_owned(), "s2".to_owned()];
+        let items = plan(&layout, &subvols, "sb", MoveStep::Base, &have, &copy).unwrap();
+        let sent: Vec<(String, Option<PathBuf>)> = items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Subvolume { rel, parent, .. } => Some((rel.clone(), parent.clone())),
+                Item::File { .. } => None,
+            })
+            .collect();
+        // s3 only, incremental against s2 (the newest the target holds); the disk after it.
+        assert_eq!(
+            sent,
+            [
+                (
+                    "snapshots/s3".to_owned(),
+                    Some(snaps.join("s2").join("rootfs"))
+                ),
+                (INCOMING.to_owned(), Some(snaps.join("s3").join("rootfs"))),
+            ]
+        );
+
+        // The target: its replica holds s1 and s2 (and s0, which the sandbox no longer has).
+        let target = tempfile::tempdir().unwrap();
+        let tl = Layout {
+            volume: target.path().to_owned(),
+            run_dir: target.path().join("run"),
+        };
+        let replica = replica_dir(&tl, "sb").join("snapshots");
+        for (i, s) in ["s0", "s1", "s2"].iter().enumerate() {
+            whole_snapshot(&replica.join(s), i as u64);
+        }
+        // (A base's receive makes the sandbox's directory first.)
+        std::fs::create_dir_all(tl.sandbox_dir("sb")).unwrap();
+        // One it lacks is refused, and nothing moves.
+        let e = take_from_replica(&tl, &subvols, "sb", &["s1".into(), "s9".into()]).unwrap_err();
+        assert!(e.to_string().contains("s9"), "{e}");
+        assert!(replica.join("s1").exists());
+        take_from_replica(&tl, &subvols, "sb", &have).unwrap();
+        let own = tl.sandbox_dir("sb").join("snapshots");
+        assert!(own.join("s1/rootfs").is_dir() && own.join("s2/snapshot.json").is_file());
+        assert!(!own.join("s0").exists());
+        assert!(
+            !replica_dir(&tl, "sb").exists(),
+            "the rest of the replica stayed"
+        );
     }
 
     #[tokio::test]

@@ -540,10 +540,16 @@ impl NodeApi for RemoteNode {
         self.call(Op::SandboxUsage { id: id.to_owned() }).await
     }
 
-    async fn send_sandbox(&self, id: &str, step: MoveStep) -> Result<MoveStream, NodeError> {
+    async fn send_sandbox(
+        &self,
+        id: &str,
+        step: MoveStep,
+        have: &[String],
+    ) -> Result<MoveStream, NodeError> {
         self.pull(MoveRequest {
             sandbox_id: id.to_owned(),
             step: step.as_str().to_owned(),
+            have: have.to_vec(),
             ..Default::default()
         })
         .await
@@ -553,11 +559,13 @@ impl NodeApi for RemoteNode {
         &self,
         id: &str,
         step: MoveStep,
+        have: &[String],
         parts: MoveStream,
     ) -> Result<Received, NodeError> {
         let header = MoveRequest {
             sandbox_id: id.to_owned(),
             step: step.as_str().to_owned(),
+            have: have.to_vec(),
             ..Default::default()
         };
         self.push(header, parts).await

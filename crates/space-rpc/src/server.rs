@@ -351,7 +351,7 @@ impl Node for NodeService {
             self.node.send_replica(&sandbox_id, &have).await
         } else if template.is_empty() {
             let step = wire::move_step(&step).map_err(|e| wire::status(&e))?;
-            self.node.send_sandbox(&sandbox_id, step).await
+            self.node.send_sandbox(&sandbox_id, step, &have).await
         } else {
             self.node.send_template(&template).await
         }
@@ -382,7 +382,7 @@ impl Node for NodeService {
         } else if header.template.is_empty() {
             let step = wire::move_step(&header.step).map_err(|e| wire::status(&e))?;
             self.node
-                .receive_sandbox(&header.sandbox_id, step, parts)
+                .receive_sandbox(&header.sandbox_id, step, &header.have, parts)
                 .await
                 .map(|got| serde_json::to_vec(&got))
         } else {

@@ -251,6 +251,86 @@ fn a_lost_nodes_sandboxes_come_back_from_their_replicas() {
     }
 }
 
+/// Decision 0056: a move to the node that holds the sandbox's replica sends only what the
+/// replica lacks, incremental against its newest snapshot; the moved sandbox keeps its data
+/// and snapshot tree and gets a new replica elsewhere. A move to a node without one sends
+/// everything, as before.
+#[test]
+fn a_move_to_its_replicas_node_sends_only_what_the_replica_lacks() {
+    let lab = ClusterLab::start(3, &["--warm-pool", "0:0"], &[]).unwrap();
+    let s = &lab.replicas[0];
+    let nodes: Vec<String> = lab.nodes.iter().map(|n| lab.node_id(n)).collect();
+    let id = s.create(&["--replicas", "1"]);
+    let (rc, data, err) = s.sh(
+        &id,
+        "head -c 8388608 /dev/urandom > /root/data && sha256sum /root/data",
+    );
+    assert_eq!(rc, 0, "{err}");
+    let snap = s.space_ok(&["snapshot", &id]).trim().to_owned();
+    let keeper = wait_replicated(s, &id, &snap)["node"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (rc, late, err) = s.sh(
+        &id,
+        "head -c 1048576 /dev/urandom > /root/late && sha256sum /root/late",
+    );
+    assert_eq!(rc, 0, "{err}");
+
+    let migrate = |to: &str| {
+        let (status, m) = s.call(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{id}/migrate"),
+            Some(serde_json::json!({ "to": to })),
+        );
+        assert_eq!(status, 200, "{m}\n{}", s.space_ok(&["events", &id]));
+        m
+    };
+    let m = migrate(&keeper);
+    assert_eq!(m["reused_snapshots"], serde_json::json!([snap]), "{m}");
+    let base = m["base_bytes"].as_u64().unwrap();
+    assert!(
+        base < 4 << 20,
+        "the move to the replica's node sent {base} bytes while it ran, for 1 MiB written \
+         after the replicated snapshot: {m}"
+    );
+    assert_eq!(s.sh(&id, "sha256sum /root/data").1, data);
+    assert_eq!(s.sh(&id, "sha256sum /root/late").1, late);
+    assert!(s.space_ok(&["snapshots", &id]).contains(&snap));
+    assert!(
+        s.space_ok(&["events", &id])
+            .contains("1 snapshots taken from its replica there"),
+        "{}",
+        s.space_ok(&["events", &id])
+    );
+    // It runs where its replica was: the replica goes to another node.
+    let mut elsewhere = String::new();
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            let r = replica(s, &id);
+            elsewhere = r["node"].as_str().unwrap_or_default().to_owned();
+            !elsewhere.is_empty() && elsewhere != keeper && r["snapshot_id"] == snap.as_str()
+        }),
+        "no new replica: {}",
+        replica(s, &id)
+    );
+
+    // To the node that holds nothing of it: everything is sent.
+    let third = nodes
+        .iter()
+        .find(|n| **n != keeper && **n != elsewhere)
+        .unwrap();
+    let m = migrate(third);
+    assert_eq!(m["reused_snapshots"], serde_json::json!([]), "{m}");
+    assert!(m["base_bytes"].as_u64().unwrap() > 9 << 20, "{m}");
+    assert_eq!(s.sh(&id, "sha256sum /root/late").1, late);
+    // Its tree came along both times: a rollback to the snapshot works on the third node.
+    s.space_ok(&["rollback", &id, &snap]);
+    assert_eq!(s.sh(&id, "sha256sum /root/data").1, data);
+    assert_ne!(s.sh(&id, "test -e /root/late").0, 0);
+    s.space_ok(&["rm", &id]);
+}
+
 /// All-in-one has no other node to keep a replica on: refused, with the reason.
 #[test]
 fn replicas_need_a_cluster() {

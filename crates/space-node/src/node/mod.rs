@@ -1378,16 +1378,22 @@ impl NodeApi for Node {
         Ok(self.node_info_impl())
     }
 
-    async fn send_sandbox(&self, id: &str, step: MoveStep) -> Result<MoveStream, NodeError> {
-        self.send_sandbox_impl(id, step).await
+    async fn send_sandbox(
+        &self,
+        id: &str,
+        step: MoveStep,
+        have: &[String],
+    ) -> Result<MoveStream, NodeError> {
+        self.send_sandbox_impl(id, step, have).await
     }
     async fn receive_sandbox(
         &self,
         id: &str,
         step: MoveStep,
+        have: &[String],
         parts: MoveStream,
     ) -> Result<Received, NodeError> {
-        self.receive_sandbox_impl(id, step, parts).await
+        self.receive_sandbox_impl(id, step, have, parts).await
     }
     async fn adopt_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxStatus, NodeError> {
         self.adopt_sandbox_impl(spec).await

@@ -25,8 +25,10 @@ impl Node {
         &self,
         id: &str,
         step: MoveStep,
+        have: &[String],
     ) -> Result<MoveStream, NodeError> {
         ids::validate_sandbox_id(id)?;
+        let have = have.to_vec();
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let entry = self.require_entry(id)?;
@@ -79,7 +81,7 @@ impl Node {
                     sv.snapshot(&rootfs, out, name, true)
                 }
             };
-            crate::moves::plan(&layout, sv, &id2, step, &copy)
+            crate::moves::plan(&layout, sv, &id2, step, &have, &copy)
         })
         .await?;
         Ok(crate::moves::send(items))
@@ -90,6 +92,7 @@ impl Node {
         &self,
         id: &str,
         step: MoveStep,
+        have: &[String],
         parts: MoveStream,
     ) -> Result<Received, NodeError> {
         ids::validate_sandbox_id(id)?;
@@ -101,6 +104,7 @@ impl Node {
             )));
         }
         let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_owned());
+        let have = have.to_vec();
         blocking(move || {
             let incoming = crate::moves::incoming_dir(&layout, &id2);
             match step {
@@ -108,6 +112,9 @@ impl Node {
                     // What an earlier try left goes first.
                     remove_sandbox_storage(&layout, subvols.as_ref(), &id2)?;
                     storage::mkdir_private(&layout.sandbox_dir(&id2))?;
+                    // The snapshots the sender leaves out come from this node's replica;
+                    // the rest of the replica goes (the sandbox will run here).
+                    crate::moves::take_from_replica(&layout, subvols.as_ref(), &id2, &have)?;
                     storage::mkdir_private(&incoming)?;
                 }
                 MoveStep::Final => {
