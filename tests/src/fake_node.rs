@@ -202,17 +202,11 @@ pub async fn join_fake(
         let _ = axum::serve(tls, space_rpc::router(service)).await;
     });
     let control = m.control_client().map_err(anyhow::Error::msg)?;
-    let beat = {
-        let node = node.clone();
-        tokio::spawn(space_rpc::join::heartbeats(
-            control,
-            space_control::cluster::HEARTBEAT_EVERY,
-            move || {
-                let node = node.clone();
-                Box::pin(async move { node.node_info().await.unwrap_or_default() })
-            },
-        ))
-    };
+    let beat = tokio::spawn(space_rpc::join::heartbeats(
+        control,
+        space_control::cluster::HEARTBEAT_EVERY,
+        node.clone(),
+    ));
     Ok(FakeAgent {
         node,
         id: m.node_id,

@@ -27,6 +27,26 @@ fn q(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| StoreError::Query { what, source }
 }
 
+/// One lease taken for `holder` until `until`: inserted, or taken over from itself or from a
+/// holder whose lease lapsed before `now` (one row affected), else left (none).
+fn take_one<'q>(
+    name: &'q str,
+    holder: &'q str,
+    until: i64,
+    now: i64,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    sqlx::query(
+        "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3) \
+         ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
+         expires_at = excluded.expires_at \
+         WHERE leases.holder = $2 OR leases.expires_at < $4",
+    )
+    .bind(name)
+    .bind(holder)
+    .bind(until)
+    .bind(now)
+}
+
 impl Store {
     /// Takes (or renews) lease `name` for `holder` until `now + ttl`: false while another
     /// holder's lease has not lapsed.
@@ -37,19 +57,10 @@ impl Store {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let now = now_ms();
-        let done = sqlx::query(
-            "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3) \
-             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
-             expires_at = excluded.expires_at \
-             WHERE leases.holder = $2 OR leases.expires_at < $4",
-        )
-        .bind(name)
-        .bind(holder)
-        .bind(now + ttl.as_millis() as i64)
-        .bind(now)
-        .execute(self.pool())
-        .await
-        .map_err(q("take lease"))?;
+        let done = take_one(name, holder, now + ttl.as_millis() as i64, now)
+            .execute(self.pool())
+            .await
+            .map_err(q("take lease"))?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -72,19 +83,10 @@ impl Store {
             let mut tx = self.pool().begin().await.map_err(q("take leases"))?;
             let mut taken = Vec::new();
             for name in names {
-                let done = sqlx::query(
-                    "INSERT INTO leases (name, holder, expires_at) VALUES ($1, $2, $3) \
-                     ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
-                     expires_at = excluded.expires_at \
-                     WHERE leases.holder = $2 OR leases.expires_at < $4",
-                )
-                .bind(name)
-                .bind(holder)
-                .bind(until)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(q("take leases"))?;
+                let done = take_one(name, holder, until, now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(q("take leases"))?;
                 if done.rows_affected() == 1 {
                     taken.push(name.clone());
                 }

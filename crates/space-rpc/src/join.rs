@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rand::Rng;
-use space_node_api::NodeInfo;
+use space_node_api::NodeApi;
 use space_proto::node::control_client::ControlClient;
 use space_proto::node::{CaRequest, HeartbeatRequest, JoinRequest, SecretRequest};
 use tonic::transport::Channel;
@@ -222,16 +222,18 @@ pub async fn join(
     })
 }
 
-/// Reports `info()` to the control plane every `every`, until the task is dropped. A failed
-/// report is logged when it starts failing and when it recovers, not at every try.
+/// Reports `node`'s [`NodeApi::node_info`] to the control plane every `every`, until the task
+/// is dropped. A failed report is logged when it starts failing and when it recovers, not at
+/// every try.
 pub async fn heartbeats(
     mut client: ControlClient<Channel>,
     every: Duration,
-    info: impl Fn() -> std::pin::Pin<Box<dyn Future<Output = NodeInfo> + Send>>,
+    node: std::sync::Arc<dyn NodeApi>,
 ) {
     let mut failing = false;
     loop {
-        let body = serde_json::to_vec(&info().await).unwrap_or_default();
+        let info = node.node_info().await.unwrap_or_default();
+        let body = serde_json::to_vec(&info).unwrap_or_default();
         let sent =
             tokio::time::timeout(every, client.heartbeat(HeartbeatRequest { info: body })).await;
         match sent {

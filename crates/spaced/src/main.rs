@@ -758,21 +758,11 @@ async fn node_role(args: NodeRole) -> Result<()> {
             let tls = space_rpc::tls::TlsListener::new(listener, config)?;
             let control = m.control_client().map_err(anyhow::Error::msg)?;
             node.set_secret_source(Arc::new(space_rpc::join::ControlSecrets(control.clone())));
-            let beat = {
-                let node = node.clone();
-                tokio::spawn(space_rpc::join::heartbeats(
-                    control,
-                    space_control::cluster::HEARTBEAT_EVERY,
-                    move || {
-                        let node = node.clone();
-                        Box::pin(async move {
-                            space_node::NodeApi::node_info(&*node)
-                                .await
-                                .unwrap_or_default()
-                        })
-                    },
-                ))
-            };
+            let beat = tokio::spawn(space_rpc::join::heartbeats(
+                control,
+                space_control::cluster::HEARTBEAT_EVERY,
+                node.clone(),
+            ));
             println!(
                 "spaced node listening on https://{addr} (node {}, mTLS; control plane {})",
                 m.node_id, m.control
