@@ -1193,7 +1193,12 @@ impl Spaced {
         }
         self.unmount_run_dir();
         let volume = self.data_dir().join("volume");
-        let _ = Command::new("umount").arg("-l").arg(&volume).status();
+        // (A control plane alone has no volume: nothing to say then.)
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&volume)
+            .stderr(Stdio::null())
+            .status();
         let img = self.data_dir().join("space-btrfs.img");
         if let Ok(out) = Command::new("losetup").arg("-j").arg(&img).output() {
             for line in String::from_utf8_lossy(&out.stdout).lines() {

@@ -287,6 +287,10 @@ fn a_move_to_its_replicas_node_sends_only_what_the_replica_lacks() {
         m
     };
     let m = migrate(&keeper);
+    eprintln!(
+        "to the replica's node: base {} bytes, final {} bytes, down {} ms",
+        m["base_bytes"], m["final_bytes"], m["downtime_ms"]
+    );
     assert_eq!(m["reused_snapshots"], serde_json::json!([snap]), "{m}");
     let base = m["base_bytes"].as_u64().unwrap();
     assert!(
@@ -321,6 +325,10 @@ fn a_move_to_its_replicas_node_sends_only_what_the_replica_lacks() {
         .find(|n| **n != keeper && **n != elsewhere)
         .unwrap();
     let m = migrate(third);
+    eprintln!(
+        "to a node without a replica: base {} bytes, final {} bytes, down {} ms",
+        m["base_bytes"], m["final_bytes"], m["downtime_ms"]
+    );
     assert_eq!(m["reused_snapshots"], serde_json::json!([]), "{m}");
     assert!(m["base_bytes"].as_u64().unwrap() > 9 << 20, "{m}");
     assert_eq!(s.sh(&id, "sha256sum /root/late").1, late);
