@@ -187,6 +187,10 @@ impl ControlPlane {
             tracing::info!(files = ?pulled, "took the files replicas share from the store");
         }
         let admin_key_path = auth::ensure_admin_key(&store, &cfg.data_dir).await?;
+        // A revoked admin key on disk was replaced just now: the store keeps the new one.
+        if shared_files::refresh(&store, cipher, &cfg.data_dir, auth::ADMIN_KEY_FILE).await? {
+            tracing::info!("the admin key on disk is now the one the replicas share");
+        }
         let auth = Arc::new(Auth::load(&store).await?);
         auth::spawn_reload(&auth, store.clone());
         if let Some(keep) = cfg.events_retention {

@@ -9,8 +9,10 @@
 //! each make their own):
 //! 1. [`pull`]: each file the store holds is written into the data dir when missing there; one
 //!    that differs is refused (a replica of another control plane, or a stale copy), never
-//!    overwritten.
-//! 2. The control plane makes what is still missing, as it always has.
+//!    overwritten. `admin.key` is the exception: the store's list of live keys says which of
+//!    two differing ones is current, and a stale one is replaced by, or replaces, the other.
+//! 2. The control plane makes what is still missing, as it always has; a revoked admin key on
+//!    disk is replaced by a new one (`auth::ensure_admin_key`), and [`refresh`] stores it.
 //! 3. [`push`]: each file the store lacks is sealed into it.
 
 use std::io::Write;
@@ -97,17 +99,24 @@ impl Store {
         Ok(Some((field("nonce")?, field("ciphertext")?)))
     }
 
-    /// Stores shared file `name` unless one is stored already (false then).
-    async fn put_shared_file_if_absent(
+    /// Stores shared file `name` unless one is stored already (false then); with `replace`,
+    /// in its place.
+    async fn put_shared_file(
         &self,
         name: &str,
         nonce: &[u8],
         sealed: &[u8],
+        replace: bool,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let on_conflict = if replace {
+            "DO UPDATE SET nonce = excluded.nonce, ciphertext = excluded.ciphertext"
+        } else {
+            "DO NOTHING"
+        };
+        let done = sqlx::query(&format!(
             "INSERT INTO shared_files (name, nonce, ciphertext, created_at) \
-             VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING",
-        )
+             VALUES ($1, $2, $3, $4) ON CONFLICT (name) {on_conflict}"
+        ))
         .bind(name)
         .bind(B64.encode(nonce))
         .bind(B64.encode(sealed))
@@ -215,6 +224,14 @@ pub async fn pull(
         let path = data_dir.join(name);
         match read_optional(&path)? {
             Some(local) if local == plain => {}
+            // Another replica made a new admin key (this one's was revoked): take it. A
+            // stored one that is not live either is left to `ensure_admin_key`.
+            Some(_) if name == crate::auth::ADMIN_KEY_FILE => {
+                if admin_key_is_live(store, &plain).await? {
+                    write_new(&path, &plain, mode)?;
+                    written.push(name);
+                }
+            }
             Some(_) => return Err(SharedFileError::Differs { path, name }),
             None => {
                 write_new(&path, &plain, mode)?;
@@ -223,6 +240,35 @@ pub async fn pull(
         }
     }
     Ok(written)
+}
+
+/// Whether `key` (an admin key file's bytes) is a live API key.
+async fn admin_key_is_live(store: &Store, key: &[u8]) -> Result<bool, StoreError> {
+    let key = String::from_utf8_lossy(key);
+    let hash = crate::auth::to_hex(&crate::auth::hash_key(key.trim()));
+    Ok(store.api_key_hashes().await?.contains(&hash))
+}
+
+/// Stores shared file `name` of `data_dir` in place of the stored one when they differ (the
+/// admin key made at this start, which replaced a revoked one). True when it stored it.
+pub async fn refresh(
+    store: &Store,
+    cipher: &SecretCipher,
+    data_dir: &Path,
+    name: &'static str,
+) -> Result<bool, SharedFileError> {
+    let Some(local) = read_optional(&data_dir.join(name))? else {
+        return Ok(false);
+    };
+    if let Some((nonce, sealed)) = store.shared_file(name).await?
+        && cipher.open(&aad(name), &nonce, &sealed).as_deref() == Some(local.as_slice())
+    {
+        return Ok(false);
+    }
+    let (nonce, sealed) = cipher
+        .seal(&aad(name), &local)
+        .map_err(|_| SharedFileError::Seal)?;
+    Ok(store.put_shared_file(name, &nonce, &sealed, true).await?)
 }
 
 /// Seals each shared file of `data_dir` that the store lacks into it. Returns the names
@@ -243,10 +289,7 @@ pub async fn push(
         let (nonce, sealed) = cipher
             .seal(&aad(name), &local)
             .map_err(|_| SharedFileError::Seal)?;
-        if store
-            .put_shared_file_if_absent(name, &nonce, &sealed)
-            .await?
-        {
+        if store.put_shared_file(name, &nonce, &sealed, false).await? {
             stored.push(name);
         }
     }

@@ -2378,6 +2378,42 @@ async fn the_reconciler_leaves_a_sandbox_another_replica_holds() {
     assert_eq!(get().await.json::<Sandbox>().state, SandboxState::Failed);
 }
 
+/// Decision 0054: the admin key is the one shared file that may change after the first
+/// start (the key on disk revoked, a new one made). The replica that makes the new one
+/// stores it; another replica with the old one on disk takes the new one at its next start.
+#[tokio::test]
+async fn a_new_admin_key_reaches_every_replica() {
+    let h = harness().await;
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let db = format!("sqlite://{}?mode=rwc", a.path().join("shared.db").display());
+    let open = |dir: &std::path::Path| {
+        ControlPlane::open(
+            ControlConfig::new(dir.to_owned()),
+            Some(&db),
+            h.node.clone(),
+        )
+    };
+    let key = |dir: &std::path::Path| std::fs::read(dir.join("admin.key")).unwrap();
+    let first = open(a.path()).await.unwrap();
+    std::fs::copy(a.path().join("secrets.key"), b.path().join("secrets.key")).unwrap();
+    drop(open(b.path()).await.unwrap());
+    let old = key(a.path());
+    assert_eq!(key(b.path()), old);
+    // The key on disk is revoked (another admin key took its place): the next start of the
+    // first replica makes a new one.
+    let store = first.state.engine.store().clone();
+    drop(first);
+    store.delete_api_keys_named("admin").await.unwrap();
+    drop(open(a.path()).await.unwrap());
+    let new = key(a.path());
+    assert_ne!(new, old);
+    // The second replica, with the revoked one on disk, takes the new one.
+    drop(open(b.path()).await.unwrap());
+    assert_eq!(key(b.path()), new);
+    drop(open(a.path()).await.unwrap());
+    assert_eq!(key(a.path()), new, "a start changed a live key");
+}
+
 #[tokio::test]
 async fn a_replica_with_another_secrets_key_refuses_to_start() {
     let h = harness().await;
