@@ -166,10 +166,18 @@ impl ControlPlane {
         let cipher = secrets::SecretCipher::new(&secrets::load_or_create_key(
             &cfg.data_dir.join(secrets::SECRETS_KEY_FILE),
         )?);
-        let holder = format!("start-{:016x}", rand::random::<u64>());
-        let start = shared_files::StartLease::take(&store, &holder).await?;
+        // (SQLite is one spaced's own store: no other start to wait for, and a start killed
+        // half-way must not hold up the next one for a lease's lifetime.)
+        let start = if store.is_sqlite() {
+            None
+        } else {
+            let holder = format!("start-{:016x}", rand::random::<u64>());
+            Some(shared_files::StartLease::take(&store, &holder).await?)
+        };
         let opened = Self::open_shared(cfg, store, &cipher, node, cluster_listen).await;
-        if let Err(e) = start.release().await {
+        if let Some(start) = start
+            && let Err(e) = start.release().await
+        {
             tracing::warn!(error = %e, "releasing the start lease failed; it lapses");
         }
         opened
