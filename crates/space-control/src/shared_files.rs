@@ -222,21 +222,19 @@ pub async fn pull(
                     dir: data_dir.to_owned(),
                 })?;
         let path = data_dir.join(name);
-        match read_optional(&path)? {
-            Some(local) if local == plain => {}
+        let take = match read_optional(&path)? {
+            Some(local) if local == plain => false,
             // Another replica made a new admin key (this one's was revoked): take it. A
             // stored one that is not live either is left to `ensure_admin_key`.
             Some(_) if name == crate::auth::ADMIN_KEY_FILE => {
-                if admin_key_is_live(store, &plain).await? {
-                    write_new(&path, &plain, mode)?;
-                    written.push(name);
-                }
+                admin_key_is_live(store, &plain).await?
             }
             Some(_) => return Err(SharedFileError::Differs { path, name }),
-            None => {
-                write_new(&path, &plain, mode)?;
-                written.push(name);
-            }
+            None => true,
+        };
+        if take {
+            write_new(&path, &plain, mode)?;
+            written.push(name);
         }
     }
     Ok(written)
@@ -265,10 +263,24 @@ pub async fn refresh(
     {
         return Ok(false);
     }
+    seal_into(store, cipher, name, &local, true).await
+}
+
+/// Seals `bytes` as shared file `name` into the store: in place of a stored one with
+/// `replace`, else only where none is (false then).
+async fn seal_into(
+    store: &Store,
+    cipher: &SecretCipher,
+    name: &str,
+    bytes: &[u8],
+    replace: bool,
+) -> Result<bool, SharedFileError> {
     let (nonce, sealed) = cipher
-        .seal(&aad(name), &local)
+        .seal(&aad(name), bytes)
         .map_err(|_| SharedFileError::Seal)?;
-    Ok(store.put_shared_file(name, &nonce, &sealed, true).await?)
+    Ok(store
+        .put_shared_file(name, &nonce, &sealed, replace)
+        .await?)
 }
 
 /// Seals each shared file of `data_dir` that the store lacks into it. Returns the names
@@ -283,13 +295,9 @@ pub async fn push(
         let Some(local) = read_optional(&data_dir.join(name))? else {
             continue;
         };
-        if store.shared_file(name).await?.is_some() {
-            continue;
-        }
-        let (nonce, sealed) = cipher
-            .seal(&aad(name), &local)
-            .map_err(|_| SharedFileError::Seal)?;
-        if store.put_shared_file(name, &nonce, &sealed, false).await? {
+        if store.shared_file(name).await?.is_none()
+            && seal_into(store, cipher, name, &local, false).await?
+        {
             stored.push(name);
         }
     }
