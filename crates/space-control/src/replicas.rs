@@ -38,6 +38,7 @@ pub struct ReplicaRow {
     pub snapshot_id: String,
     /// Every snapshot it holds whole, oldest first.
     pub snapshots: Vec<String>,
+    /// Bytes the last replication that sent anything sent.
     pub last_bytes: u64,
     pub updated_at: i64,
 }
@@ -286,7 +287,8 @@ impl Engine {
             .await?;
         // What it holds, less what the sandbox no longer has.
         let held = dst.drop_replica(id, &want).await?;
-        let got = if want.iter().all(|s| held.contains(s)) {
+        let sent = !want.iter().all(|s| held.contains(s));
+        let got = if !sent {
             space_node_api::moves::Received {
                 snapshots: held,
                 ..Default::default()
@@ -310,7 +312,12 @@ impl Engine {
                 .filter(|s| got.snapshots.contains(s))
                 .cloned()
                 .collect(),
-            last_bytes: got.bytes,
+            // A pass that found everything there already sent nothing: the figure stays the
+            // last send's, so a reader never sees a replication's bytes turn into 0.
+            last_bytes: match &existing {
+                Some(r) if !sent && r.node_id == node_id => r.last_bytes,
+                _ => got.bytes,
+            },
             updated_at: now_ms(),
         };
         self.store.put_replica(&r).await?;

@@ -18,7 +18,13 @@ impl Node {
             kind: "sandbox",
             id: id.to_string(),
         })?;
-        super::not_for_microvm(&entry.record, "a diff")?;
+        if !self.disk(&entry.record).is_tree() {
+            return Err(NodeError::Conflict(format!(
+                "sandbox {id} is a {}: its files are a disk image, and a diff compares the \
+                 directory trees of namespace sandboxes",
+                entry.record.runtime
+            )));
+        }
         let snap_path = |snap: &str| -> Result<std::path::PathBuf, NodeError> {
             ids::validate_sandbox_id(snap)
                 .map_err(|_| NodeError::InvalidArgument(format!("invalid snapshot id {snap:?}")))?;

@@ -26,28 +26,8 @@ use crate::state::{RECORD_VERSION, SandboxRecord, now_unix_ms};
 use crate::storage::{self, Layout, StorageError, Subvolumes};
 use crate::template::{TemplateError, TemplateStore};
 
-/// The microvm runtime (decision 0014), as node code compares records with it.
-pub const MICROVM: RuntimeKind = RuntimeKind::Microvm;
-
 /// A microvm sandbox's disk image in its sandbox dir.
 pub const SANDBOX_DISK: &str = "disk.ext4";
-
-/// A fresh identity for a microvm guest (new RNG seed, machine-id, the host's clock), sent
-/// with every Personalize: a restored or forked guest would otherwise keep its checkpoint's.
-fn vm_identity(id: &str) -> space_proto::PersonalizeRequest {
-    let mut entropy = vec![0u8; 64];
-    rand::Rng::fill(&mut rand::rng(), &mut entropy[..]);
-    space_proto::PersonalizeRequest {
-        entropy,
-        machine_id: vm_warm::random_hex(16),
-        unix_time_ns: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as i64)
-            .unwrap_or(0),
-        mac: crate::runtime::microvm::mac_for(id).to_vec(),
-        ..Default::default()
-    }
-}
 
 /// The environment a template's processes start with: a login shell's basics, the template's
 /// defaults (a login shell's environment in `base`), then `create_env`; and, for the daemon
@@ -83,17 +63,6 @@ pub(crate) fn template_env(
 /// The ext4 image of a template version, next to its rootfs subvolume.
 fn template_disk(template_rootfs: &Path) -> PathBuf {
     template_rootfs.with_file_name(SANDBOX_DISK)
-}
-
-/// Refuses operations the microvm runtime does not have yet (decision 0014).
-fn not_for_microvm(rec: &SandboxRecord, what: &str) -> Result<(), NodeError> {
-    if rec.runtime == MICROVM {
-        return Err(NodeError::Conflict(format!(
-            "{what} of microvm sandboxes is not supported yet (sandbox {})",
-            rec.spec.id
-        )));
-    }
-    Ok(())
 }
 
 /// Base environment of every sandbox (the spec's env is added on top and wins).
@@ -474,6 +443,36 @@ impl Node {
         self.rt_of(rec.runtime)
     }
 
+    /// The runtime of `kind`, made on first use; the error says why this node has none.
+    async fn runtime_for(&self, kind: RuntimeKind) -> Result<&Arc<dyn Runtime>, NodeError> {
+        if kind == self.runtime.kind() {
+            return Ok(&self.runtime);
+        }
+        match self.microvm().await {
+            Ok(rt) if rt.kind() == kind => Ok(rt),
+            Ok(_) => Err(NodeError::InvalidArgument(format!(
+                "runtime {kind} is not available on this node"
+            ))),
+            Err(why) => Err(NodeError::InvalidArgument(format!(
+                "runtime {kind} is not available on this node: {why}"
+            ))),
+        }
+    }
+
+    /// How the files of the sandbox of `rec` are kept (decision 0057).
+    fn disk(&self, rec: &SandboxRecord) -> &'static dyn disk::Disk {
+        disk::of(rec.runtime)
+    }
+
+    /// Where the files of sandbox `id` are, for its [`disk::Disk`].
+    fn at<'a>(&'a self, id: &'a str) -> disk::At<'a> {
+        disk::At {
+            layout: &self.layout,
+            subvols: self.subvols.as_ref(),
+            id,
+        }
+    }
+
     /// Graceful shutdown: destroys the warm pools' ready sandboxes, a template checkpoint's
     /// builder VM if one is booting, and frees the ready (unused) network slots. Sandboxes,
     /// their slots and their processes stay, to be adopted by the next start.
@@ -583,8 +582,7 @@ impl Node {
             channel_socket: self.layout.channel_socket(name),
             run_dir: self.layout.run_sandbox_dir(name),
             netns,
-            disk: (rec.runtime == MICROVM)
-                .then(|| self.layout.sandbox_dir(&spec.id).join(SANDBOX_DISK)),
+            disk: self.disk(rec).device(self.at(&spec.id)),
         }
     }
 
@@ -647,7 +645,7 @@ impl Node {
                 })?,
             };
         let t_connect = std::time::Instant::now();
-        let connected = if rec.runtime == MICROVM {
+        let connected = if let Some(identity) = self.rt(rec).guest_identity(&rec.spec.id) {
             // A VM's daemon learns its environment, hostname and identity over the channel,
             // in the first RPC: a restored guest reseeds its RNG before anything draws on it.
             let done = self
@@ -657,7 +655,7 @@ impl Node {
                     space_proto::PersonalizeRequest {
                         env: plan.env.iter().cloned().collect(),
                         hostname: rec.spec.hostname.clone(),
-                        ..vm_identity(&rec.spec.id)
+                        ..identity
                     },
                 )
                 .await;
@@ -724,31 +722,13 @@ impl Node {
         })?;
         let kind = spec.runtime.unwrap_or(self.cfg.default_runtime);
         crate::quota::check_limit(&spec.limits, kind, self.subvols.as_ref())?;
-        let mut from = None;
-        if kind == MICROVM {
-            if !spec.limits.rlimits.is_default() {
-                return Err(NodeError::InvalidArgument(
-                    "rlimits are set only in namespace sandboxes: a microvm's guest has the \
-                     defaults (1024 open files, no core dumps, 8 MiB of locked memory), and its \
-                     root may raise them within its own kernel"
-                        .to_owned(),
-                ));
-            }
-            let vm = match self.microvm().await {
-                Ok(vm) => vm.clone(),
-                Err(why) => {
-                    return Err(NodeError::InvalidArgument(format!(
-                        "runtime microvm is not available on this node: {why}"
-                    )));
-                }
-            };
-            if let Some(status) = self.create_from_pool(spec, &tmpl, true).await {
-                return Ok(status);
-            }
-            from = self.template_checkpoint(vm.as_ref(), &tmpl, &spec.limits);
-        } else if let Some(status) = self.create_from_pool(spec, &tmpl, false).await {
+        crate::runtime::check_limits(kind, &spec.limits).map_err(NodeError::InvalidArgument)?;
+        let rt = self.runtime_for(kind).await?.clone();
+        if let Some(status) = self.create_from_pool(spec, &tmpl, kind).await {
             return Ok(status);
         }
+        // A runtime with memory checkpoints restores the template's warm one when it has it.
+        let from = self.template_checkpoint(rt.as_ref(), &tmpl, &spec.limits);
         let (rec, launched, client) = self.build_new(spec, &tmpl, false, from.as_deref()).await?;
         let uid_base = rec.uid_base;
         let status = self.register_launched(rec, launched, client).await;
@@ -814,43 +794,25 @@ impl Node {
         tmpl_path: &Path,
         from: Option<&Path>,
     ) -> Result<(Launched, GuestChannel), NodeError> {
-        let tmpl_path = tmpl_path.to_path_buf();
-        let from_disk = from.map(|d| d.join(SANDBOX_DISK));
+        let (tmpl_path, from2) = (tmpl_path.to_path_buf(), from.map(Path::to_path_buf));
+        let disk = self.disk(rec);
         let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
         blocking(move || {
-            let dir = layout.sandbox_dir(&rec2.spec.id);
+            let id = &rec2.spec.id;
+            let dir = layout.sandbox_dir(id);
             if dir.exists() {
                 // Leftover of a failed create or remove without a table entry.
                 tracing::warn!(path = %dir.display(), "removing leftover sandbox dir");
-                remove_sandbox_storage(&layout, subvols.as_ref(), &rec2.spec.id)?;
+                remove_sandbox_storage(&layout, subvols.as_ref(), id)?;
             }
             storage::mkdir_private(&dir)?;
-            if rec2.runtime == MICROVM {
-                // The template's ext4 image (made once, next to its rootfs), then a reflink
-                // copy of it: O(1) on btrfs (decision 0014). A restore takes the disk the
-                // checkpointed guest had mounted. (A checkpoint discarded meanwhile: the
-                // template's; the restore then fails on the missing state and it boots.)
-                let image = match from_disk {
-                    Some(d) if d.is_file() => d,
-                    _ => {
-                        let image = template_disk(&tmpl_path);
-                        crate::runtime::microvm::ensure_template_disk(&tmpl_path, &image)
-                            .map_err(|e| NodeError::Internal(format!("template disk: {e}")))?;
-                        image
-                    }
-                };
-                let disk = layout.sandbox_dir(&rec2.spec.id).join(SANDBOX_DISK);
-                crate::runtime::microvm::clone_disk(&image, &disk)
-                    .map_err(|e| StorageError::io("reflink", &disk, e))?;
-            } else {
-                subvols.snapshot(&tmpl_path, &dir, "rootfs", false)?;
-                crate::quota::set_limit(
-                    &layout,
-                    subvols.as_ref(),
-                    &rec2.spec.id,
-                    rec2.spec.limits.disk_mib,
-                )?;
-            }
+            let at = disk::At {
+                layout: &layout,
+                subvols: subvols.as_ref(),
+                id,
+            };
+            disk.make(at, &tmpl_path, from2.as_deref())?;
+            crate::quota::set_limit(&layout, subvols.as_ref(), id, rec2.spec.limits.disk_mib)?;
             // Atomic but not fsynced here: an fsync costs ~7 ms on the loop image (a flush is
             // an fsync of the image file). `sync_record_in_background` makes it durable right
             // after the create answers (decision 0005).
@@ -1437,6 +1399,7 @@ impl NodeApi for Node {
 mod status;
 mod usage;
 
+mod disk;
 mod snapshots;
 use snapshots::remove_sandbox_storage;
 

@@ -7,12 +7,12 @@
 
 use std::path::Path;
 
+use super::disk::{self, At};
 use super::snapshots::VM_DIR;
-use super::{Entry, MICROVM, Node, SANDBOX_DISK, blocking, check_spec, remove_sandbox_storage};
+use super::{Entry, Node, blocking, check_spec, remove_sandbox_storage};
 use crate::api::moves::{MoveStep, MoveStream, Received};
-use crate::api::{NodeError, Phase, RuntimeKind, SandboxSpec, SandboxStatus, TemplateInfo};
+use crate::api::{NodeError, Phase, SandboxSpec, SandboxStatus, TemplateInfo};
 use crate::ids;
-use crate::runtime::microvm::STATE_FILE;
 use crate::storage::{self, StorageError};
 
 /// Where an adopted microvm keeps the checkpoint it came with (device state and RAM, `vm/`,
@@ -40,47 +40,48 @@ impl Node {
                 phase: Phase::Running,
             });
         }
-        let vm = entry.record.runtime == MICROVM;
+        let disk = self.disk(&entry.record);
         let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.to_owned());
-        if vm && step == MoveStep::Final && running {
+        if disk.in_guest() && step == MoveStep::Final && running {
             // A paused VM's final copy keeps its memory: device state and RAM go into the
-            // copy being filled, next to the disk image reflinked after them (decision 0038).
+            // copy being filled, next to the disk image sealed after them (decision 0038).
             let out = crate::moves::outgoing_dir(&layout, id);
             let filling = blocking({
-                let (subvols, out) = (subvols.clone(), out.clone());
+                let (layout, subvols, out) = (layout.clone(), subvols.clone(), out.clone());
                 move || {
                     if !subvols.is_subvolume(&out.join(MoveStep::Base.as_str())) {
                         return Err(NodeError::Conflict(format!(
                             "sandbox {id2} has no base sent: a move sends its base step first"
                         )));
                     }
-                    Ok(storage::new_vm_subvolume(
-                        subvols.as_ref(),
-                        &out,
-                        MoveStep::Final.as_str(),
-                    )?)
+                    let at = At {
+                        layout: &layout,
+                        subvols: subvols.as_ref(),
+                        id: &id2,
+                    };
+                    Ok(disk.begin_copy(at, &out, MoveStep::Final.as_str())?)
                 }
             })
             .await?;
-            self.rt(&entry.record)
-                .checkpoint(name, &filling.join(VM_DIR), false)
-                .await
-                .map_err(|e| {
-                    NodeError::Internal(format!("failed to checkpoint the VM to move it: {e}"))
-                })?;
+            if let Some(filling) = filling {
+                self.rt(&entry.record)
+                    .checkpoint(name, &filling.join(VM_DIR), false)
+                    .await
+                    .map_err(|e| {
+                        NodeError::Internal(format!("failed to checkpoint the VM to move it: {e}"))
+                    })?;
+            }
         }
         let id2 = id.to_owned();
         let items = blocking(move || {
-            let disk = layout.sandbox_dir(&id2).join(SANDBOX_DISK);
-            let rootfs = layout.sandbox_rootfs(&id2);
             let sv = subvols.as_ref();
-            let copy = |out: &Path, name: &str| {
-                if vm {
-                    storage::seal_vm_subvolume(sv, out, name, &disk)
-                } else {
-                    sv.snapshot(&rootfs, out, name, true)
-                }
+            let at = At {
+                layout: &layout,
+                subvols: sv,
+                id: &id2,
             };
+            // A move's copies are not charged to the sandbox here: they leave.
+            let copy = |out: &Path, name: &str| disk.seal_copy(at, out, name, false);
             crate::moves::plan(&layout, sv, &id2, step, &have, &copy)
         })
         .await?;
@@ -216,22 +217,16 @@ impl Node {
         let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.clone());
         let from = blocking(move || place(&layout, subvols.as_ref(), &id2)).await?;
         // What came is what it is: a microvm's copy holds its disk image.
-        let came = if from.join(SANDBOX_DISK).is_file() {
-            MICROVM
-        } else {
-            RuntimeKind::Namespace
-        };
+        let came = disk::kind_of_copy(&from);
         if let Some(named) = spec.runtime.filter(|k| *k != came) {
             return Err(NodeError::Conflict(format!(
                 "sandbox {id} came as a {came} sandbox, not the {named} its spec names"
             )));
         }
         crate::quota::check_limit(&spec.limits, came, self.subvols.as_ref())?;
-        if came == MICROVM
-            && let Err(why) = self.microvm().await
-        {
+        if let Err(why) = self.runtime_for(came).await {
             return Err(NodeError::Conflict(format!(
-                "sandbox {id} is a microvm, and this node cannot run one: {why}"
+                "sandbox {id} is a {came} sandbox, and this node cannot run one: {why}"
             )));
         }
         let uid_base = self.allocate_uids()?;
@@ -247,17 +242,14 @@ impl Node {
                     subvols.delete(sub)?;
                 }
             }
-            if came == MICROVM {
-                storage::clone_file_atomic(&from.join(SANDBOX_DISK), &dir.join(SANDBOX_DISK))?;
-                if from.join(VM_DIR).join(STATE_FILE).is_file() {
-                    // Its memory: its next start restores it (`restart`).
-                    subvols.snapshot(&from, &dir, RESUME, true)?;
-                }
-            } else {
-                subvols.snapshot(&from, &dir, "rootfs", false)?;
-                // Its limit here, with what came (its snapshots) charged to it.
-                crate::quota::set_limit(&layout, subvols.as_ref(), id, rec2.spec.limits.disk_mib)?;
-            }
+            let at = At {
+                layout: &layout,
+                subvols: subvols.as_ref(),
+                id,
+            };
+            disk::of(came).adopt_from(at, &from)?;
+            // Its limit here, with what came (its snapshots) charged to it.
+            crate::quota::set_limit(&layout, subvols.as_ref(), id, rec2.spec.limits.disk_mib)?;
             // Made durable right after (as a create's is), not while it is down.
             storage::write_json_atomic(&layout.sandbox_record(id), &rec2, false)?;
             Ok(())

@@ -32,6 +32,7 @@ use space_proto::{ExecRequest, PersonalizeRequest};
 use tracing::Instrument;
 
 use super::{Entry, Node, blocking, remove_sandbox_storage};
+use crate::api::RuntimeKind;
 use crate::api::{
     Limits, NodeError, PoolConfig, PoolStatus, SandboxSpec, SandboxStatus, TemplateInfo,
 };
@@ -195,8 +196,8 @@ impl Node {
     /// [`NodeApi::node_info`](crate::api::NodeApi::node_info).
     pub(super) fn node_info_impl(&self) -> crate::api::NodeInfo {
         let mut runtimes = vec![self.runtime.kind()];
-        if self.cfg.microvm.is_some() && !runtimes.contains(&super::MICROVM) {
-            runtimes.push(super::MICROVM);
+        if self.cfg.microvm.is_some() && !runtimes.contains(&RuntimeKind::Microvm) {
+            runtimes.push(RuntimeKind::Microvm);
         }
         let sandboxes = self
             .table
@@ -269,12 +270,17 @@ impl Node {
             .unwrap_or((0, "no capacity".to_owned()))
     }
 
-    fn pool_status(&self, v: warm::PoolView) -> PoolStatus {
-        let runtime = if self.pools.is_microvm(&v.template) {
-            super::MICROVM
+    /// The runtime of `template`'s pool: microvm when it was made so, else the node's.
+    fn pool_runtime(&self, template: &str) -> RuntimeKind {
+        if self.pools.is_microvm(template) {
+            RuntimeKind::Microvm
         } else {
             self.runtime.kind()
-        };
+        }
+    }
+
+    fn pool_status(&self, v: warm::PoolView) -> PoolStatus {
+        let runtime = self.pool_runtime(&v.template);
         PoolStatus {
             template: v.template,
             runtime,
@@ -409,7 +415,7 @@ impl Node {
         let microvm = self.pools.is_microvm(template);
         let mut from = None;
         if microvm {
-            spec.runtime = Some(super::MICROVM);
+            spec.runtime = Some(RuntimeKind::Microvm);
             // Network slots are not given to microvms yet (decision 0014).
             spec.network = Default::default();
             let vm = self.microvm().await.map_err(|why| {
@@ -447,13 +453,13 @@ impl Node {
         &self,
         spec: &SandboxSpec,
         tmpl: &TemplateInfo,
-        microvm: bool,
+        kind: RuntimeKind,
     ) -> Option<SandboxStatus> {
-        if self.pools.is_microvm(&spec.template) != microvm {
+        if self.pool_runtime(&spec.template) != kind {
             return None;
         }
         // A VM's RAM and vCPUs are fixed when it starts: only default limits are pooled.
-        if microvm && spec.limits != Limits::default() {
+        if self.pools.is_microvm(&spec.template) && spec.limits != Limits::default() {
             return None;
         }
         let member = self.pools.take(&spec.template, tmpl.version)?;
@@ -533,32 +539,23 @@ impl Node {
         let env: HashMap<String, String> = self.sandbox_env(&rec).into_iter().collect();
         let (layout, subvols) = (self.layout.clone(), self.subvols.clone());
         let (from_name, to_id) = (name.clone(), spec.id.clone());
-        let vm = record.runtime == super::MICROVM;
         let disk_mib = spec.limits.disk_mib;
-        // A microvm's daemon sets its own hostname and takes a fresh identity (a member is a
-        // restored copy of the template's checkpoint); its limits are the pool's.
-        let guest_req = if vm {
-            PersonalizeRequest {
+        // A VM's daemon sets its own hostname and takes a fresh identity (a member is a
+        // restored copy of the template's checkpoint); else the runtime sets both from the
+        // host, and the limits.
+        let rt = self.rt(&record);
+        let guest_req = match rt.guest_identity(&spec.id) {
+            Some(identity) => PersonalizeRequest {
                 env,
                 hostname: spec.hostname.clone(),
-                ..super::vm_identity(&spec.id)
-            }
-        } else {
-            PersonalizeRequest {
+                ..identity
+            },
+            None => PersonalizeRequest {
                 env,
-                hostname: String::new(),
                 ..Default::default()
-            }
+            },
         };
-        let runtime_step = async {
-            if vm {
-                Ok(())
-            } else {
-                self.rt(&record)
-                    .personalize(&name, &launched, limits, &spec.hostname)
-                    .await
-            }
-        };
+        let runtime_step = rt.personalize(&name, &launched, limits, &spec.hostname);
         let (personalized, env_set, moved) = tokio::join!(
             runtime_step,
             guest.personalize(guest_req),

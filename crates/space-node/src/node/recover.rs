@@ -14,16 +14,18 @@ impl Node {
         let layout = self.layout.clone();
         let subvols = self.subvols.clone();
         let (records, members) = blocking(move || load_records(&layout, subvols.as_ref())).await?;
-        if records
+        // Every runtime the sandboxes need, made now: one the node lacks is said once.
+        let mut kinds: Vec<RuntimeKind> = records
             .iter()
             .chain(members.iter().map(|(_, r)| r))
-            .any(|r| r.runtime == MICROVM)
-            && let Err(why) = self.microvm().await
-        {
-            tracing::error!(
-                why,
-                "this node has microvm sandboxes but no microvm runtime"
-            );
+            .map(|r| r.runtime)
+            .collect();
+        kinds.sort_by_key(|k| k.as_str());
+        kinds.dedup();
+        for kind in kinds {
+            if let Err(e) = self.runtime_for(kind).await {
+                tracing::error!(%kind, error = %e, "this node has sandboxes of a runtime it lacks");
+            }
         }
         self.destroy_stale_builders().await;
         // Ready sandboxes of a warm pool (or one caught mid-hand-out) from the last run: kill
@@ -245,10 +247,13 @@ fn load_records(layout: &Layout, subvols: &dyn Subvolumes) -> Result<LoadedRecor
         match storage::read_json::<SandboxRecord>(&rec_path) {
             Ok(rec) if rec.pool_member => members.push((name, rec)),
             Ok(rec) if rec.spec.id == name => {
-                if rec.runtime == MICROVM
-                    && let Err(e) = snapshots::upgrade_vm_snapshots(layout, subvols, &name)
-                {
-                    tracing::error!(id = %name, error = %e, "could not move a microvm's snapshots into subvolumes");
+                let at = super::disk::At {
+                    layout,
+                    subvols,
+                    id: &name,
+                };
+                if let Err(e) = super::disk::of(rec.runtime).upgrade(at) {
+                    tracing::error!(id = %name, error = %e, "could not bring a sandbox's files up to date");
                 }
                 out.push(rec)
             }

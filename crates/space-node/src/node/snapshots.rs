@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::GuestChannel;
 
+use super::disk::{At, Disk};
 use super::{Entry, Node, blocking, check_spec};
 use crate::api::{NodeError, SandboxSpec, SandboxStatus, SnapshotInfo, TemplateInfo};
 use crate::ids;
@@ -212,43 +213,37 @@ impl SnapshotStore {
     }
 
     /// Step 1 of a snapshot: its directory and record (a leftover of an interrupted one with
-    /// this id is removed first); for a microvm, the subvolume its checkpoint is written
-    /// into. The record goes first: the snapshot ioctl commits the btrfs transaction, which
-    /// makes it durable together with the snapshot, at no extra flush.
-    fn begin(&self, rec: &SnapshotRecord, vm: bool) -> Result<(), StorageError> {
+    /// this id is removed first), and the subvolume `disk` fills while the sandbox is
+    /// stopped, if any (a microvm's checkpoint goes there). The record goes first: the
+    /// snapshot ioctl commits the btrfs transaction, which makes it durable together with
+    /// the snapshot, at no extra flush.
+    fn begin(
+        &self,
+        rec: &SnapshotRecord,
+        disk: &dyn Disk,
+    ) -> Result<Option<PathBuf>, StorageError> {
         let (id, snap) = (&rec.sandbox_id, &rec.id);
         self.remove(id, snap)?;
         storage::mkdir_p(&snapshots_dir(&self.layout, id), 0o700)?;
         let dir = snapshot_dir(&self.layout, id, snap);
         storage::mkdir_private(&dir)?;
         storage::write_json_atomic(&dir.join(SNAPSHOT_RECORD), rec, false)?;
-        if vm {
-            // Filled while the VM is stopped, then sealed.
-            new_vm_subvolume(self.subvols.as_ref(), &dir, "rootfs")?;
-        }
-        Ok(())
+        disk.begin_copy(self.at(id), &dir, "rootfs")
     }
 
-    /// Where a microvm checkpoint being taken as `snap` is written (between `begin` and
-    /// `seal`).
-    fn filling_vm_dir(&self, id: &str, snap: &str) -> PathBuf {
-        filling(&snapshot_dir(&self.layout, id, snap), "rootfs").join(VM_DIR)
-    }
-
-    /// Step 2, with the sandbox stopped: a read-only snapshot of its rootfs, or for a
-    /// microvm a reflink of its disk image (O(1); the VM is stopped, so it is consistent)
-    /// sealed with the checkpoint.
-    fn seal(&self, id: &str, snap: &str, vm: bool) -> Result<(), StorageError> {
+    /// Step 2, with the sandbox stopped: its files sealed read-only as the snapshot, charged
+    /// to its quota group.
+    fn seal(&self, id: &str, snap: &str, disk: &dyn Disk) -> Result<(), StorageError> {
         let dir = snapshot_dir(&self.layout, id, snap);
-        if vm {
-            let disk = self.layout.sandbox_dir(id).join(super::SANDBOX_DISK);
-            seal_vm_subvolume(self.subvols.as_ref(), &dir, "rootfs", &disk)?;
-            return Ok(());
+        disk.seal_copy(self.at(id), &dir, "rootfs", true)
+    }
+
+    fn at<'a>(&'a self, id: &'a str) -> At<'a> {
+        At {
+            layout: &self.layout,
+            subvols: self.subvols.as_ref(),
+            id,
         }
-        self.subvols
-            .snapshot(&self.layout.sandbox_rootfs(id), &dir, "rootfs", true)?;
-        // What the snapshot keeps alive stays charged to the sandbox (decision 0043).
-        crate::quota::join(&self.layout, self.subvols.as_ref(), id, &dir.join("rootfs"))
     }
 
     /// Deletes one snapshot. Missing is fine.
@@ -474,7 +469,7 @@ impl Node {
         let lock = self.lock_for(source);
         let _guard = lock.lock().await;
         let src = self.require_entry(source)?;
-        if src.record.runtime == super::MICROVM {
+        if !self.disk(&src.record).is_tree() {
             return Err(NodeError::InvalidArgument(format!(
                 "sandbox {source} is a microvm: its snapshots are disk images, and a template is \
                  made from a namespace sandbox's snapshot"
@@ -510,12 +505,12 @@ impl Node {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let entry = self.require_entry(id)?;
-        let vm = entry.record.runtime == super::MICROVM;
+        let disk = self.disk(&entry.record);
         if let Some(info) = self.snapshots.existing(id, snap) {
             return Ok(info);
         }
         let running = self.is_running(&entry.record);
-        let keep_memory = memory && vm && running;
+        let keep_memory = memory && disk.in_guest() && running;
         let rec = SnapshotRecord {
             id: snap.to_string(),
             sandbox_id: id.to_string(),
@@ -527,7 +522,11 @@ impl Node {
         // across files; a sandbox that is paused already stays as it is.
         let name = entry.record.runtime_name().to_owned();
         let freeze = running && !self.rt(&entry.record).is_frozen(&name);
-        if freeze && vm && entry.client.is_some() && !flush_guest(entry.client.clone()).await {
+        if freeze
+            && disk.in_guest()
+            && entry.client.is_some()
+            && !flush_guest(entry.client.clone()).await
+        {
             return Err(NodeError::Unavailable {
                 id: id.to_string(),
                 reason: "the guest did not flush its disk for the snapshot".into(),
@@ -535,13 +534,12 @@ impl Node {
         }
         let t0 = std::time::Instant::now();
         let (store, rec2) = (self.snapshots.clone(), rec.clone());
-        blocking(move || Ok(store.begin(&rec2, vm)?)).await?;
+        let filling = blocking(move || Ok(store.begin(&rec2, disk)?)).await?;
         // Stop the sandbox: a microvm checkpoint stops the VM itself (device state and RAM
         // into `vm/`, the channel to the guest stays connected); else the freezer.
         let rt = self.rt(&entry.record);
-        let stopped = if keep_memory {
-            let vm_dir = self.snapshots.filling_vm_dir(id, snap);
-            rt.checkpoint(&name, &vm_dir, false)
+        let stopped = if let Some(filling) = filling.filter(|_| keep_memory) {
+            rt.checkpoint(&name, &filling.join(VM_DIR), false)
                 .await
                 .map_err(internal("checkpoint the VM"))
         } else if freeze {
@@ -553,7 +551,7 @@ impl Node {
         };
         let (store, id2, snap2) = (self.snapshots.clone(), id.to_owned(), snap.to_owned());
         let res = match stopped {
-            Ok(()) => blocking(move || Ok(store.seal(&id2, &snap2, vm)?)).await,
+            Ok(()) => blocking(move || Ok(store.seal(&id2, &snap2, disk)?)).await,
             Err(e) => Err(e),
         };
         // A checkpoint leaves the VM stopped; thawing a frozen sandbox or a stopped VM is
@@ -635,8 +633,7 @@ impl Node {
         limits: &crate::api::Limits,
     ) -> Result<Option<PathBuf>, NodeError> {
         let dir = snapshot_vm_dir(&self.layout, owner, snap);
-        if rec.runtime != super::MICROVM || !dir.join(crate::runtime::microvm::STATE_FILE).exists()
-        {
+        if !self.disk(rec).in_guest() || !dir.join(crate::runtime::microvm::STATE_FILE).exists() {
             return Ok(None);
         }
         self.rt(rec).verify_checkpoint(&dir, limits).map_err(|e| {
@@ -648,15 +645,15 @@ impl Node {
     }
 
     /// Launches `rec` from the VM checkpoint `memory` when given; if that restore fails
-    /// (QEMU refuses the stream, or the guest does not answer), boots a fresh reflink of the
-    /// snapshot's disk `snapshot_disk` instead (the failed guest may have written to the
-    /// first), so the sandbox runs with the snapshot's files but fresh processes
-    /// (`restored: false`).
+    /// (QEMU refuses the stream, or the guest does not answer), boots the files of `copy`
+    /// (the snapshot the checkpoint is part of) afresh instead (the failed guest may have
+    /// written to its disk), so the sandbox runs with the snapshot's files but fresh
+    /// processes (`restored: false`).
     pub(super) async fn launch_from(
         &self,
         rec: &mut super::SandboxRecord,
         memory: Option<&Path>,
-        snapshot_disk: &Path,
+        copy: &Path,
     ) -> Result<(crate::runtime::Launched, GuestChannel), NodeError> {
         let Some(dir) = memory else {
             return self.launch(rec, None).await;
@@ -670,12 +667,21 @@ impl Node {
                     error = %e,
                     "restoring the VM's memory failed: booting its disk instead"
                 );
-                let src = snapshot_disk.to_path_buf();
-                let dst = self
-                    .layout
-                    .sandbox_dir(&rec.spec.id)
-                    .join(super::SANDBOX_DISK);
-                blocking(move || Ok(clone_file_atomic(&src, &dst)?)).await?;
+                let (disk, copy) = (self.disk(rec), copy.to_path_buf());
+                let (layout, subvols, id) = (
+                    self.layout.clone(),
+                    self.subvols.clone(),
+                    rec.spec.id.clone(),
+                );
+                blocking(move || {
+                    let at = At {
+                        layout: &layout,
+                        subvols: subvols.as_ref(),
+                        id: &id,
+                    };
+                    Ok(disk.replace_with(at, &copy)?)
+                })
+                .await?;
                 self.launch(rec, None).await
             }
         }
@@ -693,9 +699,9 @@ impl Node {
         let _guard = lock.lock().await;
         let mut entry = self.require_entry(&id)?;
         crate::quota::check_limit(&spec.limits, entry.record.runtime, self.subvols.as_ref())?;
-        let vm = entry.record.runtime == super::MICROVM;
-        let source = self.require_snapshot(&id, snap)?;
-        let snap_disk = source.clone();
+        let disk = self.disk(&entry.record);
+        self.require_snapshot(&id, snap)?;
+        let source = snapshot_rootfs(&self.layout, &id, snap);
         let memory = self.memory_of(&entry.record, &id, snap, &spec.limits)?;
         self.rt(&entry.record)
             .destroy(entry.record.runtime_name(), entry.record.launched.as_ref())
@@ -710,28 +716,14 @@ impl Node {
             .insert(id.clone(), entry.clone());
         let (layout, subvols, id2) = (self.layout.clone(), self.subvols.clone(), id.clone());
         let disk_mib = spec.limits.disk_mib;
+        let source2 = source.clone();
         blocking(move || {
-            let dir = layout.sandbox_dir(&id2);
-            if vm {
-                return Ok(clone_file_atomic(&source, &dir.join(super::SANDBOX_DISK))?);
-            }
-            let (new, old) = (dir.join("rootfs.new"), dir.join("rootfs.old"));
-            for p in [&new, &old] {
-                if subvols.is_subvolume(p) {
-                    subvols.delete(p)?;
-                }
-            }
-            subvols.snapshot(&source, &dir, "rootfs.new", false)?;
-            // The rootfs it replaces stays in the group while snapshots share its extents.
-            crate::quota::join(&layout, subvols.as_ref(), &id2, &new)?;
-            let rootfs = layout.sandbox_rootfs(&id2);
-            std::fs::rename(&rootfs, &old)
-                .map_err(|e| StorageError::io("move aside", &rootfs, e))?;
-            std::fs::rename(&new, &rootfs)
-                .map_err(|e| StorageError::io("move into place", &rootfs, e))?;
-            if let Err(e) = subvols.delete(&old) {
-                tracing::warn!(error = %e, "failed to delete the rolled-back rootfs");
-            }
+            let at = At {
+                layout: &layout,
+                subvols: subvols.as_ref(),
+                id: &id2,
+            };
+            disk.replace_with(at, &source2)?;
             Ok(crate::quota::set_limit(
                 &layout,
                 subvols.as_ref(),
@@ -742,7 +734,7 @@ impl Node {
         .await?;
         self.persist(&id, false).await?;
         let (launched, client) = self
-            .launch_from(&mut entry.record, memory.as_deref(), &snap_disk)
+            .launch_from(&mut entry.record, memory.as_deref(), &source)
             .await?;
         entry.record.launched = Some(launched);
         entry.client = Some(client);
@@ -779,9 +771,9 @@ impl Node {
         self.check_free_memory()?;
         let src = self.require_entry(source)?;
         crate::quota::check_limit(&spec.limits, src.record.runtime, self.subvols.as_ref())?;
-        let vm = src.record.runtime == super::MICROVM;
-        let src_rootfs = self.require_snapshot(source, snap)?;
-        let snap_disk = src_rootfs.clone();
+        let disk = self.disk(&src.record);
+        self.require_snapshot(source, snap)?;
+        let copy = snapshot_rootfs(&self.layout, source, snap);
         let memory = self.memory_of(&src.record, source, snap, &spec.limits)?;
         let uid_base = self.allocate_uids()?;
         let mut rec = self.new_record(spec, src.record.template_version, uid_base);
@@ -789,6 +781,7 @@ impl Node {
         rec.runtime = src.record.runtime;
         let result = async {
             let (layout, subvols, rec2) = (self.layout.clone(), self.subvols.clone(), rec.clone());
+            let copy2 = copy.clone();
             blocking(move || {
                 let id = &rec2.spec.id;
                 let dir = layout.sandbox_dir(id);
@@ -796,28 +789,19 @@ impl Node {
                     remove_sandbox_storage(&layout, subvols.as_ref(), id)?;
                 }
                 storage::mkdir_private(&dir)?;
-                if vm {
-                    // Its hostname and a fresh identity (machine-id included) come with
-                    // Personalize when it starts (decision 0014).
-                    clone_file_atomic(&src_rootfs, &dir.join(super::SANDBOX_DISK))?;
-                } else {
-                    subvols.snapshot(&src_rootfs, &dir, "rootfs", false)?;
-                    // Its own group and limit: what it shares with the source stays the
-                    // source's.
-                    crate::quota::set_limit(
-                        &layout,
-                        subvols.as_ref(),
-                        id,
-                        rec2.spec.limits.disk_mib,
-                    )?;
-                    write_identity(&layout.sandbox_rootfs(id), &rec2.spec.hostname)?;
-                }
+                let at = At {
+                    layout: &layout,
+                    subvols: subvols.as_ref(),
+                    id,
+                };
+                disk.fork_from(at, &copy2, &rec2.spec.hostname)?;
+                // Its own group and limit: what it shares with the source stays the source's.
+                crate::quota::set_limit(&layout, subvols.as_ref(), id, rec2.spec.limits.disk_mib)?;
                 storage::write_json_atomic(&layout.sandbox_record(id), &rec2, false)?;
                 Ok(())
             })
             .await?;
-            self.launch_from(&mut rec, memory.as_deref(), &snap_disk)
-                .await
+            self.launch_from(&mut rec, memory.as_deref(), &copy).await
         }
         .await;
         match result {

@@ -168,14 +168,12 @@ impl Node {
     ) -> Result<SandboxStatus, NodeError> {
         entry.record.spec = spec.clone();
         entry.record.launched = None;
-        // A microvm that came from another node with its memory continues from it.
+        // A sandbox that came from another node with its memory (a microvm's `adopt_from`)
+        // continues from it.
         let resume = self.layout.sandbox_dir(&spec.id).join(super::moves::RESUME);
         let memory = resume.join(super::snapshots::VM_DIR);
-        let (launched, client) = if entry.record.runtime == super::MICROVM
-            && memory.join(crate::runtime::microvm::STATE_FILE).is_file()
-        {
-            let disk = resume.join(super::SANDBOX_DISK);
-            self.launch_from(&mut entry.record, Some(&memory), &disk)
+        let (launched, client) = if memory.join(crate::runtime::microvm::STATE_FILE).is_file() {
+            self.launch_from(&mut entry.record, Some(&memory), &resume)
                 .await?
         } else {
             self.launch(&mut entry.record, None).await?

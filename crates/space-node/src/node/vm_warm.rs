@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use super::start::StartSettings;
-use super::{Node, NodeError, SANDBOX_DISK, blocking, template_disk, template_env, vm_identity};
+use super::{Node, NodeError, SANDBOX_DISK, blocking, template_disk, template_env};
 use crate::api::{Limits, TemplateInfo};
 use crate::ids::hex;
 use crate::runtime::{LaunchPlan, Runtime};
@@ -311,7 +311,7 @@ impl Node {
                 space_proto::PersonalizeRequest {
                     env: env.into_iter().collect(),
                     hostname: BUILDER_HOSTNAME.to_owned(),
-                    ..vm_identity(id)
+                    ..crate::runtime::microvm::guest_identity(id)
                 },
             )
             .await

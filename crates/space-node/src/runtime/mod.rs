@@ -95,6 +95,13 @@ pub trait Runtime: Send + Sync {
     fn dns_address(&self) -> std::net::Ipv4Addr {
         std::net::Ipv4Addr::LOCALHOST
     }
+    /// The identity a new guest of sandbox `id` is given over the channel, in its first RPC
+    /// (a fresh RNG seed, machine-id and clock), for a runtime whose guest has its own kernel
+    /// and sets its own hostname; None: the runtime sets up the sandbox from the host
+    /// ([`Runtime::personalize`]) and the channel's first RPC carries the environment only.
+    fn guest_identity(&self, _id: &str) -> Option<space_proto::PersonalizeRequest> {
+        None
+    }
     /// Start the sandbox; returns once space-daemon runs and the channel socket is bound
     /// (the node then connects to it). On error, everything this call set up is undone.
     async fn launch(&self, plan: &LaunchPlan) -> Result<Launched, RuntimeError>;
@@ -165,6 +172,15 @@ pub trait Runtime: Send + Sync {
                 self.kind()
             )),
         })
+    }
+}
+
+/// Refuses `limits` a sandbox of runtime `kind` cannot have, saying why; known from the kind
+/// alone, so a create is told even on a node without that runtime.
+pub(crate) fn check_limits(kind: crate::api::RuntimeKind, limits: &Limits) -> Result<(), String> {
+    match kind {
+        crate::api::RuntimeKind::Namespace => Ok(()),
+        crate::api::RuntimeKind::Microvm => microvm::check_limits(limits),
     }
 }
 

@@ -874,6 +874,39 @@ fn join_error(step: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Runt
     }
 }
 
+/// The limits a microvm cannot have: rlimits (its guest has its own kernel's).
+pub(crate) fn check_limits(limits: &Limits) -> Result<(), String> {
+    if !limits.rlimits.is_default() {
+        return Err(
+            "rlimits are set only in namespace sandboxes: a microvm's guest has the \
+                    defaults (1024 open files, no core dumps, 8 MiB of locked memory), and its \
+                    root may raise them within its own kernel"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// A fresh identity for a microvm guest (new RNG seed, machine-id, the host's clock), sent
+/// with every Personalize: a restored or forked guest would otherwise keep its checkpoint's.
+pub(crate) fn guest_identity(id: &str) -> space_proto::PersonalizeRequest {
+    use rand::Rng;
+    let mut entropy = vec![0u8; 64];
+    rand::rng().fill(&mut entropy[..]);
+    let mut machine_id = [0u8; 16];
+    rand::rng().fill(&mut machine_id[..]);
+    space_proto::PersonalizeRequest {
+        entropy,
+        machine_id: machine_id.iter().map(|b| format!("{b:02x}")).collect(),
+        unix_time_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0),
+        mac: mac_for(id).to_vec(),
+        ..Default::default()
+    }
+}
+
 #[async_trait]
 impl Runtime for MicrovmRuntime {
     fn kind(&self) -> crate::api::RuntimeKind {
@@ -888,6 +921,25 @@ impl Runtime for MicrovmRuntime {
     /// The guest reaches the node through its gateway, the tap's node end.
     fn dns_address(&self) -> std::net::Ipv4Addr {
         space_proto::vm_link::GATEWAY
+    }
+
+    fn guest_identity(&self, id: &str) -> Option<space_proto::PersonalizeRequest> {
+        Some(guest_identity(id))
+    }
+
+    /// A guest personalizes itself: its hostname and identity come over the channel
+    /// ([`Runtime::guest_identity`]). Its RAM and vCPUs are fixed when its VM starts.
+    async fn personalize(
+        &self,
+        id: &str,
+        _launched: &Launched,
+        limits: Option<&Limits>,
+        _hostname: &str,
+    ) -> Result<(), RuntimeError> {
+        match limits {
+            None => Ok(()),
+            Some(_) => Err(super::unsupported(self.kind(), "change the limits of", id)),
+        }
     }
 
     /// `<accel>-<MiB>m-<vCPUs>c-n1-<image id>`: what a restore must match. None without
