@@ -7,8 +7,9 @@ PACKAGES=(btrfs-progs busybox-static bubblewrap runc nftables postgresql iproute
     libzstd-dev
     qemu-system-x86 e2fsprogs xz-utils mmdebstrap)
 # Only the test suite needs these: a real OCI registry, skopeo to fill it, umoci as the
-# pull benchmark's peer, htpasswd for the registry's basic auth (scripts/test installs them).
-TEST_PACKAGES=(docker-registry skopeo umoci apache2-utils python3-venv)
+# pull benchmark's peer, htpasswd for the registry's basic auth, and the browser the console's
+# end-to-end tests drive (scripts/test installs them).
+TEST_PACKAGES=(docker-registry skopeo umoci apache2-utils python3-venv chromium)
 # Every binary is built static, in one cargo build for this triple (decision 0026): the guest
 # daemon must be (nothing in a sandbox provides the host's libc), and building spaced, space,
 # the tests and the daemon alike compiles each dependency once instead of twice.
@@ -71,6 +72,24 @@ ensure_packages() {
         apt-get update -qq
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     fi
+}
+
+# The web console (decision 0058): `npm ci` when console/package-lock.json changed since the
+# last one, then the build into console/dist, which spaced embeds. Node 18 or newer (Debian's
+# will do) and npm.
+build_console() {
+    command -v node >/dev/null || ensure_packages nodejs
+    command -v npm >/dev/null || ensure_packages npm
+    local dir="$ROOT/console" sum
+    local stamp="$dir/node_modules/.space-lock.sha256"
+    sum=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+        say "installing the console's npm packages (npm ci)"
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) >&2
+        echo "$sum" > "$stamp"
+    fi
+    say "building the console (console/dist)"
+    (cd "$dir" && npm run -s build) >&2
 }
 
 ensure_rust() {

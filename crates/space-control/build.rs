@@ -1,6 +1,7 @@
 //! Compiles the E2B envd protocol (proto/e2b/*.proto) with protox (pure Rust; no system
 //! protoc), prost for the messages and pbjson for their proto3 JSON mapping, which is the
-//! codec E2B's SDKs speak (decision 0022).
+//! codec E2B's SDKs speak (decision 0022). Embeds the web console's built files
+//! (`console/dist`, decision 0058).
 
 use prost::Message;
 
@@ -20,5 +21,43 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Like envd (connect-go): a newer SDK's extra fields are ignored, not refused.
         .ignore_unknown_fields()
         .build(&[".process", ".filesystem"])?;
+    embed_console()?;
+    Ok(())
+}
+
+/// Writes `$OUT_DIR/console_assets.rs`: one `(name, bytes)` entry per file of
+/// `console/dist` (`scripts/lib.sh build_console` makes it). Without one, no entry: the
+/// console's handler then answers with the page that says how to build it.
+fn embed_console() -> Result<(), Box<dyn std::error::Error>> {
+    use std::fmt::Write as _;
+    let dist =
+        std::path::Path::new(&std::env::var("CARGO_MANIFEST_DIR")?).join("../../console/dist");
+    println!("cargo:rerun-if-changed={}", dist.display());
+    let mut names: Vec<std::path::PathBuf> = match std::fs::read_dir(&dist) {
+        Ok(rd) => rd
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| e.path())
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    names.sort();
+    let mut out = String::from("&[\n");
+    for path in &names {
+        println!("cargo:rerun-if-changed={}", path.display());
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or("odd file name in console/dist")?;
+        let abs = std::fs::canonicalize(path)?;
+        writeln!(
+            out,
+            "    ({name:?}, include_bytes!({:?}) as &[u8]),",
+            abs.display().to_string()
+        )?;
+    }
+    out.push(']');
+    let target = std::path::Path::new(&std::env::var("OUT_DIR")?).join("console_assets.rs");
+    std::fs::write(target, out)?;
     Ok(())
 }

@@ -12,6 +12,9 @@ pub struct DiffEntry {
     /// `dir` or `file` (anything that is not a directory).
     #[serde(rename = "type")]
     pub kind: String,
+    /// A modified small text file's unified diff (decision 0058: the console shows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_diff: Option<String>,
 }
 
 /// The answer of `GET /v1/sandboxes/{id}/diff`, sorted by path.

@@ -97,6 +97,23 @@ pub struct Snapshot {
 #[serde(deny_unknown_fields)]
 pub struct SnapshotList {
     pub snapshots: Vec<Snapshot>,
+    /// The snapshot the sandbox's files descend from now: its newest snapshot, or the one it
+    /// was last rolled back to (the parent of its next snapshot). None: it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<String>,
+    /// The live sandboxes forked from its snapshots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forks: Vec<ForkOf>,
+}
+
+/// A sandbox forked from a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkOf {
+    /// The fork.
+    pub sandbox: String,
+    /// The snapshot it was forked from.
+    pub snapshot: String,
 }
 
 /// `POST /v1/sandboxes/{id}/rollback`.

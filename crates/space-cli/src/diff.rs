@@ -52,6 +52,7 @@ mod tests {
             path: p.into(),
             change: c.into(),
             kind: "file".into(),
+            text_diff: None,
         };
         let out = render(&[e("/b", "deleted"), e("/a", "added"), e("/c", "modified")]);
         assert_eq!(out, "A /a\nD /b\nM /c\n");

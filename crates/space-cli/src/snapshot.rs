@@ -116,7 +116,11 @@ pub async fn run(c: Client, cmd: SnapCmd) -> Result<i32> {
         SnapCmd::Snapshots { id, json } => {
             let list = c.list_snapshots(&id).await?;
             if json {
-                crate::print_json(&SnapshotList { snapshots: list })?;
+                crate::print_json(&SnapshotList {
+                    snapshots: list,
+                    head: None,
+                    forks: Vec::new(),
+                })?;
             } else {
                 print!("{}", render_tree(&list));
             }

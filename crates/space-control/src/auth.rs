@@ -347,9 +347,25 @@ pub fn spawn_reload(auth: &std::sync::Arc<Auth>, store: Store) {
     });
 }
 
+/// The subprotocol that carries a key on a WebSocket, which a browser cannot give headers
+/// (decision 0058): `Sec-WebSocket-Protocol: space.v1, space-key.<key>`.
+pub const WS_KEY_PROTOCOL: &str = "space-key.";
+
 /// The API key a request presents: `Authorization: Bearer <key>`, or `X-API-KEY` (what the
-/// E2B SDKs send) holding the key or its E2B form ([`space_api::e2b_key`]).
+/// E2B SDKs send) holding the key or its E2B form ([`space_api::e2b_key`]), or on a
+/// WebSocket handshake the subprotocol [`WS_KEY_PROTOCOL`]`<key>`.
 pub fn presented_key(headers: &axum::http::HeaderMap) -> Option<String> {
+    if let Some(key) = headers
+        .get(axum::http::header::SEC_WEBSOCKET_PROTOCOL)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.split(',')
+                .find_map(|p| p.trim().strip_prefix(WS_KEY_PROTOCOL))
+        })
+        .filter(|k| !k.is_empty())
+    {
+        return Some(key.to_owned());
+    }
     if let Some(v) = headers.get(axum::http::header::AUTHORIZATION) {
         let (scheme, key) = v.to_str().ok()?.split_once(' ')?;
         return scheme
@@ -497,6 +513,18 @@ mod tests {
             with("authorization", &format!("bearer {key}")),
             Some(key.clone())
         );
+        assert_eq!(
+            with(
+                "sec-websocket-protocol",
+                &format!("space.v1, space-key.{key}")
+            ),
+            Some(key.clone())
+        );
+        assert_eq!(
+            with("sec-websocket-protocol", "space.v1, space-key.sk_wrong"),
+            None
+        );
+        assert_eq!(with("sec-websocket-protocol", "space.v1, space-key."), None);
         assert_eq!(with("authorization", &format!("Basic {key}")), None);
         assert_eq!(with("authorization", &key), None);
         assert_eq!(with("x-api-key", &key), Some(key.clone()));

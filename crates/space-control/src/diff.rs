@@ -47,6 +47,7 @@ impl Engine {
                 }
                 .to_string(),
                 kind: if c.is_dir { "dir" } else { "file" }.to_string(),
+                text_diff: c.text_diff,
             })
             .collect())
     }

@@ -105,6 +105,34 @@ impl Store {
         rows.iter().map(decode).collect()
     }
 
+    /// The live sandboxes forked from `sandbox_id`'s snapshots, with the snapshot each came
+    /// from: a fork's head is its source's snapshot until it takes one of its own, whose
+    /// parent is then that snapshot.
+    pub async fn forks_of(&self, sandbox_id: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT DISTINCT f.sandbox_id AS fork, f.snapshot_id AS snap FROM ( \
+                 SELECT sandbox_id, snapshot_id FROM snapshot_heads \
+                 UNION SELECT sandbox_id, parent_id AS snapshot_id FROM snapshots \
+                     WHERE parent_id IS NOT NULL \
+             ) f \
+             JOIN snapshots s ON s.id = f.snapshot_id AND s.sandbox_id = $1 \
+             JOIN sandboxes x ON x.id = f.sandbox_id AND x.deleted_at IS NULL \
+             WHERE f.sandbox_id <> $1 ORDER BY fork",
+        )
+        .bind(sandbox_id)
+        .fetch_all(self.pool())
+        .await
+        .map_err(q("list forks"))?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("fork").map_err(q("list forks"))?,
+                    r.try_get("snap").map_err(q("list forks"))?,
+                ))
+            })
+            .collect()
+    }
+
     /// The snapshot the sandbox's current state descends from.
     pub async fn snapshot_head(&self, sandbox_id: &str) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT snapshot_id FROM snapshot_heads WHERE sandbox_id = $1")
@@ -367,6 +395,28 @@ impl Engine {
             crate::checkpoints::decorate(&mut dto, c);
         }
         Ok(dto)
+    }
+
+    /// The snapshot sandbox `id`'s files descend from now (see [`SnapshotList::head`]).
+    ///
+    /// [`SnapshotList::head`]: space_api::SnapshotList::head
+    pub async fn snapshot_head(&self, id: &str) -> ControlResult<Option<String>> {
+        check_ids(id, None)?;
+        Ok(self.store.snapshot_head(id).await?)
+    }
+
+    /// The live sandboxes forked from sandbox `id`'s snapshots (see [`SnapshotList::forks`]).
+    ///
+    /// [`SnapshotList::forks`]: space_api::SnapshotList::forks
+    pub async fn snapshot_forks(&self, id: &str) -> ControlResult<Vec<space_api::ForkOf>> {
+        check_ids(id, None)?;
+        Ok(self
+            .store
+            .forks_of(id)
+            .await?
+            .into_iter()
+            .map(|(sandbox, snapshot)| space_api::ForkOf { sandbox, snapshot })
+            .collect())
     }
 
     pub async fn list_snapshots(&self, id: &str) -> ControlResult<Vec<Snapshot>> {

@@ -374,7 +374,13 @@ async fn fork_and_rollback_keep_network_and_secret_bindings() {
         .call(Method::POST, &format!("{base}/snapshots"), "")
         .await
         .json();
-    let r = h.call(Method::POST, &format!("{base}/fork"), "{}").await;
+    let r = h
+        .call(
+            Method::POST,
+            &format!("{base}/fork"),
+            format!(r#"{{"snapshot":"{}"}}"#, snap.id),
+        )
+        .await;
     assert!(
         r.status.is_success(),
         "{}",
@@ -387,6 +393,42 @@ async fn fork_and_rollback_keep_network_and_secret_bindings() {
     let fs = h.node.spec(&fork.id);
     assert_eq!(fs.network, source.network);
     assert_eq!(fs.secrets, source.secrets);
+    // The source's snapshot list names its head and the fork (the console draws both).
+    let list: space_api::SnapshotList = h
+        .call(Method::GET, &format!("{base}/snapshots"), "")
+        .await
+        .json();
+    assert_eq!(list.head.as_deref(), Some(snap.id.as_str()));
+    assert_eq!(
+        list.forks,
+        vec![space_api::ForkOf {
+            sandbox: fork.id.clone(),
+            snapshot: snap.id.clone()
+        }]
+    );
+    // A fork's own snapshot still names it; a removed fork is no longer listed.
+    let r = h
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/snapshots", fork.id),
+            "",
+        )
+        .await;
+    assert!(r.status.is_success());
+    let list: space_api::SnapshotList = h
+        .call(Method::GET, &format!("{base}/snapshots"), "")
+        .await
+        .json();
+    assert_eq!(list.forks.len(), 1, "{:?}", list.forks);
+    let r = h
+        .call(Method::DELETE, &format!("/v1/sandboxes/{}", fork.id), "")
+        .await;
+    assert!(r.status.is_success());
+    let list: space_api::SnapshotList = h
+        .call(Method::GET, &format!("{base}/snapshots"), "")
+        .await
+        .json();
+    assert!(list.forks.is_empty(), "{:?}", list.forks);
 
     let r = h
         .call(

@@ -10,15 +10,16 @@
 //! read: those directories are listed in both trees and compared by name, inode number and
 //! `lstat` data; every other subtree is skipped without being opened. For trees without such
 //! a relation (after a rollback, a fork's template), a full metadata walk compares both
-//! trees the same way. File contents are never read; symlinks are never followed (every open
-//! is `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the tree's root).
+//! trees the same way. Symlinks are never followed (every open is
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` from the tree's root). File contents are
+//! read only by [`add_text_diffs`]: small regular text files that were modified, both sides.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-pub use space_node_api::diff::{Change, ChangeKind};
+pub use space_node_api::diff::{Change, ChangeKind, TEXT_DIFF_MAX_FILE, TEXT_DIFFS_MAX};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use space_sys::btrfs;
@@ -121,6 +122,73 @@ pub fn diff_trees_full(from: &Path, to: &Path) -> Result<(Vec<Change>, DiffStats
     Ok(w.finish())
 }
 
+/// Gives the first [`TEXT_DIFFS_MAX`] modified files of `changes` whose two sides (`from`,
+/// `to`) are small UTF-8 text their unified diff. A side that cannot be read as such (a
+/// symlink on the way, not a regular file, too large, binary) leaves the change without one.
+pub fn add_text_diffs(from: &Path, to: &Path, changes: &mut [Change]) {
+    let (Ok(ra), Ok(rb)) = (open_root(from), open_root(to)) else {
+        return;
+    };
+    let mut done = 0;
+    for c in changes
+        .iter_mut()
+        .filter(|c| c.kind == ChangeKind::Modified && !c.is_dir)
+    {
+        if done == TEXT_DIFFS_MAX {
+            break;
+        }
+        let rel = c.path.trim_start_matches('/');
+        let (Some(a), Some(b)) = (read_small_text(&ra, rel), read_small_text(&rb, rel)) else {
+            continue;
+        };
+        done += 1;
+        let diff = similar::TextDiff::from_lines(&a, &b);
+        let mut text = diff
+            .unified_diff()
+            .context_radius(3)
+            .header(&format!("a{}", c.path), &format!("b{}", c.path))
+            .to_string();
+        if text.len() as u64 > TEXT_DIFF_MAX_FILE {
+            let mut end = TEXT_DIFF_MAX_FILE as usize;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            text.push_str("\n[the diff goes on]\n");
+        }
+        c.text_diff = Some(text);
+    }
+}
+
+/// `rel` beneath `root` when it is a regular file of at most [`TEXT_DIFF_MAX_FILE`] bytes of
+/// UTF-8 without NUL.
+fn read_small_text(root: &OwnedFd, rel: &str) -> Option<String> {
+    use std::io::Read;
+    let fd = rustix::fs::openat2(
+        root,
+        rel,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )
+    .ok()?;
+    let st = rustix::fs::fstat(&fd).ok()?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+        || st.st_size as u64 > TEXT_DIFF_MAX_FILE
+    {
+        return None;
+    }
+    let mut buf = Vec::new();
+    std::fs::File::from(fd)
+        .take(TEXT_DIFF_MAX_FILE + 1)
+        .read_to_end(&mut buf)
+        .ok()?;
+    if buf.len() as u64 > TEXT_DIFF_MAX_FILE || buf.contains(&0) {
+        return None;
+    }
+    String::from_utf8(buf).ok()
+}
+
 fn open_root(path: &Path) -> Result<OwnedFd, DiffError> {
     rustix::fs::open(
         path,
@@ -219,6 +287,7 @@ impl Walker {
             .out
             .into_iter()
             .map(|(p, (kind, is_dir))| Change {
+                text_diff: None,
                 path: format!("/{}", String::from_utf8_lossy(&p)),
                 kind,
                 is_dir,

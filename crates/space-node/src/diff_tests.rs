@@ -119,3 +119,49 @@ fn real_btrfs_diff_classifies_and_prunes() {
         btrfs::delete_subvolume(&snaps.join(s)).unwrap();
     }
 }
+
+#[test]
+fn small_text_files_get_their_unified_diff_and_nothing_else_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for d in [&a, &b] {
+        std::fs::create_dir_all(d.join("etc")).unwrap();
+    }
+    std::fs::write(a.join("etc/conf"), "one\ntwo\nthree\n").unwrap();
+    std::fs::write(b.join("etc/conf"), "one\n2\nthree\n").unwrap();
+    std::fs::write(a.join("bin"), b"\0\x01").unwrap();
+    std::fs::write(b.join("bin"), b"\0\x02").unwrap();
+    let big = "x".repeat(TEXT_DIFF_MAX_FILE as usize + 1);
+    std::fs::write(a.join("big"), &big).unwrap();
+    std::fs::write(b.join("big"), format!("{big}y")).unwrap();
+    // A symlink out of the tree is never followed, whatever it points at.
+    std::fs::write(dir.path().join("secret"), "host secret\n").unwrap();
+    std::fs::write(a.join("link"), "plain\n").unwrap();
+    std::os::unix::fs::symlink(dir.path().join("secret"), b.join("link")).unwrap();
+    let change = |p: &str| Change {
+        path: p.into(),
+        kind: ChangeKind::Modified,
+        is_dir: false,
+        text_diff: None,
+    };
+    let mut changes = vec![
+        change("/etc/conf"),
+        change("/bin"),
+        change("/big"),
+        change("/link"),
+        Change {
+            kind: ChangeKind::Added,
+            ..change("/new")
+        },
+    ];
+    add_text_diffs(&a, &b, &mut changes);
+    let conf = changes[0].text_diff.as_deref().unwrap();
+    assert!(
+        conf.contains("--- a/etc/conf") && conf.contains("+++ b/etc/conf"),
+        "{conf}"
+    );
+    assert!(conf.contains("-two\n+2\n"), "{conf}");
+    for c in &changes[1..] {
+        assert_eq!(c.text_diff, None, "{}", c.path);
+    }
+}

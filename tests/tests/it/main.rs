@@ -10,6 +10,7 @@ mod chaos;
 mod checkpoint;
 mod cli;
 mod cluster;
+mod console;
 mod cp_hostile;
 mod diff;
 mod disk_quota;

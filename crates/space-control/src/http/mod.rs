@@ -3,6 +3,7 @@
 //! rejection into the JSON error body are a leaf ([`extract`]): domain modules never import
 //! this layer, it imports them.
 
+mod console;
 pub mod error;
 mod extract;
 mod files;
@@ -18,6 +19,7 @@ mod service;
 mod snapshots;
 mod templates;
 mod tenants;
+mod terminal;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -54,6 +56,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/sandboxes/{id}/processes/{pid}/stdin/close"),
     ("POST", "/v1/sandboxes/{id}/processes/{pid}/signal"),
     ("POST", "/v1/sandboxes/{id}/processes/{pid}/resize"),
+    ("GET", "/v1/sandboxes/{id}/processes/{pid}/terminal"),
     ("GET", "/v1/sandboxes/{id}/files"),
     ("PUT", "/v1/sandboxes/{id}/files"),
     ("DELETE", "/v1/sandboxes/{id}/files"),
@@ -126,6 +129,7 @@ fn handler(method: &str, path: &str) -> MethodRouter<AppState> {
         ("POST", "/v1/sandboxes/{id}/processes/{pid}/stdin/close") => post(processes::close_stdin),
         ("POST", "/v1/sandboxes/{id}/processes/{pid}/signal") => post(processes::signal),
         ("POST", "/v1/sandboxes/{id}/processes/{pid}/resize") => post(processes::resize),
+        ("GET", "/v1/sandboxes/{id}/processes/{pid}/terminal") => get(terminal::terminal),
         ("GET", "/v1/sandboxes/{id}/files") => get(files::read_file),
         ("PUT", "/v1/sandboxes/{id}/files") => put(files::write_file),
         ("DELETE", "/v1/sandboxes/{id}/files") => delete(files::remove_file),
@@ -191,6 +195,11 @@ pub fn app(state: AppState) -> Router {
     for path in crate::port_proxy::PROXY_ROUTER_PATHS {
         router = router.route(path, any(crate::port_proxy::proxy));
     }
+    // The web console's files: public, outside the API (decision 0058).
+    router = router
+        .route(CONSOLE, get(console::root))
+        .route("/ui/", get(console::root))
+        .route("/ui/{*path}", get(console::asset));
     let json_limit = state.engine.config().max_json_bytes;
     router
         .fallback(not_found)
@@ -249,12 +258,18 @@ async fn method_not_allowed(req: Request) -> Response {
     )
 }
 
-/// API-key check ([`crate::auth::presented_key`]) on everything but `/healthz` and the port
-/// proxy (`/p/...`, whose token is its credential), then who may do what
+/// Where spaced serves the web console.
+pub const CONSOLE: &str = "/ui";
+
+/// API-key check ([`crate::auth::presented_key`]) on everything but `/healthz`, the port
+/// proxy (`/p/...`, whose token is its credential) and the console's files (`/ui`, which hold
+/// no data: every call the page makes carries its key), then who may do what
 /// ([`crate::tenants::authorize`]); handlers find the [`crate::tenants::Principal`] in the
 /// request's extensions.
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if req.uri().path() == "/healthz" || req.uri().path().starts_with("/p/") {
+    let path = req.uri().path();
+    if path == "/healthz" || path.starts_with("/p/") || path == CONSOLE || path.starts_with("/ui/")
+    {
         return next.run(req).await;
     }
     let Some((key, who)) = state
@@ -263,7 +278,8 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         .await
     else {
         let err = ControlError::unauthorized(
-            "missing or invalid API key (Authorization: Bearer <key>, or X-API-KEY)",
+            "missing or invalid API key (Authorization: Bearer <key>, X-API-KEY, or a \
+             WebSocket's subprotocol space-key.<key>)",
         );
         return crate::tenants::refuse(req.uri().path(), err);
     };

@@ -51,8 +51,11 @@ pub(crate) async fn list_snapshots(
     State(s): State<AppState>,
     ApiPath(p): ApiPath<IdPath>,
 ) -> Result<Json<SnapshotList>, ControlError> {
+    let snapshots = s.engine.list_snapshots(&p.id).await?;
     Ok(Json(SnapshotList {
-        snapshots: s.engine.list_snapshots(&p.id).await?,
+        snapshots,
+        head: s.engine.snapshot_head(&p.id).await?,
+        forks: s.engine.snapshot_forks(&p.id).await?,
     }))
 }
 

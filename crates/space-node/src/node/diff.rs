@@ -57,8 +57,9 @@ impl Node {
         };
         blocking(move || {
             let t0 = std::time::Instant::now();
-            let (changes, stats) = diff::diff_trees(&a, &b)
+            let (mut changes, stats) = diff::diff_trees(&a, &b)
                 .map_err(|e| NodeError::Internal(format!("diff failed: {e}")))?;
+            diff::add_text_diffs(&a, &b, &mut changes);
             tracing::debug!(
                 changes = changes.len(),
                 pruned = stats.pruned,
