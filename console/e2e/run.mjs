@@ -174,6 +174,13 @@ try {
   forkId = await page.evaluate(() => location.hash.split("/")[2]);
   await page.goto(`${URL}/ui/#/sandboxes/${id}/snapshots`);
   await page.waitForSelector(`li[data-fork="${forkId}"]`, { timeout: 20_000 });
+  // The tree from the keyboard: arrows move between rows, Enter diffs the focused snapshot.
+  await page.focus("li[data-snapshot][tabindex='0']");
+  await page.keyboard.press("Home");
+  const focused = await page.evaluate(() => document.activeElement?.dataset?.snapshot);
+  if (focused !== snap) throw new Error(`Home did not focus the first snapshot (${focused})`);
+  await page.keyboard.press("Enter");
+  await waitFor("the diff of the focused snapshot", async () => (await text()).includes(`Changed since ${snap}`));
   await shot("snapshots");
   // A diff from the head: a small text file's changes, line by line.
   const head = await page.$eval("li[data-snapshot]:has(.badge.head)", (e) => e.dataset.snapshot);

@@ -88,6 +88,26 @@ export function SnapshotsTab({ id, go }: { id: string; go: (p: string) => void }
       const r = await get<{ changes: Change[] }>(`/v1/sandboxes/${enc(id)}/diff?from=${enc(snap)}`);
       setDiff({ snap, changes: r.changes });
     });
+  /** Arrow keys move between the tree's rows; Enter on a snapshot shows its diff. */
+  const treeKey = (e: KeyboardEvent, snap: string | undefined) => {
+    const row = e.currentTarget as HTMLElement;
+    if (e.target !== row) return; // a button inside the row keeps its keys
+    const rows = Array.from(row.parentElement?.querySelectorAll<HTMLElement>("[role=treeitem]") ?? []);
+    const at = rows.indexOf(row);
+    const next = e.key === "ArrowDown" ? rows[at + 1] : e.key === "ArrowUp" ? rows[at - 1] : e.key === "Home" ? rows[0] : e.key === "End" ? rows[rows.length - 1] : undefined;
+    if (next) {
+      e.preventDefault();
+      row.tabIndex = -1;
+      next.tabIndex = 0;
+      next.focus();
+      if (next.dataset.snapshot) setSelected(next.dataset.snapshot);
+    } else if (e.key === "Enter") {
+      e.preventDefault();
+      if (snap) showDiff(snap);
+      else row.querySelector<HTMLAnchorElement>("a")?.click();
+    }
+  };
+
   return (
     <div>
       <form class="toolbar" onSubmit={take}>
@@ -129,13 +149,22 @@ export function SnapshotsTab({ id, go }: { id: string; go: (p: string) => void }
                 {rows.map((r) => {
                   if (r.n.fork)
                     return (
-                      <li role="treeitem" aria-level={r.depth + 1} key={`fork-${r.n.fork}`} data-fork={r.n.fork}>
+                      <li role="treeitem" aria-level={r.depth + 1} key={`fork-${r.n.fork}`} data-fork={r.n.fork} tabIndex={-1} onKeyDown={(e) => treeKey(e, undefined)}>
                         <span class="badge">fork</span> <a href={`#/sandboxes/${r.n.fork}/snapshots`}>sandbox {r.n.fork}</a>
                       </li>
                     );
                   const s = r.n.snap!;
                   return (
-                    <li role="treeitem" aria-level={r.depth + 1} aria-selected={selected === s.id} key={s.id} data-snapshot={s.id} onClick={() => setSelected(s.id)}>
+                    <li
+                      role="treeitem"
+                      aria-level={r.depth + 1}
+                      aria-selected={selected === s.id}
+                      key={s.id}
+                      data-snapshot={s.id}
+                      tabIndex={selected === s.id || (!selected && s.id === head) ? 0 : -1}
+                      onClick={() => setSelected(s.id)}
+                      onKeyDown={(e) => treeKey(e, s.id)}
+                    >
                       <span class="mono">{s.id}</span> {s.label ? <strong>{s.label}</strong> : null} <span class="muted">{age(s.created_at)} ago</span>{" "}
                       {s.size_bytes !== undefined ? <span class="muted">{fmtBytes(s.size_bytes)}</span> : null} {s.id === head ? (
                         <span class="badge head" title="the sandbox's files descend from this snapshot">

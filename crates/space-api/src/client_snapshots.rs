@@ -27,10 +27,13 @@ impl Client {
 
     /// `GET /v1/sandboxes/{id}/snapshots`, oldest first.
     pub async fn list_snapshots(&self, id: &str) -> Result<Vec<Snapshot>> {
-        let list: SnapshotList = self
-            .json(self.request(Method::GET, &format!("/v1/sandboxes/{id}/snapshots")))
-            .await?;
-        Ok(list.snapshots)
+        Ok(self.snapshot_list(id).await?.snapshots)
+    }
+
+    /// `GET /v1/sandboxes/{id}/snapshots`, whole: the snapshots, the head and the forks.
+    pub async fn snapshot_list(&self, id: &str) -> Result<SnapshotList> {
+        self.json(self.request(Method::GET, &format!("/v1/sandboxes/{id}/snapshots")))
+            .await
     }
 
     /// `DELETE /v1/sandboxes/{id}/snapshots/{snap}`.

@@ -7,9 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
 use clap::Subcommand;
-use space_api::{
-    Client, CreateSnapshot, ForkRequest, Snapshot, SnapshotKind, SnapshotList, SnapshotPolicy,
-};
+use space_api::{Client, CreateSnapshot, ForkRequest, Snapshot, SnapshotKind, SnapshotPolicy};
 
 #[derive(Debug, Subcommand)]
 pub enum SnapCmd {
@@ -114,15 +112,11 @@ pub async fn run(c: Client, cmd: SnapCmd) -> Result<i32> {
             println!("{}", s.id);
         }
         SnapCmd::Snapshots { id, json } => {
-            let list = c.list_snapshots(&id).await?;
+            let list = c.snapshot_list(&id).await?;
             if json {
-                crate::print_json(&SnapshotList {
-                    snapshots: list,
-                    head: None,
-                    forks: Vec::new(),
-                })?;
+                crate::print_json(&list)?;
             } else {
-                print!("{}", render_tree(&list));
+                print!("{}", render_tree(&list.snapshots));
             }
         }
         SnapCmd::SnapshotRm { id, snap } => c.delete_snapshot(&id, &snap).await?,

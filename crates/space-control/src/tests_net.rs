@@ -394,10 +394,12 @@ async fn fork_and_rollback_keep_network_and_secret_bindings() {
     assert_eq!(fs.network, source.network);
     assert_eq!(fs.secrets, source.secrets);
     // The source's snapshot list names its head and the fork (the console draws both).
-    let list: space_api::SnapshotList = h
-        .call(Method::GET, &format!("{base}/snapshots"), "")
-        .await
-        .json();
+    let snapshots = || async {
+        h.call(Method::GET, &format!("{base}/snapshots"), "")
+            .await
+            .json::<space_api::SnapshotList>()
+    };
+    let list = snapshots().await;
     assert_eq!(list.head.as_deref(), Some(snap.id.as_str()));
     assert_eq!(
         list.forks,
@@ -415,19 +417,13 @@ async fn fork_and_rollback_keep_network_and_secret_bindings() {
         )
         .await;
     assert!(r.status.is_success());
-    let list: space_api::SnapshotList = h
-        .call(Method::GET, &format!("{base}/snapshots"), "")
-        .await
-        .json();
+    let list = snapshots().await;
     assert_eq!(list.forks.len(), 1, "{:?}", list.forks);
     let r = h
         .call(Method::DELETE, &format!("/v1/sandboxes/{}", fork.id), "")
         .await;
     assert!(r.status.is_success());
-    let list: space_api::SnapshotList = h
-        .call(Method::GET, &format!("{base}/snapshots"), "")
-        .await
-        .json();
+    let list = snapshots().await;
     assert!(list.forks.is_empty(), "{:?}", list.forks);
 
     let r = h

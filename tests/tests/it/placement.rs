@@ -277,6 +277,12 @@ fn two_replicas_never_place_beyond_a_joined_node() {
     let mut a =
         space_tests::Spaced::start_control_only(&["--database-url", &pg.socket_url]).unwrap();
     let mut b = a.add_replica().unwrap();
+    // Every control replica serves the console (issue 17), with no node of its own.
+    for r in [&a, &b] {
+        let (st, page) = r.call_text(reqwest::Method::GET, "/ui");
+        assert_eq!(st, 200);
+        assert!(page.contains("/ui/app.js"), "{page}");
+    }
     // A thousand agents' listeners and heartbeat channels, and the replicas' connections to
     // them, all in this process: far past a default soft limit of 1,024 open files.
     let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);

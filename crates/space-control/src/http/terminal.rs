@@ -111,16 +111,21 @@ pub(crate) async fn terminal(
         }))
 }
 
-async fn refuse(mut socket: WebSocket, e: &ControlError) {
-    let status = super::error::status(e.kind).as_u16();
-    let body = serde_json::json!({"error": {"code": e.code(), "message": e.message}});
+/// Ends the session: the last text frame `body`, then the close `code` with `reason`.
+async fn finish(mut socket: WebSocket, body: serde_json::Value, code: u16, reason: &str) {
     let _ = socket.send(Message::Text(body.to_string().into())).await;
     let _ = socket
         .send(Message::Close(Some(CloseFrame {
-            code: 4000 + status,
-            reason: truncate(&e.message, 120).into(),
+            code,
+            reason: truncate(reason, 120).into(),
         })))
         .await;
+}
+
+async fn refuse(socket: WebSocket, e: &ControlError) {
+    let status = super::error::status(e.kind).as_u16();
+    let body = serde_json::json!({"error": {"code": e.code(), "message": e.message}});
+    finish(socket, body, 4000 + status, &e.message).await;
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -162,21 +167,11 @@ async fn session(
                     Some(ExecEvent::Started { .. }) => continue,
                     Some(ExecEvent::Exit { code, signal }) => {
                         let body = serde_json::json!({"exit": {"code": code, "signal": signal}});
-                        let _ = socket.send(Message::Text(body.to_string().into())).await;
-                        let _ = socket.send(Message::Close(Some(CloseFrame {
-                            code: 1000,
-                            reason: "the process exited".into(),
-                        }))).await;
-                        return;
+                        return finish(socket, body, 1000, "the process exited").await;
                     }
                     Some(ExecEvent::Error { code, message }) => {
                         let body = serde_json::json!({"error": {"code": code, "message": message}});
-                        let _ = socket.send(Message::Text(body.to_string().into())).await;
-                        let _ = socket.send(Message::Close(Some(CloseFrame {
-                            code: 1011,
-                            reason: "the output stream failed".into(),
-                        }))).await;
-                        return;
+                        return finish(socket, body, 1011, "the output stream failed").await;
                     }
                     // The output stream ended without an exit: the guest went away (a
                     // restart or a move). The client reconnects from its offset.
