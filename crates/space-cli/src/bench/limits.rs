@@ -51,8 +51,9 @@ pub const MAX_LIVE: usize = 20_000;
 /// memory each, network slot included).
 pub const SCALE_BUDGET_BYTES: u64 = 2 * 1024 * 1024;
 /// Open files spaced holds per idle namespace sandbox (measured: the init's pidfd, the
-/// daemon's channel, and its network slot's namespace, DNS (UDP, TCP) and proxy sockets).
-pub const FDS_PER_SANDBOX: u64 = 6;
+/// daemon's channel, and its network slot's DNS (UDP, TCP) and proxy sockets; the slot's
+/// namespace is opened from its pin when needed).
+pub const FDS_PER_SANDBOX: u64 = 5;
 /// Open files `space bench scale` leaves spaced beyond those: its slot pool, clients, logs.
 pub const FDS_SPARE: u64 = 512;
 

@@ -138,7 +138,6 @@ pub struct PoolSnapshot {
 #[derive(Debug)]
 struct Attached {
     info: SlotInfo,
-    netns: Arc<File>,
     net: Arc<SandboxNet>,
     firewall: Arc<SlotFirewall>,
     tasks: Vec<JoinHandle<()>>,
@@ -348,9 +347,11 @@ impl Network {
 
     /// Starts DNS and proxy serving for a slot now owned by `net`.
     fn serve(&self, inner: &Inner, slot: Slot, net: Arc<SandboxNet>) -> Result<Attached, NetError> {
+        // The namespace's fd is not kept: its pin (`info.netns`) holds the namespace, and
+        // `netns` opens it when asked. One open file fewer per sandbox (issue 16).
         let Slot {
             info,
-            netns,
+            netns: _,
             firewall,
             listeners,
         } = slot;
@@ -363,7 +364,6 @@ impl Network {
         tasks.push(inner.proxy.serve(proxy, net.clone()));
         Ok(Attached {
             info,
-            netns,
             net,
             firewall,
             tasks,
@@ -581,10 +581,25 @@ impl Network {
         inner.pool.release(index);
     }
 
-    /// The pinned namespace of the sandbox's slot, opened (for launching its init).
-    pub fn netns(&self, id: &str) -> Option<Arc<std::fs::File>> {
-        let inner = self.inner.as_ref()?;
-        lock(&inner.attached).get(id).map(|a| a.netns.clone())
+    /// Whether sandbox `id` has a slot attached.
+    pub fn is_attached(&self, id: &str) -> bool {
+        self.inner
+            .as_ref()
+            .is_some_and(|inner| lock(&inner.attached).contains_key(id))
+    }
+
+    /// The pinned namespace of the sandbox's slot, opened now (for launching its init, or a
+    /// connection inside it). None: no slot attached.
+    pub fn netns(&self, id: &str) -> Result<Option<Arc<std::fs::File>>, NetError> {
+        let Some(inner) = self.inner.as_ref() else {
+            return Ok(None);
+        };
+        let Some(pin) = lock(&inner.attached).get(id).map(|a| a.info.netns.clone()) else {
+            return Ok(None);
+        };
+        File::open(&pin)
+            .map(|f| Some(Arc::new(f)))
+            .map_err(setup("open the slot's namespace"))
     }
 
     /// The node's own network namespace, opened at `open` (the runtime returns to it).
@@ -601,7 +616,7 @@ impl Network {
         port: u16,
     ) -> Result<tokio::net::TcpStream, NetError> {
         let ns = self
-            .netns(id)
+            .netns(id)?
             .ok_or_else(|| NetError::NotFound(id.to_owned()))?;
         let step = format!("connect to port {port} in sandbox {id}");
         let stream = tokio::task::spawn_blocking(move || {
@@ -884,7 +899,7 @@ mod tests {
                 let first = t0.elapsed();
                 // Now the pool starts filling.
                 net.finish_recovery().await;
-                let ns = net.netns("a").unwrap();
+                let ns = net.netns("a").unwrap().unwrap();
                 let to = SocketAddrV4::new(WORLD, 8080);
 
                 // Open: the world is reachable; the node's own address is not.
@@ -999,7 +1014,9 @@ mod tests {
                     .unwrap();
                 let hit = t0.elapsed();
                 assert_ne!(info_b.index, info.index);
-                reach_async(net.netns("b").unwrap(), to).await.unwrap();
+                reach_async(net.netns("b").unwrap().unwrap(), to)
+                    .await
+                    .unwrap();
                 let stats = &inner.pool.stats;
                 let (hits, misses) = (
                     stats.hits.load(std::sync::atomic::Ordering::Relaxed),
@@ -1011,11 +1028,12 @@ mod tests {
                 );
 
                 // Sandboxes do not reach each other.
-                let b_inside = space_sys::netns::run_in(net.netns("b").unwrap().as_fd(), || {
-                    std::net::TcpListener::bind("0.0.0.0:9000")
-                })
-                .unwrap()
-                .unwrap();
+                let b_inside =
+                    space_sys::netns::run_in(net.netns("b").unwrap().unwrap().as_fd(), || {
+                        std::net::TcpListener::bind("0.0.0.0:9000")
+                    })
+                    .unwrap()
+                    .unwrap();
                 net.update("a", &spec(Egress::Open, &[])).await.unwrap();
                 assert!(
                     reach_async(ns.clone(), SocketAddrV4::new(info_b.address, 9000))
@@ -1048,7 +1066,7 @@ mod tests {
                 drop(ns);
                 net.detach("a").await;
                 net.detach("a").await;
-                assert!(net.netns("a").is_none());
+                assert!(!net.is_attached("a"));
                 let pin = slots::pin_path(&run.join("netns"), info.index);
                 for _ in 0..400 {
                     if !pin.exists() {
@@ -1099,9 +1117,12 @@ mod tests {
                 net.finish_recovery().await;
                 assert!(!lose.netns.exists(), "the unadopted slot is destroyed");
                 assert!(keep.netns.exists());
-                reach_async(net.netns("keep").unwrap(), SocketAddrV4::new(WORLD, 8080))
-                    .await
-                    .unwrap();
+                reach_async(
+                    net.netns("keep").unwrap().unwrap(),
+                    SocketAddrV4::new(WORLD, 8080),
+                )
+                .await
+                .unwrap();
                 // Its index is not handed out again.
                 let other = net
                     .attach("other", &spec(Egress::None, &[]), &[])
@@ -1183,7 +1204,7 @@ mod tests {
         let net = Network::open(cfg, dir.path(), dir.path()).await.unwrap();
         assert!(!net.enabled());
         assert!(net.attach("a", &NetworkSpec::default(), &[]).await.is_err());
-        assert!(net.netns("a").is_none());
+        assert!(!net.is_attached("a"));
         assert!(net.status("a").is_none());
         assert_eq!(net.ca_pem(), "");
         net.detach("a").await;

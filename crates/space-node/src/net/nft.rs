@@ -548,7 +548,8 @@ struct FirewallState {
 /// never lands in the sets of a new one.
 #[derive(Debug)]
 pub struct SlotFirewall {
-    ns: Option<Arc<File>>,
+    /// The slot's pinned namespace, opened for each run: no open file is held per slot.
+    ns: Option<PathBuf>,
     runner: Arc<dyn NftRunner>,
     address: Ipv4Addr,
     state: tokio::sync::Mutex<FirewallState>,
@@ -558,7 +559,7 @@ impl SlotFirewall {
     /// `applied`: the policy already in the kernel sets (a pool slot made with the default
     /// policy), if known.
     pub fn new(
-        ns: Option<Arc<File>>,
+        ns: Option<PathBuf>,
         runner: Arc<dyn NftRunner>,
         address: Ipv4Addr,
         applied: Option<&Policy>,
@@ -578,9 +579,12 @@ impl SlotFirewall {
     async fn run(&self, script: String) -> Result<(), NftError> {
         let ns = self.ns.clone();
         let runner = self.runner.clone();
-        tokio::task::spawn_blocking(move || runner.apply(ns.as_deref(), &script))
-            .await
-            .unwrap_or_else(|e| Err(NftError::Netns(io::Error::other(e))))
+        tokio::task::spawn_blocking(move || {
+            let ns = ns.map(File::open).transpose().map_err(NftError::Netns)?;
+            runner.apply(ns.as_ref(), &script)
+        })
+        .await
+        .unwrap_or_else(|e| Err(NftError::Netns(io::Error::other(e))))
     }
 
     /// The spec whose sets are in the kernel.

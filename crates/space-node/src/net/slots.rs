@@ -265,7 +265,7 @@ impl KernelSlots {
         let ns = Arc::new(ns);
         let listeners = bind_listeners(&ns, index).await?;
         let firewall = Arc::new(SlotFirewall::new(
-            Some(ns.clone()),
+            Some(info.netns.clone()),
             self.nft.clone(),
             info.address,
             None,
@@ -398,7 +398,7 @@ impl KernelSlots {
         let listeners = bind_listeners(&ns, index).await?;
 
         let firewall = Arc::new(SlotFirewall::new(
-            Some(ns.clone()),
+            Some(pin.clone()),
             self.nft.clone(),
             address,
             Some(initial),

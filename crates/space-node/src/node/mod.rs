@@ -498,7 +498,7 @@ impl Node {
             return Ok(false);
         };
         let id = &rec.spec.id;
-        if net.netns(id).is_some() {
+        if net.is_attached(id) {
             return Ok(false);
         }
         let slot = net
@@ -539,7 +539,7 @@ impl Node {
             self.cfg.exited_retention_secs.to_string(),
         ));
         if let Some(n) = &self.network
-            && n.netns(&spec.id).is_some()
+            && n.is_attached(&spec.id)
         {
             // The node's DNS as the sandbox reaches it, and the CA of intercepted TLS
             // (decision 0012).
@@ -560,17 +560,21 @@ impl Node {
         env
     }
 
-    fn launch_plan(&self, rec: &SandboxRecord) -> LaunchPlan {
+    fn launch_plan(&self, rec: &SandboxRecord) -> Result<LaunchPlan, NodeError> {
         let spec = &rec.spec;
         let env = self.sandbox_env(rec);
-        let netns = self.network.as_ref().and_then(|n| {
-            Some(SlotNetns {
-                ns: n.netns(&spec.id)?,
-                home: n.home_netns(),
-            })
-        });
+        let netns = match &self.network {
+            Some(n) => n
+                .netns(&spec.id)
+                .map_err(|e| e.for_sandbox(&spec.id))?
+                .map(|ns| SlotNetns {
+                    ns,
+                    home: n.home_netns(),
+                }),
+            None => None,
+        };
         let name = rec.runtime_name();
-        LaunchPlan {
+        Ok(LaunchPlan {
             id: name.to_owned(),
             rootfs: self.layout.sandbox_rootfs(&spec.id),
             uid_base: rec.uid_base,
@@ -583,7 +587,7 @@ impl Node {
             run_dir: self.layout.run_sandbox_dir(name),
             netns,
             disk: self.disk(rec).device(self.at(&spec.id)),
-        }
+        })
     }
 
     /// Launches the sandbox of `rec` (rootfs and record exist) and connects its channel.
@@ -629,7 +633,7 @@ impl Node {
         let dir = self.layout.sandbox_dir(&id);
         std::os::unix::fs::chown(&dir, Some(rec.uid_base), Some(rec.uid_base))
             .map_err(|e| StorageError::io("chown", &dir, e))?;
-        let plan = self.launch_plan(rec);
+        let plan = self.launch_plan(rec)?;
         storage::remove_tree(&plan.run_dir)?;
         storage::mkdir_private(&plan.run_dir)?;
         let launched =
@@ -1238,7 +1242,7 @@ impl NodeApi for Node {
             id: id.to_string(),
         })?;
         if let Some(net) = &self.network
-            && net.netns(id).is_some()
+            && net.is_attached(id)
         {
             net.update(id, network)
                 .await
