@@ -241,11 +241,14 @@ try {
   await page.goto(`${URL}/ui/#/nodes`);
   await page.waitForSelector("main table");
   await shot("nodes");
-  await page.evaluate(() => localStorage.setItem("space.theme", "dark"));
+  // The theme switch; the terminal after the rollback has a new shell of its own.
   await page.goto(`${URL}/ui/#/sandboxes/${id}/terminal`);
   await page.waitForSelector(".term-status[data-state=live]");
+  await page.click("#theme-toggle");
+  await page.waitForFunction(() => document.documentElement.dataset.theme === "dark");
   await shot("dark-terminal");
-  await page.evaluate(() => localStorage.setItem("space.theme", "light"));
+  await page.click("#theme-toggle");
+  await page.waitForFunction(() => document.documentElement.dataset.theme === "light");
   await page.setViewport({ width: 390, height: 844 });
   await page.goto(`${URL}/ui/#/sandboxes`);
   await page.waitForSelector("table.sandboxes");

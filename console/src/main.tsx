@@ -86,7 +86,7 @@ function App() {
         <span class="grow" />
         <button
           class="link"
-          aria-label="Switch theme"
+          id="theme-toggle"
           onClick={() => {
             const next = mode === "dark" ? "light" : "dark";
             localStorage.setItem("space.theme", next);

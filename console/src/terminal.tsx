@@ -7,7 +7,8 @@ import { FitAddon } from "@xterm/addon-fit";
 import { useEffect, useRef, useState } from "preact/hooks";
 import { enc, getKey } from "./api";
 
-export type TermState = "connecting" | "live" | "reconnecting" | "exited" | "failed";
+/** `gone`: spaced does not know the process (the sandbox was rolled back or restarted). */
+export type TermState = "connecting" | "live" | "reconnecting" | "exited" | "failed" | "gone";
 
 interface Props {
   sandbox: string;
@@ -87,7 +88,12 @@ export function TerminalView({ sandbox, pid, input = true, onState }: Props) {
       };
       ws.onclose = (ev) => {
         if (closed) return;
-        if (ev.code === 4401 || ev.code === 4404 || ev.code === 4403) {
+        if (ev.code === 4404) {
+          closed = true;
+          say("gone", ev.reason || "no such process");
+          return;
+        }
+        if (ev.code === 4401 || ev.code === 4403) {
           closed = true;
           say("failed", ev.reason || "refused");
           return;

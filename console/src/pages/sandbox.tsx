@@ -63,10 +63,12 @@ export function SandboxPage({ id, tab, go }: { id: string; tab?: string; go: (p:
 
 const SHELL = ["/bin/sh", "-c", "if command -v bash >/dev/null; then exec bash -l; else exec sh -l; fi"];
 
-/** The console's shell: one per sandbox and tab session, found again after a reload. */
+/** The console's shell: one per sandbox and tab session, found again after a reload. A
+ * shell is known by its pid and start time, so a rollback or restart (whose processes start
+ * over, and may reuse the pid) gets a new shell instead of someone else's process. */
 function TerminalTab({ id, running }: { id: string; running: boolean }) {
   const slot = `space.term.${id}`;
-  const [pid, setPid] = useState<number | undefined>(() => Number(sessionStorage.getItem(slot)) || undefined);
+  const [pid, setPid] = useState<number | undefined>(undefined);
   const [run, busy, error] = useAction();
   const start = () =>
     run(async () => {
@@ -79,13 +81,36 @@ function TerminalTab({ id, running }: { id: string; running: boolean }) {
         cols: 100,
         tag: "console",
       });
-      sessionStorage.setItem(slot, String(r.pid));
+      const { processes } = await get<{ processes: ProcessInfo[] }>(`/v1/sandboxes/${enc(id)}/processes`);
+      const p = processes.find((x) => x.pid === r.pid);
+      sessionStorage.setItem(slot, JSON.stringify({ pid: r.pid, started_at: p?.started_at }));
       setPid(r.pid);
     });
+  /** The kept shell when it still runs, else a new one. */
+  const resume = () =>
+    run(async () => {
+      let kept: { pid?: number; started_at?: string } = {};
+      try {
+        kept = JSON.parse(sessionStorage.getItem(slot) ?? "{}");
+      } catch {
+        // Not ours: start afresh.
+      }
+      if (kept.pid !== undefined) {
+        const { processes } = await get<{ processes: ProcessInfo[] }>(`/v1/sandboxes/${enc(id)}/processes`);
+        const p = processes.find((x) => x.pid === kept.pid);
+        if (p && p.running && p.tag === "console" && p.started_at === kept.started_at) {
+          setPid(p.pid);
+          return;
+        }
+      }
+      sessionStorage.removeItem(slot);
+      await start();
+    });
   useEffect(() => {
-    if (pid === undefined && running) start();
+    setPid(undefined);
+    if (running) resume();
   }, [id, running]);
-  if (!running && pid === undefined) return <p class="notice">The sandbox is not running: resume it to open a terminal.</p>;
+  if (!running) return <p class="notice">The sandbox is not running: resume it to open a terminal.</p>;
   return (
     <div>
       <ErrorBox error={error} what="Starting a shell" />
@@ -105,7 +130,18 @@ function TerminalTab({ id, running }: { id: string; running: boolean }) {
               New shell
             </button>
           </div>
-          <TerminalView sandbox={id} pid={pid} />
+          <TerminalView
+            sandbox={id}
+            pid={pid}
+            onState={(st) => {
+              // The shell went with a rollback or restart: a new one takes its place.
+              if (st === "gone") {
+                sessionStorage.removeItem(slot);
+                setPid(undefined);
+                start();
+              }
+            }}
+          />
         </>
       ) : busy ? (
         <Loading what="a shell" />

@@ -477,10 +477,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("--live 10000") && e.contains("60838") && e.contains("limit is 20000"),
+            e.contains("--live 10000") && e.contains("50817") && e.contains("limit is 20000"),
             "{e}"
         );
-        assert!(e.contains("holds about 3193 here"), "{e}");
+        assert!(e.contains("holds about 3836 here"), "{e}");
         check_open_files(3000, 20, &figures(200.0, 20_000.0)).unwrap();
         check_open_files(10_000, 20, &figures(200.0, 1_048_576.0)).unwrap();
         // A server that does not say is not refused.
