@@ -148,12 +148,6 @@ export interface SandboxEvent {
   detail?: string;
 }
 
-export interface Change {
-  path: string;
-  kind: string;
-  [k: string]: unknown;
-}
-
 export interface Template {
   name: string;
   version: number;
