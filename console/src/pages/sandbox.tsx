@@ -314,7 +314,7 @@ function FilesTab({ id }: { id: string }) {
 }
 
 /** Events and the audit trail, newest first; new ones arrive every second. */
-export function TimelineTab({ id }: { id: string }) {
+function TimelineTab({ id }: { id: string }) {
   const [events, setEvents] = useState<SandboxEvent[]>([]);
   const [error, setError] = useState<ApiError | undefined>(undefined);
   const [loaded, setLoaded] = useState(false);

@@ -29,7 +29,15 @@ pub(crate) struct At<'a> {
     pub id: &'a str,
 }
 
-impl At<'_> {
+impl<'a> At<'a> {
+    pub fn new(layout: &'a Layout, subvols: &'a dyn Subvolumes, id: &'a str) -> Self {
+        Self {
+            layout,
+            subvols,
+            id,
+        }
+    }
+
     fn dir(&self) -> PathBuf {
         self.layout.sandbox_dir(self.id)
     }
@@ -282,11 +290,7 @@ mod tests {
         let tmpl = dir.path().join("tmpl");
         std::fs::create_dir_all(tmpl.join("etc")).unwrap();
         std::fs::write(tmpl.join("etc/hostname"), "template\n").unwrap();
-        let at = At {
-            layout: &layout,
-            subvols: &subvols,
-            id: "s1",
-        };
+        let at = At::new(&layout, &subvols, "s1");
         storage::mkdir_p(&at.dir(), 0o700).unwrap();
         assert_eq!(Tree.device(at), None);
         Tree.make(at, &tmpl, None).unwrap();

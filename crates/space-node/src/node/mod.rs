@@ -466,11 +466,7 @@ impl Node {
 
     /// Where the files of sandbox `id` are, for its [`disk::Disk`].
     fn at<'a>(&'a self, id: &'a str) -> disk::At<'a> {
-        disk::At {
-            layout: &self.layout,
-            subvols: self.subvols.as_ref(),
-            id,
-        }
+        disk::At::new(&self.layout, self.subvols.as_ref(), id)
     }
 
     /// Graceful shutdown: destroys the warm pools' ready sandboxes, a template checkpoint's
@@ -810,11 +806,7 @@ impl Node {
                 remove_sandbox_storage(&layout, subvols.as_ref(), id)?;
             }
             storage::mkdir_private(&dir)?;
-            let at = disk::At {
-                layout: &layout,
-                subvols: subvols.as_ref(),
-                id,
-            };
+            let at = disk::At::new(&layout, subvols.as_ref(), id);
             disk.make(at, &tmpl_path, from2.as_deref())?;
             crate::quota::set_limit(&layout, subvols.as_ref(), id, rec2.spec.limits.disk_mib)?;
             // Atomic but not fsynced here: an fsync costs ~7 ms on the loop image (a flush is

@@ -54,11 +54,7 @@ impl Node {
                             "sandbox {id2} has no base sent: a move sends its base step first"
                         )));
                     }
-                    let at = At {
-                        layout: &layout,
-                        subvols: subvols.as_ref(),
-                        id: &id2,
-                    };
+                    let at = At::new(&layout, subvols.as_ref(), &id2);
                     Ok(disk.begin_copy(at, &out, MoveStep::Final.as_str())?)
                 }
             })
@@ -75,11 +71,7 @@ impl Node {
         let id2 = id.to_owned();
         let items = blocking(move || {
             let sv = subvols.as_ref();
-            let at = At {
-                layout: &layout,
-                subvols: sv,
-                id: &id2,
-            };
+            let at = At::new(&layout, sv, &id2);
             // A move's copies are not charged to the sandbox here: they leave.
             let copy = |out: &Path, name: &str| disk.seal_copy(at, out, name, false);
             crate::moves::plan(&layout, sv, &id2, step, &have, &copy)
@@ -242,11 +234,7 @@ impl Node {
                     subvols.delete(sub)?;
                 }
             }
-            let at = At {
-                layout: &layout,
-                subvols: subvols.as_ref(),
-                id,
-            };
+            let at = At::new(&layout, subvols.as_ref(), id);
             disk::of(came).adopt_from(at, &from)?;
             // Its limit here, with what came (its snapshots) charged to it.
             crate::quota::set_limit(&layout, subvols.as_ref(), id, rec2.spec.limits.disk_mib)?;

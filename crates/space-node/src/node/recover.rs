@@ -247,11 +247,7 @@ fn load_records(layout: &Layout, subvols: &dyn Subvolumes) -> Result<LoadedRecor
         match storage::read_json::<SandboxRecord>(&rec_path) {
             Ok(rec) if rec.pool_member => members.push((name, rec)),
             Ok(rec) if rec.spec.id == name => {
-                let at = super::disk::At {
-                    layout,
-                    subvols,
-                    id: &name,
-                };
+                let at = super::disk::At::new(layout, subvols, &name);
                 if let Err(e) = super::disk::of(rec.runtime).upgrade(at) {
                     tracing::error!(id = %name, error = %e, "could not bring a sandbox's files up to date");
                 }

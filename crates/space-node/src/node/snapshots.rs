@@ -239,11 +239,7 @@ impl SnapshotStore {
     }
 
     fn at<'a>(&'a self, id: &'a str) -> At<'a> {
-        At {
-            layout: &self.layout,
-            subvols: self.subvols.as_ref(),
-            id,
-        }
+        At::new(&self.layout, self.subvols.as_ref(), id)
     }
 
     /// Deletes one snapshot. Missing is fine.
@@ -674,11 +670,7 @@ impl Node {
                     rec.spec.id.clone(),
                 );
                 blocking(move || {
-                    let at = At {
-                        layout: &layout,
-                        subvols: subvols.as_ref(),
-                        id: &id,
-                    };
+                    let at = At::new(&layout, subvols.as_ref(), &id);
                     Ok(disk.replace_with(at, &copy)?)
                 })
                 .await?;
@@ -718,11 +710,7 @@ impl Node {
         let disk_mib = spec.limits.disk_mib;
         let source2 = source.clone();
         blocking(move || {
-            let at = At {
-                layout: &layout,
-                subvols: subvols.as_ref(),
-                id: &id2,
-            };
+            let at = At::new(&layout, subvols.as_ref(), &id2);
             disk.replace_with(at, &source2)?;
             Ok(crate::quota::set_limit(
                 &layout,
@@ -789,11 +777,7 @@ impl Node {
                     remove_sandbox_storage(&layout, subvols.as_ref(), id)?;
                 }
                 storage::mkdir_private(&dir)?;
-                let at = At {
-                    layout: &layout,
-                    subvols: subvols.as_ref(),
-                    id,
-                };
+                let at = At::new(&layout, subvols.as_ref(), id);
                 disk.fork_from(at, &copy2, &rec2.spec.hostname)?;
                 // Its own group and limit: what it shares with the source stays the source's.
                 crate::quota::set_limit(&layout, subvols.as_ref(), id, rec2.spec.limits.disk_mib)?;
