@@ -154,7 +154,13 @@ impl Disk for Tree {
         // The rootfs it replaces stays in the group while snapshots share its extents.
         crate::quota::join(at.layout, sv, at.id, &new)?;
         let rootfs = at.rootfs();
-        std::fs::rename(&rootfs, &old).map_err(|e| StorageError::io("move aside", &rootfs, e))?;
+        match std::fs::rename(&rootfs, &old) {
+            Ok(()) => {}
+            // A node killed between the two renames of an earlier replace left no rootfs:
+            // this replace puts one in place all the same (found by the SIGKILL chaos test).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StorageError::io("move aside", &rootfs, e)),
+        }
         std::fs::rename(&new, &rootfs)
             .map_err(|e| StorageError::io("move into place", &rootfs, e))?;
         if let Err(e) = sv.delete(&old) {
@@ -308,6 +314,16 @@ mod tests {
         assert!(
             !at.dir().join("rootfs.old").exists(),
             "the replaced rootfs is deleted"
+        );
+
+        // Killed between the renames of a replace: no rootfs, the old one aside. The next
+        // replace still puts the copy in place.
+        std::fs::write(at.rootfs().join("work"), "broken").unwrap();
+        std::fs::rename(at.rootfs(), at.dir().join("rootfs.old")).unwrap();
+        Tree.replace_with(at, &snaps.join("one")).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(at.rootfs().join("work")).unwrap(),
+            "kept"
         );
 
         let fork = At { id: "s2", ..at };
