@@ -7,15 +7,17 @@ use std::net::Ipv4Addr;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-/// Where the node's DNS resolver listens on the loopback of every sandbox's network slot.
+/// The port of the node's DNS resolver as a sandbox reaches it.
 pub const SLOT_DNS_PORT: u16 = 53;
-/// Where the node's egress proxy listens on the loopback of every sandbox's network slot.
+/// Where the node's egress proxy listened on the loopback of every sandbox's network slot
+/// until decision 0059 moved it (and DNS) into the node's own namespace.
 pub const SLOT_PROXY_PORT: u16 = 15001;
 
-/// What the node serves on `port` of a sandbox's loopback, if anything: such a port is never a
-/// sandbox's own, so no port URL leads to it (a namespace sandbox shares its slot's loopback,
-/// and the egress proxy there would otherwise carry a stranger's requests out with the
-/// sandbox's secrets). Refused on both runtimes alike (decision 0047).
+/// The node's service that `port` of a sandbox once led to, if any: no port URL leads to it
+/// (a namespace sandbox shared its slot's loopback with the node's DNS and egress proxy, which
+/// would otherwise have carried a stranger's requests out with the sandbox's secrets). Refused
+/// on both runtimes alike (decision 0047). Since decision 0059 the node serves neither in
+/// the slot; the ports stay reserved so that a URL never names one.
 pub fn node_port(port: u16) -> Option<&'static str> {
     match port {
         SLOT_DNS_PORT => Some("the node's DNS resolver"),

@@ -50,10 +50,10 @@ pub const MAX_LIVE: usize = 20_000;
 /// What `space bench scale` budgets per idle sandbox (measured: 1.1 to 1.7 MiB of node
 /// memory each, network slot included).
 pub const SCALE_BUDGET_BYTES: u64 = 2 * 1024 * 1024;
-/// Open files spaced holds per idle namespace sandbox (measured: the init's pidfd, the
-/// daemon's channel, and its network slot's DNS (UDP, TCP) and proxy sockets; the slot's
-/// namespace is opened from its pin when needed).
-pub const FDS_PER_SANDBOX: u64 = 5;
+/// Open files spaced holds per idle namespace sandbox (measured): the daemon's channel. The
+/// slot's namespace is opened from its pin when needed, the node serves every slot's DNS and
+/// proxy from its own sockets, and no pidfd is held on the init (decision 0059).
+pub const FDS_PER_SANDBOX: u64 = 1;
 /// Open files `space bench scale` leaves spaced beyond those: its slot pool, clients, logs.
 pub const FDS_SPARE: u64 = 512;
 

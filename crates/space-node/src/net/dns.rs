@@ -1,5 +1,6 @@
-//! DNS for sandboxes (decision 0012): a small server on every slot's 127.0.0.1:53 (UDP and
-//! TCP; the slot's NAT sends every port-53 packet there) that answers by the sandbox's policy,
+//! DNS for sandboxes (decision 0012): one small server in the node's own namespace (UDP and
+//! TCP; the root table redirects every slot's port-53 packets there, decision 0059) that
+//! answers each query by the policy of the sandbox whose slot sent it,
 //! and the node's forwarder to its upstream servers, which also resolves for the egress proxy
 //! ([`Resolve`]).
 //!
@@ -395,79 +396,95 @@ impl SlotDns {
         }
         Some(answer)
     }
+}
 
-    /// Serves the slot's DNS listeners (bound inside the slot) until the handles are aborted.
-    pub fn serve(
-        self: &Arc<Self>,
-        udp: std::net::UdpSocket,
-        tcp: std::net::TcpListener,
-    ) -> io::Result<Vec<JoinHandle<()>>> {
-        udp.set_nonblocking(true)?;
-        tcp.set_nonblocking(true)?;
-        let udp = Arc::new(UdpSocket::from_std(udp)?);
-        let tcp = TcpListener::from_std(tcp)?;
-        let me = self.clone();
-        let u = tokio::spawn(async move { me.serve_udp(udp).await });
-        let me = self.clone();
-        let t = tokio::spawn(async move { me.serve_tcp(tcp).await });
-        Ok(vec![u, t])
+/// Finds the slot a query or connection came from by its source address (None: from no
+/// slot of this node).
+pub type SlotLookup<T> = Arc<dyn Fn(Ipv4Addr) -> Option<T> + Send + Sync>;
+
+/// Serves every slot's DNS from the node's own namespace (decision 0059) until the handles
+/// are aborted. The root table redirects a slot's port 53 here; each query is answered by
+/// the [`SlotDns`] of the slot it came from, and one from no slot gets nothing.
+pub fn serve_node(
+    udp: std::net::UdpSocket,
+    tcp: std::net::TcpListener,
+    lookup: SlotLookup<Arc<SlotDns>>,
+) -> io::Result<Vec<JoinHandle<()>>> {
+    udp.set_nonblocking(true)?;
+    tcp.set_nonblocking(true)?;
+    let udp = Arc::new(UdpSocket::from_std(udp)?);
+    let tcp = TcpListener::from_std(tcp)?;
+    let l = lookup.clone();
+    let u = tokio::spawn(async move { serve_udp(udp, l).await });
+    let t = tokio::spawn(async move { serve_tcp(tcp, lookup).await });
+    Ok(vec![u, t])
+}
+
+fn source(peer: SocketAddr) -> Option<Ipv4Addr> {
+    match peer {
+        SocketAddr::V4(p) => Some(*p.ip()),
+        SocketAddr::V6(_) => None,
     }
+}
 
-    async fn serve_udp(self: Arc<Self>, sock: Arc<UdpSocket>) {
-        let mut buf = vec![0u8; MAX_UDP];
-        loop {
-            let (n, peer) = match sock.recv_from(&mut buf).await {
-                Ok(x) => x,
-                Err(_) => {
-                    // ECONNREFUSED from an earlier send and the like: keep serving.
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    continue;
-                }
-            };
-            // A flood gets dropped, not queued: clients retry.
-            let Ok(permit) = self.inflight.clone().try_acquire_owned() else {
-                continue;
-            };
-            let query = buf[..n].to_vec();
-            let me = self.clone();
-            let sock = sock.clone();
-            tokio::spawn(async move {
-                if let Some(mut a) = me.answer(&query, false).await {
-                    if a.len() > MAX_UDP.max(512) {
-                        // Ask the client to come back over TCP.
-                        a.truncate(12);
-                        a[2] |= 0x02;
-                        a[4..12].fill(0);
-                    }
-                    let _ = sock.send_to(&a, peer).await;
-                }
-                drop(permit);
-            });
-        }
-    }
-
-    async fn serve_tcp(self: Arc<Self>, listener: TcpListener) {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
+async fn serve_udp(sock: Arc<UdpSocket>, lookup: SlotLookup<Arc<SlotDns>>) {
+    let mut buf = vec![0u8; MAX_UDP];
+    loop {
+        let (n, peer) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(_) => {
+                // ECONNREFUSED from an earlier send and the like: keep serving.
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 continue;
-            };
-            let Ok(permit) = self.tcp_conns.clone().try_acquire_owned() else {
-                continue;
-            };
-            let me = self.clone();
-            tokio::spawn(async move {
-                while let Ok(Ok(q)) = tokio::time::timeout(TCP_IDLE, read_framed(&mut conn)).await {
-                    let Some(a) = me.answer(&q, true).await else {
-                        break;
-                    };
-                    if write_framed(&mut conn, &a).await.is_err() {
-                        break;
-                    }
+            }
+        };
+        let Some(slot) = source(peer).and_then(|ip| lookup(ip)) else {
+            continue;
+        };
+        // A flood gets dropped, not queued: clients retry.
+        let Ok(permit) = slot.inflight.clone().try_acquire_owned() else {
+            continue;
+        };
+        let query = buf[..n].to_vec();
+        let sock = sock.clone();
+        tokio::spawn(async move {
+            if let Some(mut a) = slot.answer(&query, false).await {
+                if a.len() > MAX_UDP.max(512) {
+                    // Ask the client to come back over TCP.
+                    a.truncate(12);
+                    a[2] |= 0x02;
+                    a[4..12].fill(0);
                 }
-                drop(permit);
-            });
-        }
+                let _ = sock.send_to(&a, peer).await;
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_tcp(listener: TcpListener, lookup: SlotLookup<Arc<SlotDns>>) {
+    loop {
+        let Ok((mut conn, peer)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        };
+        let Some(slot) = source(peer).and_then(|ip| lookup(ip)) else {
+            continue;
+        };
+        let Ok(permit) = slot.tcp_conns.clone().try_acquire_owned() else {
+            continue;
+        };
+        tokio::spawn(async move {
+            while let Ok(Ok(q)) = tokio::time::timeout(TCP_IDLE, read_framed(&mut conn)).await {
+                let Some(a) = slot.answer(&q, true).await else {
+                    break;
+                };
+                if write_framed(&mut conn, &a).await.is_err() {
+                    break;
+                }
+            }
+            drop(permit);
+        });
     }
 }
 
@@ -749,19 +766,35 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
-    async fn served_over_udp_and_tcp() {
+    async fn served_over_udp_and_tcp_to_the_slot_the_query_came_from() {
         let ip = Ipv4Addr::new(203, 0, 113, 10);
         let (up, _) = fake_upstream(vec![("s.example.com", vec![ip])]).await;
         let (dns, _, _) = server(spec(Egress::Open, &[]), up);
-        let l = crate::net::slots::Listeners::bind(0, 0).unwrap();
-        let addr = l.dns_addr().unwrap();
-        let tasks = dns.serve(l.dns_udp, l.dns_tcp).unwrap();
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (addr, tcp_addr) = (udp.local_addr().unwrap(), tcp.local_addr().unwrap());
+        // 127.0.0.1 is the one slot's address; anything else is no slot's.
+        let lookup: SlotLookup<Arc<SlotDns>> =
+            Arc::new(move |src| (src == Ipv4Addr::LOCALHOST).then(|| dns.clone()));
+        let tasks = serve_node(udp, tcp, lookup).unwrap();
+
+        let stranger = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+        stranger
+            .send_to(&query("s.example.com", RecordType::A, 76), addr)
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 1500];
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), stranger.recv(&mut buf))
+                .await
+                .is_err(),
+            "a query from no slot is answered"
+        );
 
         let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         c.send_to(&query("s.example.com", RecordType::A, 77), addr)
             .await
             .unwrap();
-        let mut buf = vec![0u8; 1500];
         let n = tokio::time::timeout(Duration::from_secs(3), c.recv(&mut buf))
             .await
             .unwrap()
@@ -769,7 +802,7 @@ pub(crate) mod tests {
         let m = Message::from_vec(&buf[..n]).unwrap();
         assert_eq!((m.metadata.id, a_records(&m)), (77, vec![ip]));
 
-        let mut t = TcpStream::connect(addr).await.unwrap();
+        let mut t = TcpStream::connect(tcp_addr).await.unwrap();
         write_framed(&mut t, &query("s.example.com", RecordType::A, 78))
             .await
             .unwrap();

@@ -1,12 +1,14 @@
 //! Networking of sandboxes (decision 0012): a network slot per sandbox (a node-owned network
 //! namespace with a routed veth and NAT), its egress policy (nftables rules kept inside the
-//! slot, plus the node's DNS and egress proxy), inbound connections, and the credential layer
-//! (secrets substituted by the proxy, never visible inside).
+//! slot, plus the node's DNS and egress proxy, served for every slot from the node's own
+//! namespace: decision 0059), inbound connections, and the credential layer (secrets
+//! substituted by the proxy, never visible inside).
 //!
 //! Who does what:
 //! - [`policy`]: parsing and matching of rules (CIDRs, exact and wildcard domains);
 //! - [`slots`]/[`nft`]: slot namespaces, veths, the node's root table and per-slot rulesets;
-//! - [`dns`]: the per-slot resolver and the upstream forwarder;
+//! - [`dns`]: the node's resolver, answering each slot by its policy, and the upstream
+//!   forwarder;
 //! - [`proxy`]/[`ca`]: the transparent egress proxy and the node CA for intercepted TLS;
 //! - [`network`]: the facade the node uses.
 
@@ -67,6 +69,8 @@ pub struct SandboxNet {
     secrets: RwLock<Arc<Vec<SecretBinding>>>,
     conns: std::sync::Mutex<std::collections::HashMap<u64, Conn>>,
     next_conn: std::sync::atomic::AtomicU64,
+    /// Set when the sandbox's slot is detached: every connection is cut, new ones refused.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// A proxied connection as the policy sees it.
@@ -114,6 +118,7 @@ impl SandboxNet {
             secrets: RwLock::new(Arc::new(secrets)),
             conns: Default::default(),
             next_conn: Default::default(),
+            closed: Default::default(),
         })
     }
 
@@ -159,9 +164,11 @@ impl SandboxNet {
                 cancel: cancel.clone(),
             },
         );
-        // A policy swap between the proxy's decision and this registration must not let the
-        // connection through: check again under the new policy.
-        if !self.policy().allows_connection(name, ip, port) {
+        // A policy swap (or the slot's detach) between the proxy's decision and this
+        // registration must not let the connection through: check again now.
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst)
+            || !self.policy().allows_connection(name, ip, port)
+        {
             cancel.cancel();
         }
         ConnGuard {
@@ -187,6 +194,20 @@ impl SandboxNet {
             }
         }
         cut
+    }
+
+    /// Cuts every proxied connection and refuses new ones: the sandbox's slot is gone (the
+    /// node's proxy serves all slots, so nothing else ends them).
+    pub fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        for c in self
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            c.cancel.cancel();
+        }
     }
 
     /// Live proxied connections.

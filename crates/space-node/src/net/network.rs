@@ -1,5 +1,5 @@
-//! The facade the node uses: slots from a pool, per-sandbox policy, DNS and proxy, inbound
-//! connections. CONTRACT SKELETON: signatures fixed by the lead; bodies by helper H1.
+//! The facade the node uses: slots from a pool, per-sandbox policy, the node's DNS and proxy
+//! serving every slot, inbound connections.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
@@ -18,10 +18,10 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::ca::Ca;
-use super::dns::{SlotDns, Upstream};
-use super::nft::{self, NftRunner, SlotFirewall, SystemNft};
+use super::dns::{self, SlotDns, SlotLookup, Upstream};
+use super::nft::{self, NftRunner, NodePorts, SlotFirewall, SystemNft};
 use super::policy::Policy;
-use super::proxy::EgressProxy;
+use super::proxy::{EgressProxy, ProxySlot};
 use super::slots::{self, KernelSlots, Pool, Slot, SlotError};
 use super::{Egress, NetworkSpec, NetworkStatus, SandboxNet, SecretBinding, SecretSource, Secrets};
 
@@ -134,21 +134,38 @@ pub struct PoolSnapshot {
     pub destroyed: u64,
 }
 
-/// A sandbox's slot while attached: its policy state and the tasks serving it.
+/// What the node's DNS server and egress proxy serve a slot with, found by the slot's
+/// address (the source of everything it sends; a microvm guest's is NATed to it).
+#[derive(Debug, Clone)]
+struct Served {
+    dns: Arc<SlotDns>,
+    proxy: ProxySlot,
+}
+
+type ServedMap = Arc<std::sync::RwLock<HashMap<Ipv4Addr, Served>>>;
+
+/// A sandbox's slot while attached: its policy state, served by the node's DNS and proxy
+/// while this lives.
 #[derive(Debug)]
 struct Attached {
     info: SlotInfo,
     net: Arc<SandboxNet>,
     firewall: Arc<SlotFirewall>,
-    tasks: Vec<JoinHandle<()>>,
+    served: ServedMap,
 }
 
 impl Drop for Attached {
     fn drop(&mut self) {
-        // Ends DNS and proxy serving; the listeners (and proxied connections) close with them.
-        for t in &self.tasks {
-            t.abort();
+        // The slot is no longer served, and its proxied connections end.
+        let mut served = self.served.write().unwrap_or_else(|e| e.into_inner());
+        if served
+            .get(&self.info.address)
+            .is_some_and(|s| Arc::ptr_eq(&s.proxy.net, &self.net))
+        {
+            served.remove(&self.info.address);
         }
+        drop(served);
+        self.net.close();
     }
 }
 
@@ -158,11 +175,52 @@ struct Inner {
     kernel: Arc<KernelSlots>,
     pool: Arc<Pool>,
     upstream: Arc<Upstream>,
-    proxy: Arc<EgressProxy>,
     ca: Arc<Ca>,
     attached: Mutex<HashMap<String, Attached>>,
     /// Slots pinned by an earlier run and not adopted (yet); destroyed by `finish_recovery`.
     leftovers: Mutex<BTreeSet<u32>>,
+    /// The slots the node's DNS and proxy serve, by address.
+    served: ServedMap,
+    /// The DNS server's and the proxy's accept loops.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The node's sockets serving every slot: DNS over UDP and TCP, and the egress proxy. Bound
+/// on all addresses at ports the kernel picks; the root table sends only redirected slot
+/// traffic to them (decision 0059).
+struct NodeListeners {
+    dns_udp: std::net::UdpSocket,
+    dns_tcp: std::net::TcpListener,
+    proxy: std::net::TcpListener,
+}
+
+impl NodeListeners {
+    fn bind() -> io::Result<NodeListeners> {
+        let any = Ipv4Addr::UNSPECIFIED;
+        let listeners = NodeListeners {
+            dns_udp: std::net::UdpSocket::bind((any, 0))?,
+            dns_tcp: std::net::TcpListener::bind((any, 0))?,
+            proxy: std::net::TcpListener::bind((any, 0))?,
+        };
+        listeners.proxy.set_nonblocking(true)?;
+        Ok(listeners)
+    }
+
+    fn ports(&self) -> io::Result<NodePorts> {
+        Ok(NodePorts {
+            dns_udp: self.dns_udp.local_addr()?.port(),
+            dns_tcp: self.dns_tcp.local_addr()?.port(),
+            proxy: self.proxy.local_addr()?.port(),
+        })
+    }
 }
 
 pub struct Network {
@@ -228,12 +286,18 @@ impl Network {
         let default_policy = Policy::new(&default_spec, &[subnet]).map_err(invalid)?;
 
         enable_forwarding().map_err(setup("enable IPv4 forwarding"))?;
+        let listeners = NodeListeners::bind()
+            .map_err(setup("bind the node's DNS and egress proxy listeners"))?;
+        let ports = listeners
+            .ports()
+            .map_err(setup("read the node's listener ports"))?;
         let nft: Arc<dyn NftRunner> = Arc::new(SystemNft::new());
         {
             let nft = nft.clone();
             let home = home.clone();
             let t0 = Instant::now();
-            tokio::task::spawn_blocking(move || nft.apply(Some(&home), &nft::root_table(subnet)))
+            let table = nft::root_table(subnet, ports);
+            tokio::task::spawn_blocking(move || nft.apply(Some(&home), &table))
                 .await
                 .map_err(io::Error::other)
                 .and_then(|r| r.map_err(io::Error::other))
@@ -289,11 +353,33 @@ impl Network {
         for &i in &leftovers {
             pool.reserve(i);
         }
+        let served: ServedMap = Default::default();
+        let mut tasks = {
+            let served = served.clone();
+            let lookup: SlotLookup<Arc<SlotDns>> = Arc::new(move |src| {
+                let map = served.read().unwrap_or_else(|e| e.into_inner());
+                map.get(&src).map(|s| s.dns.clone())
+            });
+            dns::serve_node(listeners.dns_udp, listeners.dns_tcp, lookup)
+                .map_err(setup("serve the node's DNS"))?
+        };
+        {
+            let served = served.clone();
+            let lookup: SlotLookup<ProxySlot> = Arc::new(move |src| {
+                let map = served.read().unwrap_or_else(|e| e.into_inner());
+                map.get(&src).map(|s| s.proxy.clone())
+            });
+            let listener = tokio::net::TcpListener::from_std(listeners.proxy)
+                .map_err(setup("serve the egress proxy"))?;
+            tasks.push(proxy.serve_node(listener, lookup));
+        }
         info!(
             %subnet,
             pool = pool_size,
             default_egress = cfg.default_egress.as_str(),
             upstreams = ?upstream.servers(),
+            dns_port = ports.dns_udp,
+            proxy_port = ports.proxy,
             "sandbox networking on"
         );
         Ok(Arc::new(Network {
@@ -305,10 +391,11 @@ impl Network {
                 kernel,
                 pool,
                 upstream,
-                proxy,
                 ca,
                 attached: Mutex::new(HashMap::new()),
                 leftovers: Mutex::new(leftovers),
+                served,
+                tasks,
             }),
         }))
     }
@@ -345,29 +432,31 @@ impl Network {
         self.policy(spec).map(drop)
     }
 
-    /// Starts DNS and proxy serving for a slot now owned by `net`.
-    fn serve(&self, inner: &Inner, slot: Slot, net: Arc<SandboxNet>) -> Result<Attached, NetError> {
+    /// Has the node's DNS and proxy serve a slot now owned by `net`.
+    fn serve(&self, inner: &Inner, slot: Slot, net: Arc<SandboxNet>) -> Attached {
         // The namespace's fd is not kept: its pin (`info.netns`) holds the namespace, and
-        // `netns` opens it when asked. One open file fewer per sandbox (issue 16).
+        // `netns` opens it when asked. Nor does the slot hold a socket: the node serves it
+        // from its own (decision 0059). No open file per sandbox here (issue 16).
         let Slot {
             info,
             netns: _,
             firewall,
-            listeners,
         } = slot;
-        let dns = SlotDns::new(net.clone(), firewall.clone(), inner.upstream.clone());
-        let mut tasks = dns
-            .serve(listeners.dns_udp, listeners.dns_tcp)
-            .map_err(setup("serve DNS in the slot"))?;
-        let proxy = tokio::net::TcpListener::from_std(listeners.proxy)
-            .map_err(setup("serve the egress proxy in the slot"))?;
-        tasks.push(inner.proxy.serve(proxy, net.clone()));
-        Ok(Attached {
+        let served = Served {
+            dns: SlotDns::new(net.clone(), firewall.clone(), inner.upstream.clone()),
+            proxy: ProxySlot::new(net.clone()),
+        };
+        inner
+            .served
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(info.address, served);
+        Attached {
             info,
             net,
             firewall,
-            tasks,
-        })
+            served: inner.served.clone(),
+        }
     }
 
     fn insert(&self, inner: &Inner, id: &str, a: Attached) -> Result<SlotInfo, NetError> {
@@ -417,13 +506,7 @@ impl Network {
             }
         };
         let net = SandboxNet::new(id, slot.info.address, policy, secrets.to_vec());
-        let attached = match self.serve(inner, slot, net) {
-            Ok(a) => a,
-            Err(e) => {
-                inner.pool.release(index);
-                return Err(e);
-            }
-        };
+        let attached = self.serve(inner, slot, net);
         let info = self.insert(inner, id, attached)?;
         debug!(
             sandbox = id,
@@ -436,8 +519,8 @@ impl Network {
         Ok(info)
     }
 
-    /// After a node restart: takes back the slot a record names (rebinds DNS and proxy
-    /// listeners in it, re-applies `spec`).
+    /// After a node restart: takes back the slot a record names (replaces its table and
+    /// re-applies `spec` in one nft run, and serves it again).
     pub async fn adopt(
         &self,
         id: &str,
@@ -477,13 +560,7 @@ impl Network {
             });
         }
         let net = SandboxNet::new(id, slot.address, policy, secrets.to_vec());
-        let attached = match self.serve(inner, reopened, net) {
-            Ok(a) => a,
-            Err(e) => {
-                inner.pool.release(slot.index);
-                return Err(e);
-            }
-        };
+        let attached = self.serve(inner, reopened, net);
         self.insert(inner, id, attached)?;
         debug!(sandbox = id, index = slot.index, "network slot adopted");
         Ok(())
@@ -579,6 +656,12 @@ impl Network {
         let index = a.info.index;
         drop(a);
         inner.pool.release(index);
+    }
+
+    /// The slot of sandbox `id`, if one is attached.
+    pub fn slot(&self, id: &str) -> Option<SlotInfo> {
+        let inner = self.inner.as_ref()?;
+        lock(&inner.attached).get(id).map(|a| a.info.clone())
     }
 
     /// Whether sandbox `id` has a slot attached.

@@ -116,14 +116,37 @@ impl NftRunner for SystemNft {
     }
 }
 
+/// Where the node serves every slot's DNS and egress proxy: ports of its own namespace, bound
+/// on all addresses, which the root table redirects slot traffic to (decision 0059).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodePorts {
+    pub dns_udp: u16,
+    pub dns_tcp: u16,
+    pub proxy: u16,
+}
+
 /// The node's table (in its own namespace): no slot reaches another slot, the node itself or
 /// link-local/metadata addresses; slots reach the outside through masquerade; nothing from
-/// outside starts a connection into a slot.
-pub fn root_table(subnet: Ipv4Net) -> String {
+/// outside starts a connection into a slot. A slot's DNS (port 53, to any address) and HTTP(S)
+/// (80 and 443) are redirected to the node's listeners at `ports`, which only redirected
+/// slot traffic reaches: the node's own and outside hosts' connections to them are dropped.
+pub fn root_table(subnet: Ipv4Net, ports: NodePorts) -> String {
+    let NodePorts {
+        dns_udp,
+        dns_tcp,
+        proxy,
+    } = ports;
+    let served = format!("udp . {dns_udp}, tcp . {dns_tcp}, tcp . {proxy}");
     format!(
         "add table ip space_node\n\
          delete table ip space_node\n\
          table ip space_node {{\n\
+         \tchain prerouting {{\n\
+         \t\ttype nat hook prerouting priority dstnat; policy accept;\n\
+         \t\tiifname \"spv*\" udp dport 53 redirect to :{dns_udp}\n\
+         \t\tiifname \"spv*\" tcp dport 53 redirect to :{dns_tcp}\n\
+         \t\tiifname \"spv*\" tcp dport {{ 80, 443 }} redirect to :{proxy}\n\
+         \t}}\n\
          \tchain forward {{\n\
          \t\ttype filter hook forward priority filter; policy accept;\n\
          \t\tiifname \"spv*\" oifname \"spv*\" drop\n\
@@ -133,7 +156,9 @@ pub fn root_table(subnet: Ipv4Net) -> String {
          \t}}\n\
          \tchain input {{\n\
          \t\ttype filter hook input priority filter; policy accept;\n\
+         \t\tiifname \"spv*\" ct status dnat meta l4proto . th dport {{ {served} }} accept\n\
          \t\tiifname \"spv*\" drop\n\
+         \t\tmeta l4proto . th dport {{ {served} }} drop\n\
          \t}}\n\
          \tchain postrouting {{\n\
          \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
@@ -158,8 +183,7 @@ pub fn deny_ranges(subnet: Ipv4Net) -> Vec<Ipv4Net> {
 }
 
 /// What a slot rejects before any set is looked at: every address no rule reaches (link-local
-/// and cloud metadata, multicast, reserved), but loopback, which the redirects to the node's
-/// DNS and proxy use.
+/// and cloud metadata, multicast, reserved), but loopback, the sandbox's own.
 fn never_reached() -> String {
     let loopback: Ipv4Net = "127.0.0.0/8".parse().expect("valid");
     let nets: Vec<Ipv4Net> = policy::never_reached_nets()
@@ -289,19 +313,21 @@ fn dns4_all(entries: &[(Ipv4Addr, Ports, Duration)]) -> String {
 }
 
 /// A slot's table, created once in a fresh slot (deny-all until sets are filled: every set
-/// empty). Redirects DNS to 127.0.0.1:53 and HTTP(S) to the egress proxy on 127.0.0.1:15001.
-/// Nothing accepts "ct state established" on output, so emptied sets cut live flows.
+/// empty), and again when a restarted node adopts the slot. Nothing accepts "ct state
+/// established" on output, so emptied sets cut live flows.
 ///
-/// `ip daddr 127.0.0.0/8 accept`: a packet redirected by `nat_output` has its new (loopback)
-/// destination but still its original output interface when the filter sees it, so
-/// `oif "lo"` alone would reject the very redirects to the node's DNS and proxy.
+/// DNS (port 53, to any address) and HTTP(S) (80 and 443) leave the slot whatever the sets
+/// say: the node's root table redirects them to its DNS server and egress proxy, which apply
+/// the policy themselves (decision 0059). They are not served inside the slot, so a slot
+/// holds no socket of the node.
 ///
 /// The `tap0` rules serve a microvm (decision 0014, "Networking"); in a namespace slot no
 /// such interface exists (the sandbox cannot make one: it has no capability over the slot).
 /// The guest's packets are forwarded through the same `egress` chain as a namespace
-/// sandbox's own output, then NATed to the slot's address; its DNS and HTTP(S) are DNATed
-/// to the node's listeners on the slot's loopback (the tap has `route_localnet`).
-pub fn slot_table(deny: &[Ipv4Net]) -> String {
+/// sandbox's own output, then NATed to the slot's address. Its resolver is the tap's
+/// gateway, inside the slot: DNS sent there is DNATed to the slot's `gateway` (the node's
+/// side of the veth), where the node's redirect takes it.
+pub fn slot_table(deny: &[Ipv4Net], gateway: Ipv4Addr) -> String {
     use space_proto::vm_link::{GUEST, TAP};
     let deny = if deny.is_empty() {
         String::new()
@@ -319,6 +345,8 @@ pub fn slot_table(deny: &[Ipv4Net]) -> String {
          \tchain egress {{\n\
          \t\tip daddr 127.0.0.0/8 accept\n\
          \t\tmeta nfproto ipv6 drop\n\
+         \t\tmeta l4proto {{ tcp, udp }} th dport 53 accept\n\
+         \t\ttcp dport {{ 80, 443 }} accept\n\
          \t\tip daddr {{ {never} }} reject with icmp type admin-prohibited\n\
          \t\tmeta l4proto {{ tcp, udp }} ip daddr . th dport @allow4 accept\n\
          \t\tmeta l4proto {{ tcp, udp }} ip daddr . th dport @dns4 accept\n\
@@ -339,15 +367,9 @@ pub fn slot_table(deny: &[Ipv4Net]) -> String {
          \t\tiifname \"{TAP}\" oifname \"eth0\" ip saddr {GUEST} jump egress\n\
          \t\tiifname \"eth0\" oifname \"{TAP}\" ct state established,related accept\n\
          \t}}\n\
-         \tchain nat_output {{\n\
-         \t\ttype nat hook output priority -100; policy accept;\n\
-         \t\tip daddr != 127.0.0.0/8 meta l4proto {{ tcp, udp }} th dport 53 redirect to :53\n\
-         \t\tip daddr != 127.0.0.0/8 tcp dport {{ 80, 443 }} redirect to :15001\n\
-         \t}}\n\
          \tchain nat_prerouting {{\n\
          \t\ttype nat hook prerouting priority -100; policy accept;\n\
-         \t\tiifname \"{TAP}\" meta l4proto {{ tcp, udp }} th dport 53 dnat ip to 127.0.0.1:53\n\
-         \t\tiifname \"{TAP}\" tcp dport {{ 80, 443 }} dnat ip to 127.0.0.1:15001\n\
+         \t\tiifname \"{TAP}\" meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {gateway}\n\
          \t}}\n\
          \tchain nat_postrouting {{\n\
          \t\ttype nat hook postrouting priority 100; policy accept;\n\
@@ -357,9 +379,17 @@ pub fn slot_table(deny: &[Ipv4Net]) -> String {
          \t\ttype filter hook input priority filter; policy drop;\n\
          \t\tiif \"lo\" accept\n\
          \t\tct state established,related accept\n\
-         \t\tiifname \"{TAP}\" ct status dnat accept\n\
          \t}}\n\
          }}\n"
+    )
+}
+
+/// Replaces a slot's table with a fresh [`slot_table`] in the same transaction as what
+/// follows (an adopted slot's table may be an older node's).
+pub fn replace_slot_table(deny: &[Ipv4Net], gateway: Ipv4Addr) -> String {
+    format!(
+        "add table inet space\ndelete table inet space\n{}",
+        slot_table(deny, gateway)
     )
 }
 
@@ -541,6 +571,8 @@ struct FirewallState {
     /// What `dns4` holds (or held within [`DNS4_GRACE`]), with the names that let each
     /// address in.
     dns: HashMap<Ipv4Addr, DnsEntry>,
+    /// A whole table to put in place with the next policy (an adopted slot's).
+    table: Option<String>,
 }
 
 /// One slot's kernel policy: the `inet space` sets inside its namespace. Serializes every
@@ -572,8 +604,23 @@ impl SlotFirewall {
                 applied: applied.map(|p| p.spec().clone()),
                 sets: applied.map(|p| SlotSets::for_policy(p, address)),
                 dns: HashMap::new(),
+                table: None,
             }),
         }
+    }
+
+    /// The firewall of a slot an earlier run made: `table` ([`replace_slot_table`]) goes in
+    /// with the first policy applied, in the same transaction, so an older node's rules never
+    /// outlive the adoption and adopting costs one nft run.
+    pub fn adopted(
+        ns: PathBuf,
+        runner: Arc<dyn NftRunner>,
+        address: Ipv4Addr,
+        table: String,
+    ) -> SlotFirewall {
+        let mut fw = SlotFirewall::new(Some(ns), runner, address, None);
+        fw.state.get_mut().table = Some(table);
+        fw
     }
 
     async fn run(&self, script: String) -> Result<(), NftError> {
@@ -634,11 +681,15 @@ impl SlotFirewall {
             }
         }
         sets.dns4.sort_by_key(|(ip, _, _)| *ip);
-        let script = set_changes(st.sets.as_ref(), &sets, dns_removed);
+        let mut script = set_changes(st.sets.as_ref(), &sets, dns_removed);
+        if let Some(table) = &st.table {
+            script.insert_str(0, table);
+        }
         let ran = !script.is_empty();
         if ran {
             self.run(script).await?;
         }
+        st.table = None;
         // After a flush nothing lapsed is left in the kernel; otherwise it may be, for a while.
         if !dns_removed {
             kept.extend(lapsed);
@@ -800,11 +851,25 @@ mod tests {
     }
 
     const ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 6);
+    const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 5);
+    const PORTS: NodePorts = NodePorts {
+        dns_udp: 40001,
+        dns_tcp: 40002,
+        proxy: 40003,
+    };
 
     #[test]
     fn root_table_is_idempotent_and_names_the_subnet() {
-        let t = root_table(subnet());
+        let t = root_table(subnet(), PORTS);
         assert!(t.starts_with("add table ip space_node\ndelete table ip space_node\n"));
+        assert!(t.contains("iifname \"spv*\" udp dport 53 redirect to :40001"));
+        assert!(t.contains("iifname \"spv*\" tcp dport 53 redirect to :40002"));
+        assert!(t.contains("iifname \"spv*\" tcp dport { 80, 443 } redirect to :40003"));
+        // Only redirected slot traffic reaches the node's listeners.
+        assert!(t.contains("ct status dnat meta l4proto . th dport { udp . 40001, tcp . 40002, tcp . 40003 } accept"));
+        assert!(t.contains(
+            "\t\tmeta l4proto . th dport { udp . 40001, tcp . 40002, tcp . 40003 } drop"
+        ));
         assert!(t.contains("ip saddr 10.213.0.0/16 oifname != \"spv*\" masquerade"));
         assert!(t.contains("iifname \"spv*\" oifname \"spv*\" drop"));
         assert!(t.contains("iifname \"spv*\" ip daddr 169.254.0.0/16 drop"));
@@ -821,7 +886,7 @@ mod tests {
         assert!(!has("100.127.0.0/16") && has("100.64.0.0/10"));
         let d2 = deny_ranges("198.18.0.0/16".parse().unwrap());
         assert!(d2.contains(&"198.18.0.0/16".parse().unwrap()));
-        assert!(slot_table(&d2).contains("198.18.0.0/16"));
+        assert!(slot_table(&d2, GATEWAY).contains("198.18.0.0/16"));
     }
 
     #[test]
@@ -1089,9 +1154,18 @@ mod tests {
         let nft = SystemNft::new();
         let t0 = Instant::now();
         let r = (|| -> Result<(), NftError> {
-            nft.apply(Some(&ns), &root_table(subnet()))?;
-            nft.apply(Some(&ns), &root_table(subnet()))?;
-            nft.apply(Some(&ns), &slot_table(&deny_ranges(subnet())))?;
+            nft.apply(Some(&ns), &root_table(subnet(), PORTS))?;
+            nft.apply(Some(&ns), &root_table(subnet(), PORTS))?;
+            nft.apply(Some(&ns), &slot_table(&deny_ranges(subnet()), GATEWAY))?;
+            // An adoption replaces the table whole, in one transaction with the sets.
+            nft.apply(
+                Some(&ns),
+                &format!(
+                    "{}{}",
+                    replace_slot_table(&deny_ranges(subnet()), GATEWAY),
+                    set_contents(&SlotSets::for_policy(&pol(Egress::Open, &[]), ADDR))
+                ),
+            )?;
             let p = pol(
                 Egress::Allowlist,
                 &["203.0.113.0/24", "203.0.113.0/25", "x.com"],
@@ -1128,21 +1202,21 @@ mod tests {
                 Some(&ns),
                 &set_contents(&SlotSets::for_policy(&pol(Egress::Open, &[]), ADDR)),
             )?;
-            nft.apply(Some(&ns), remove_root_table())
+            nft.apply(Some(&ns), remove_root_table())?;
+            nft.apply(Some(&ns), &root_table(subnet(), PORTS))
         })();
         let elapsed = t0.elapsed();
         let listing = space_sys::netns::run_in(ns.as_fd(), || {
-            Command::new(&nft.binary)
-                .args(["list", "table", "inet", "space"])
-                .output()
+            Command::new(&nft.binary).args(["list", "ruleset"]).output()
         });
         drop(ns);
         space_sys::netns::remove_pinned(&pin).unwrap();
         r.unwrap();
         let listing = String::from_utf8(listing.unwrap().unwrap().stdout).unwrap();
         assert!(listing.contains("10.213.0.6"), "{listing}");
-        assert!(listing.contains("redirect to :15001"), "{listing}");
-        eprintln!("8 nft transactions: {elapsed:?}");
+        assert!(listing.contains("dnat ip to 10.213.0.5"), "{listing}");
+        assert!(listing.contains("redirect to :40003"), "{listing}");
+        eprintln!("12 nft transactions: {elapsed:?}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The transparent egress proxy (decision 0012): every TCP connection a sandbox makes to ports
-//! 80 and 443 is redirected by its slot's nftables rules to the node's listener at
-//! 127.0.0.1:15001 inside the slot, which decides where it may go and how:
+//! 80 and 443 is redirected by the node's root table to the node's one listener, in its own
+//! namespace (decision 0059), which finds the sandbox by the connection's source address and
+//! decides where it may go and how:
 //!
 //! 1. read the first bytes (at most [`PEEK_MAX`], at most [`PEEK_TIMEOUT`]): a TLS ClientHello
 //!    gives the SNI, a plain HTTP/1.x request its Host header;
@@ -46,6 +47,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::ca::Ca;
+use super::dns::SlotLookup;
 use super::policy::{Policy, matches_host};
 use super::{Resolve, SandboxNet, Secrets};
 use sniff::{Proto, Sniff};
@@ -56,6 +58,23 @@ pub const PEEK_MAX: usize = 16 * 1024;
 pub const PEEK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Simultaneous proxied connections per sandbox; more are closed at once.
 pub const MAX_CONNS_PER_SANDBOX: usize = 1024;
+
+/// A slot as the proxy serves it: its sandbox's network state, and its share of the proxy
+/// ([`MAX_CONNS_PER_SANDBOX`] connections at once).
+#[derive(Debug, Clone)]
+pub struct ProxySlot {
+    pub net: Arc<SandboxNet>,
+    pub limit: Arc<Semaphore>,
+}
+
+impl ProxySlot {
+    pub fn new(net: Arc<SandboxNet>) -> ProxySlot {
+        ProxySlot {
+            net,
+            limit: Arc::new(Semaphore::new(MAX_CONNS_PER_SANDBOX)),
+        }
+    }
+}
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -327,27 +346,37 @@ impl EgressProxy {
         })
     }
 
-    /// Accepts and proxies the connections of one sandbox on `listener` (its slot's
-    /// 127.0.0.1:15001) until the returned task is aborted, which also ends its connections.
-    pub fn serve(
+    /// Accepts and proxies every slot's connections on `listener`, in the node's own
+    /// namespace (decision 0059: the root table redirects a slot's ports 80 and 443 here),
+    /// until the returned task is aborted, which also ends its connections. Each connection
+    /// is served under the policy of the slot its source address belongs to; one from no
+    /// slot is closed.
+    pub fn serve_node(
         self: &Arc<Self>,
         listener: TcpListener,
-        sandbox: Arc<SandboxNet>,
+        lookup: SlotLookup<ProxySlot>,
     ) -> JoinHandle<()> {
         let this = self.clone();
-        tokio::spawn(async move { this.accept_loop(listener, sandbox).await })
+        tokio::spawn(async move { this.accept_loop(listener, lookup).await })
     }
 
-    async fn accept_loop(self: Arc<Self>, listener: TcpListener, sandbox: Arc<SandboxNet>) {
+    async fn accept_loop(self: Arc<Self>, listener: TcpListener, lookup: SlotLookup<ProxySlot>) {
         let listen_addr = listener.local_addr().ok();
-        let limit = Arc::new(Semaphore::new(MAX_CONNS_PER_SANDBOX));
         // Dropped (aborting every connection) when this task is aborted.
         let mut conns = JoinSet::new();
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((sock, _)) => {
-                        let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    Ok((sock, peer)) => {
+                        let slot = match peer {
+                            SocketAddr::V4(p) => lookup(*p.ip()),
+                            SocketAddr::V6(_) => None,
+                        };
+                        let Some(ProxySlot { net: sandbox, limit }) = slot else {
+                            tracing::debug!(%peer, "proxied connection from no slot; closed");
+                            continue;
+                        };
+                        let Ok(permit) = limit.try_acquire_owned() else {
                             if self.warn.allow() {
                                 tracing::warn!(sandbox = %sandbox.id(),
                                     "too many proxied connections; closing a new one");
@@ -355,7 +384,6 @@ impl EgressProxy {
                             continue;
                         };
                         let this = self.clone();
-                        let sandbox = sandbox.clone();
                         conns.spawn(async move {
                             this.handle(sock, listen_addr, &sandbox).await;
                             drop(permit);
@@ -363,7 +391,7 @@ impl EgressProxy {
                     }
                     Err(e) => {
                         if self.warn.allow() {
-                            tracing::warn!(sandbox = %sandbox.id(), error = %e, "proxy accept failed");
+                            tracing::warn!(error = %e, "proxy accept failed");
                         }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }

@@ -1,6 +1,7 @@
 //! Network slots (decision 0012): node-owned network namespaces, each with a routed veth pair,
-//! a deny-all firewall, and the node's DNS and proxy listeners bound on its loopback; plus the
-//! pool that keeps some ready so that creating a sandbox makes none.
+//! and a deny-all firewall; plus the pool that keeps some ready so that creating a sandbox
+//! makes none. The node serves every slot's DNS and egress proxy from its own namespace
+//! (decision 0059), so a slot holds no socket of the node.
 //!
 //! Slot `i` of subnet S (cut into /30s) is network S+4i: the host side `spv<i>` holds .1 (the
 //! gateway), the peer `eth0` inside holds .2 with a default route via .1. Its namespace is
@@ -11,7 +12,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::fs::{self, File};
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,11 +30,6 @@ use tracing::{debug, warn};
 use super::network::SlotInfo;
 use super::nft::{self, NftError, NftRunner, SlotFirewall, SlotSets};
 use super::policy::Policy;
-
-/// Where the node's DNS server listens inside every slot (127.0.0.1).
-pub const DNS_PORT: u16 = crate::api::net::SLOT_DNS_PORT;
-/// Where the egress proxy listens inside every slot (127.0.0.1).
-pub const PROXY_PORT: u16 = crate::api::net::SLOT_PROXY_PORT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
@@ -127,53 +123,12 @@ pub fn pinned_indexes(dir: &Path) -> Vec<u32> {
     v
 }
 
-/// The node's sockets inside a slot, bound there (non-blocking), served from the node's runtime.
-#[derive(Debug)]
-pub struct Listeners {
-    pub dns_udp: UdpSocket,
-    pub dns_tcp: TcpListener,
-    pub proxy: TcpListener,
-}
-
-impl Listeners {
-    /// Binds the listeners on 127.0.0.1 in the calling thread's namespace, at `dns_port` and
-    /// `proxy_port` (0: any, for tests).
-    pub fn bind(dns_port: u16, proxy_port: u16) -> io::Result<Listeners> {
-        let lo = Ipv4Addr::LOCALHOST;
-        // With port 0, the UDP port the kernel picks may be a TCP port in use: pick again.
-        let mut tries = if dns_port == 0 { 16 } else { 1 };
-        let (dns_udp, dns_tcp) = loop {
-            let udp = UdpSocket::bind((lo, dns_port))?;
-            let port = udp.local_addr()?.port();
-            match TcpListener::bind((lo, port)) {
-                Ok(tcp) => break (udp, tcp),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries > 1 => tries -= 1,
-                Err(e) => return Err(e),
-            }
-        };
-        let proxy = TcpListener::bind((lo, proxy_port))?;
-        dns_udp.set_nonblocking(true)?;
-        dns_tcp.set_nonblocking(true)?;
-        proxy.set_nonblocking(true)?;
-        Ok(Listeners {
-            dns_udp,
-            dns_tcp,
-            proxy,
-        })
-    }
-
-    pub fn dns_addr(&self) -> io::Result<SocketAddr> {
-        self.dns_udp.local_addr()
-    }
-}
-
-/// A ready slot: its namespace, firewall and listeners.
+/// A ready slot: its namespace and firewall.
 #[derive(Debug)]
 pub struct Slot {
     pub info: SlotInfo,
     pub netns: Arc<File>,
     pub firewall: Arc<SlotFirewall>,
-    pub listeners: Listeners,
 }
 
 /// Makes and destroys slots (the kernel, or a fake in tests).
@@ -250,8 +205,8 @@ impl KernelSlots {
         &self.dir
     }
 
-    /// Takes back a slot an earlier run made (rebinds the listeners inside). Its firewall
-    /// holds an unknown policy until the caller applies one.
+    /// Takes back a slot an earlier run made. Its firewall holds an unknown policy (and
+    /// perhaps an older node's table) until the caller applies one, which replaces both.
     pub async fn reopen(&self, info: &SlotInfo) -> Result<Slot, SlotError> {
         let index = info.index;
         let path = info.netns.clone();
@@ -262,19 +217,16 @@ impl KernelSlots {
                 index,
                 format!("open {}", info.netns.display()),
             ))?;
-        let ns = Arc::new(ns);
-        let listeners = bind_listeners(&ns, index).await?;
-        let firewall = Arc::new(SlotFirewall::new(
-            Some(info.netns.clone()),
+        let firewall = Arc::new(SlotFirewall::adopted(
+            info.netns.clone(),
             self.nft.clone(),
             info.address,
-            None,
+            nft::replace_slot_table(&self.deny, info.gateway),
         ));
         Ok(Slot {
             info: info.clone(),
-            netns: ns,
+            netns: Arc::new(ns),
             firewall,
-            listeners,
         })
     }
 
@@ -291,7 +243,7 @@ impl KernelSlots {
         //    any link exists.
         let script = format!(
             "{}{}",
-            nft::slot_table(&self.deny),
+            nft::slot_table(&self.deny, gateway),
             nft::set_contents(&SlotSets::for_policy(initial, address))
         );
         let nft = self.nft.clone();
@@ -394,9 +346,6 @@ impl KernelSlots {
         conn.abort();
         inside_result?;
 
-        // 4. The node's listeners on the slot's loopback.
-        let listeners = bind_listeners(&ns, index).await?;
-
         let firewall = Arc::new(SlotFirewall::new(
             Some(pin.clone()),
             self.nft.clone(),
@@ -412,7 +361,6 @@ impl KernelSlots {
             },
             netns: ns,
             firewall,
-            listeners,
         })
     }
 }
@@ -507,16 +455,6 @@ struct PoolState {
     last_take: Option<std::time::Instant>,
     /// Where `alloc` looks for a free index first.
     next_index: u32,
-}
-
-/// Binds the node's DNS and proxy listeners on the loopback of slot `index` (namespace `ns`).
-async fn bind_listeners(ns: &Arc<File>, index: u32) -> Result<Listeners, SlotError> {
-    let ns = ns.clone();
-    blocking(move || netns::run_in(ns.as_fd(), || Listeners::bind(DNS_PORT, PROXY_PORT)))
-        .await
-        .and_then(|r| r)
-        .and_then(|r| r)
-        .map_err(SlotError::io(index, "bind the DNS and proxy listeners"))
 }
 
 /// Counters of the pool (also used by tests).
@@ -806,7 +744,7 @@ pub(crate) mod tests {
     use crate::net::nft::RecordingNft;
     use crate::net::{Egress, NetworkSpec};
 
-    /// Slots without a kernel: the current namespace, loopback listeners on any port.
+    /// Slots without a kernel: the current namespace.
     #[derive(Debug, Default)]
     pub(crate) struct FakeSlots {
         pub log: Mutex<Vec<String>>,
@@ -841,7 +779,6 @@ pub(crate) mod tests {
                     address,
                     Some(initial),
                 )),
-                listeners: Listeners::bind(0, 0).unwrap(),
             })
         }
         async fn destroy(&self, index: u32) {

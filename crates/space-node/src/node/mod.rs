@@ -535,11 +535,11 @@ impl Node {
             self.cfg.exited_retention_secs.to_string(),
         ));
         if let Some(n) = &self.network
-            && n.is_attached(&spec.id)
+            && let Some(slot) = n.slot(&spec.id)
         {
             // The node's DNS as the sandbox reaches it, and the CA of intercepted TLS
             // (decision 0012).
-            let dns = self.rt_of(runtime).dns_address();
+            let dns = self.rt_of(runtime).dns_address(slot.gateway);
             env.push(("SPACE_DNS".into(), dns.to_string()));
             env.push(("SPACE_CA_PEM".into(), n.ca_pem()));
             for (k, v) in [

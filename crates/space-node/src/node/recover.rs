@@ -130,8 +130,8 @@ impl Node {
                 .filter(|e| e.record.slot.is_some())
                 .map(|e| e.record.clone())
                 .collect();
-            // Concurrently: each slot is a netns to open, a firewall transaction and the
-            // slot's DNS and proxy listeners, mostly waits on the kernel.
+            // Concurrently: each slot is a netns to open and one firewall transaction (its
+            // table and policy), mostly waits on the kernel.
             let lost: Vec<String> = futures::stream::iter(with_slots)
                 .map(|rec| async move {
                     let id = rec.spec.id.clone();

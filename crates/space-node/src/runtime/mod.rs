@@ -91,9 +91,11 @@ pub trait Runtime: Send + Sync {
     fn service_address(&self) -> std::net::Ipv4Addr {
         std::net::Ipv4Addr::LOCALHOST
     }
-    /// The node's resolver (and egress proxy) as processes inside the sandbox reach it.
-    fn dns_address(&self) -> std::net::Ipv4Addr {
-        std::net::Ipv4Addr::LOCALHOST
+    /// The node's resolver as processes inside the sandbox reach it, in a slot whose node
+    /// side is `slot_gateway`: that gateway for a sandbox that shares the slot's namespace
+    /// (the node's root table takes its port 53 to the node's DNS, decision 0059).
+    fn dns_address(&self, slot_gateway: std::net::Ipv4Addr) -> std::net::Ipv4Addr {
+        slot_gateway
     }
     /// The identity a new guest of sandbox `id` is given over the channel, in its first RPC
     /// (a fresh RNG seed, machine-id and clock), for a runtime whose guest has its own kernel

@@ -279,7 +279,12 @@ impl World {
         );
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        self.proxy(original_dst).serve(listener, sandbox.clone());
+        // The test's clients connect from 127.0.0.1: that is the sandbox's slot.
+        let slot = ProxySlot::new(sandbox.clone());
+        self.proxy(original_dst).serve_node(
+            listener,
+            Arc::new(move |src| (src == Ipv4Addr::LOCALHOST).then(|| slot.clone())),
+        );
         (addr, sandbox)
     }
 }
@@ -831,7 +836,8 @@ fn redirected_connections_use_the_original_destination() {
             Policy::new(&spec, &[]).unwrap(),
             vec![],
         );
-        proxy.serve(listener, sandbox.clone());
+        let slot = ProxySlot::new(sandbox.clone());
+        proxy.serve_node(listener, Arc::new(move |_| Some(slot.clone())));
 
         // Redirected, no name: the original destination (address and port) decides.
         let mut tcp = TcpStream::connect(target).await.unwrap();

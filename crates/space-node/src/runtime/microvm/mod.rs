@@ -918,8 +918,9 @@ impl Runtime for MicrovmRuntime {
         space_proto::vm_link::GUEST
     }
 
-    /// The guest reaches the node through its gateway, the tap's node end.
-    fn dns_address(&self) -> std::net::Ipv4Addr {
+    /// The guest's resolver is its gateway, the tap's slot end, which DNATs port 53 on to
+    /// the slot's gateway and so to the node's DNS (`nft::slot_table`).
+    fn dns_address(&self, _slot_gateway: std::net::Ipv4Addr) -> std::net::Ipv4Addr {
         space_proto::vm_link::GATEWAY
     }
 

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -32,8 +32,6 @@ use async_trait::async_trait;
 use space_sys::mount::{MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, idmapped_clone};
 use space_sys::ns::{self, InitSpec, NsError, SockFilter, caps};
 use space_sys::process::{DAEMON_OOM_SCORE_ADJ, DEFAULT_RLIMITS, Rlimit};
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
 
 pub use self::seccomp::{
     ALLOWED as SECCOMP_ALLOWED, DENIED as SECCOMP_DENIED, IOCTL_FAMILIES, IoctlFamily,
@@ -93,11 +91,16 @@ impl Default for NamespaceConfig {
     }
 }
 
-/// What we hold for a sandbox launched by this process.
+/// What we hold for a sandbox launched by this process: its init is our child, whose pid
+/// nobody can reuse until we reap it, so a pidfd opened on it later names it. None is held
+/// open (issue 16: one open file fewer per sandbox).
 #[derive(Debug)]
 struct Tracked {
-    pidfd: Arc<OwnedFd>,
+    pid: u32,
     socket: PathBuf,
+    /// Reaped already (by [`Runtime::alive`], which found it a zombie): the pid may be
+    /// another process's by now, and is never signalled.
+    reaped: bool,
 }
 
 /// What the sandbox init is confined by beyond its namespaces: the seccomp programs, the
@@ -137,17 +140,6 @@ struct Inner {
     launcher: std::sync::OnceLock<Option<OwnedFd>>,
 }
 
-/// A tracked init's pidfd as the reactor sees it (shared with [`Tracked`], which signals
-/// through it).
-#[derive(Debug)]
-struct SharedPidfd(Arc<OwnedFd>);
-
-impl AsRawFd for SharedPidfd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
 impl Inner {
     /// The launcher mount namespace ([`space_sys::mntns::launcher`]), made on first use: by
     /// then the node's volume and everything else an init reads by path is mounted.
@@ -164,41 +156,47 @@ impl Inner {
     }
 }
 
-/// Reaps `id`'s init when it exits (spaced is its parent, so nobody else will): its
-/// pidfd turns readable then, also when it exited before this was called. One task per
-/// init, woken once. It replaced a sweep over every tracked init on each SIGCHLD, which
-/// spaced's other children (`nft` for every slot) send too: thousands of `waitid` calls
-/// per create on a full node (issue 16).
-fn watch_exit(id: &str, pidfd: Arc<OwnedFd>) {
-    // `with_interest` is deprecated for `AsRawFd` types whose fd may change or close under
-    // the registration; the `Arc` keeps this one open and the same for as long as the
-    // registration holds it (the contract of the `unsafe` `register`; as in space-daemon).
-    #[allow(deprecated)]
-    let afd = match AsyncFd::with_interest(SharedPidfd(pidfd.clone()), Interest::READABLE) {
-        Ok(afd) => afd,
-        Err(e) => {
-            tracing::error!(id, error = %e, "cannot watch the sandbox init's pidfd; it stays a zombie once it exits, until destroyed");
-            return;
-        }
+/// A pidfd on our own unreaped child `pid` (the pid is still its own until we reap it).
+fn child_pidfd(pid: u32) -> Option<OwnedFd> {
+    ns::pidfd_open(pid).ok()
+}
+
+/// Kills our own unreaped child `pid` and reaps it, waiting at most `timeout` (the reaping
+/// goes on in the background after that).
+async fn kill_and_reap(pid: u32, timeout: Duration) {
+    let Some(pidfd) = child_pidfd(pid) else {
+        return;
     };
-    tokio::spawn(async move {
-        loop {
-            let Ok(mut ready) = afd.readable().await else {
-                return;
-            };
-            // Also an init a relaunch of its id killed, which nobody else reaps. Err
-            // (ECHILD) means destroy reaped it first: equally gone.
-            if !matches!(ns::waitid_pidfd(pidfd.as_fd(), libc::WNOHANG), Ok(None)) {
-                return;
-            }
-            ready.clear_ready();
-        }
-    });
+    // Killing PID 1 of the pid namespace takes every process in it along.
+    let _ = ns::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+    let _ = tokio::time::timeout(
+        timeout,
+        tokio::task::spawn_blocking(move || ns::waitid_pidfd(pidfd.as_fd(), 0)),
+    )
+    .await;
 }
 
 #[derive(Debug, Clone)]
 pub struct NamespaceRuntime {
     inner: Arc<Inner>,
+}
+
+impl NamespaceRuntime {
+    /// Reaps init `pid` if it is our own exited child (spaced is its parent, so nobody else
+    /// will), and marks it so that its pid is never signalled after. It replaced a task and a
+    /// pidfd per init (issue 16); the reconciler's pass asks `alive` of every sandbox, so a
+    /// zombie lasts at most one pass.
+    fn reap(&self, pid: u32) {
+        let mut tracked = self.inner.tracked.lock().unwrap();
+        let Some(t) = tracked.values_mut().find(|t| t.pid == pid && !t.reaped) else {
+            return;
+        };
+        if let Some(pidfd) = child_pidfd(pid)
+            && matches!(ns::waitid_pidfd(pidfd.as_fd(), libc::WNOHANG), Ok(Some(_)))
+        {
+            t.reaped = true;
+        }
+    }
 }
 
 fn setup(step: &'static str) -> impl FnOnce(io::Error) -> RuntimeError {
@@ -558,18 +556,20 @@ impl Runtime for NamespaceRuntime {
                     step: "join the launch task",
                     source: io::Error::other(e),
                 })??;
-        let pidfd = Arc::new(pidfd);
+        // Exits are noticed (and reaped) by `alive`, which the node's reconciler asks of
+        // every sandbox each pass: no open file or task per init (issue 16).
+        drop(pidfd);
         let old = self.inner.tracked.lock().unwrap().insert(
             plan.id.clone(),
             Tracked {
-                pidfd: pidfd.clone(),
+                pid: launched.init_pid,
                 socket: plan.channel_socket.clone(),
+                reaped: false,
             },
         );
-        watch_exit(&plan.id, pidfd);
-        if let Some(old) = old {
+        if let Some(old) = old.filter(|o| !o.reaped) {
             // A relaunch of a live id: the old init must not linger unowned.
-            let _ = ns::pidfd_send_signal(old.pidfd.as_fd(), libc::SIGKILL);
+            tokio::spawn(kill_and_reap(old.pid, Duration::MAX));
         }
         tracing::debug!(id = %plan.id, pid = launched.init_pid, "sandbox init running");
         Ok(launched)
@@ -586,15 +586,10 @@ impl Runtime for NamespaceRuntime {
         }
         let tracked = self.inner.tracked.lock().unwrap().remove(id);
         if let Some(t) = tracked {
-            // Killing PID 1 of the pid namespace takes every process in it along.
-            let _ = ns::pidfd_send_signal(t.pidfd.as_fd(), libc::SIGKILL);
-            // No longer in the map, so its exit watcher will not reap it: wait here.
-            let pidfd = t.pidfd;
-            let _ = tokio::time::timeout(
-                timeout,
-                tokio::task::spawn_blocking(move || ns::waitid_pidfd(pidfd.as_fd(), 0)),
-            )
-            .await;
+            // No longer in the map, so `alive` will not reap it: this does.
+            if !t.reaped {
+                kill_and_reap(t.pid, timeout).await;
+            }
             match fs::remove_file(&t.socket) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -618,7 +613,15 @@ impl Runtime for NamespaceRuntime {
     }
 
     fn alive(&self, launched: &Launched) -> bool {
-        is_alive(launched)
+        match read_stat(launched.init_pid) {
+            Ok(st) if st.start_time == launched.start_time => {
+                if st.state == 'Z' {
+                    self.reap(launched.init_pid);
+                }
+                st.state != 'Z' && st.state != 'X'
+            }
+            _ => false,
+        }
     }
 
     async fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), RuntimeError> {

@@ -494,6 +494,33 @@ async fn a_node_holding_more_fds_than_a_sandboxs_limit_still_launches() {
     drop(held);
 }
 
+/// No pidfd or task watches an init (decision 0059): one that exits is reaped when `alive`
+/// finds it a zombie, as the reconciler's pass asks, and destroy after that signals nothing.
+#[tokio::test]
+async fn real_an_exited_init_is_reaped_when_its_liveness_is_asked() {
+    let Some(fs_) = Btrfs::new() else { return };
+    let rootfs = fs_.rootfs("sb-exit");
+    let daemon = fs_.daemon("exits.sh", "echo DONE; exit 3");
+    let rt = real_runtime("space-test");
+    let plan = plan_in(fs_.dir.path(), "sbexit", rootfs, daemon);
+    let launched = rt.launch(&plan).await.unwrap();
+    wait_for_log(&plan, "DONE").await;
+    let proc_dir = PathBuf::from(format!("/proc/{}", launched.init_pid));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Nothing reaps it but `alive`: it stays a zombie until asked.
+    while !std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|s| s.contains(") Z ")) {
+        assert!(Instant::now() < deadline, "the init did not exit");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!rt.alive(&launched));
+    assert!(
+        !proc_dir.exists(),
+        "asked about, the zombie init was not reaped"
+    );
+    rt.destroy("sbexit", Some(&launched)).await.unwrap();
+    assert!(!plan.channel_socket.exists());
+}
+
 #[tokio::test]
 async fn real_destroy_kills_every_process_and_adopted_inits() {
     let Some(fs_) = Btrfs::new() else { return };
