@@ -1183,6 +1183,18 @@ mod tests {
                     .attach("lose", &spec(Egress::Open, &[]), &[])
                     .await
                     .unwrap();
+                let only_8080 = spec(Egress::Allowlist, &["203.0.113.2:8080"]);
+                let same = net.attach("same", &only_8080, &[]).await.unwrap();
+                let record = |info: &SlotInfo| {
+                    nft::FirewallRecord::read(&nft::FirewallRecord::path(&info.netns))
+                };
+                assert_eq!(record(&same).unwrap().spec, only_8080);
+                // A record that names another table is not trusted: "keep"'s is replaced.
+                let mut stale = record(&keep).unwrap();
+                stale.table = "0".repeat(64);
+                stale
+                    .store(&nft::FirewallRecord::path(&keep.netns))
+                    .unwrap();
                 // The "crash": the first Network goes without detaching.
                 let inner = net.inner.as_ref().unwrap();
                 lock(&inner.attached).clear();
@@ -1197,9 +1209,34 @@ mod tests {
                 )
                 .await
                 .unwrap();
+                // Its record names today's table and the same policy: adopted as it is.
+                net.adopt("same", &same, &only_8080, &[]).await.unwrap();
                 net.finish_recovery().await;
                 assert!(!lose.netns.exists(), "the unadopted slot is destroyed");
+                assert!(record(&lose).is_none(), "its firewall record goes with it");
                 assert!(keep.netns.exists());
+                assert_eq!(record(&keep).unwrap().spec, only_8080);
+                // Replaced: the record names today's table again.
+                let subnet = NetConfig::default().subnet;
+                let today = nft::slot_table(&nft::deny_ranges(subnet), keep.gateway);
+                assert_eq!(record(&keep).unwrap().table, nft::table_digest(&today));
+                reach_async(
+                    net.netns("same").unwrap().unwrap(),
+                    SocketAddrV4::new(WORLD, 8080),
+                )
+                .await
+                .unwrap();
+                // The adopted policy is the kernel's: closing it cuts the way out.
+                net.update("same", &spec(Egress::None, &[])).await.unwrap();
+                assert_eq!(record(&same).unwrap().spec, spec(Egress::None, &[]));
+                assert!(
+                    reach_async(
+                        net.netns("same").unwrap().unwrap(),
+                        SocketAddrV4::new(WORLD, 8080)
+                    )
+                    .await
+                    .is_err()
+                );
                 reach_async(
                     net.netns("keep").unwrap().unwrap(),
                     SocketAddrV4::new(WORLD, 8080),
@@ -1215,6 +1252,7 @@ mod tests {
                 assert_eq!(other.index, lose.index);
                 net.detach("keep").await;
                 net.detach("other").await;
+                net.detach("same").await;
                 net.close().await;
             })
         });

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{self, Write as _};
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -573,6 +573,80 @@ struct FirewallState {
     dns: HashMap<Ipv4Addr, DnsEntry>,
     /// A whole table to put in place with the next policy (an adopted slot's).
     table: Option<String>,
+    /// `dns4` may hold addresses this node did not put there (an adopted slot whose
+    /// record let the adoption skip nft): the next policy change flushes it.
+    dns_unknown: bool,
+}
+
+/// What a slot's firewall holds as the node last put it there, kept next to the slot's pin
+/// (`slot-<i>.firewall`, on the run dir's tmpfs, gone with the namespace at a reboot). A
+/// restarted node adopting the slot runs no nft when the record names today's table and the
+/// policy the sandbox has (issue 16: one `nft` process per slot made re-adoption slow). It is
+/// removed before every transaction and written after it succeeds, so a node killed in
+/// between finds none and replaces the table whole.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FirewallRecord {
+    /// SHA-256 (hex) of the slot's table as [`slot_table`] renders it.
+    pub table: String,
+    /// The policy in the sets.
+    pub spec: NetworkSpec,
+}
+
+impl FirewallRecord {
+    /// Where the record of the slot pinned at `pin` lives.
+    pub fn path(pin: &Path) -> PathBuf {
+        pin.with_extension("firewall")
+    }
+
+    /// The record at `path`; None when there is none or it cannot be read whole.
+    pub fn read(path: &Path) -> Option<FirewallRecord> {
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+
+    /// Writes the record at `path`.
+    pub fn store(&self, path: &Path) -> io::Result<()> {
+        std::fs::write(path, serde_json::to_vec(self).map_err(io::Error::other)?)
+    }
+}
+
+/// The digest a [`FirewallRecord`] names a table by.
+pub fn table_digest(table: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(table.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Removes the record at `path` (none is fine).
+pub fn forget_record(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Runs `script` in the namespace pinned at `ns` with the slot's record kept true: removed
+/// before, written after success (see [`FirewallRecord`]).
+pub fn apply_recorded(
+    runner: &dyn NftRunner,
+    ns: Option<&Path>,
+    script: &str,
+    record: Option<(&Path, FirewallRecord)>,
+) -> Result<(), NftError> {
+    if let Some((path, _)) = &record {
+        forget_record(path).map_err(NftError::Netns)?;
+    }
+    let ns = ns.map(File::open).transpose().map_err(NftError::Netns)?;
+    runner.apply(ns.as_ref(), script)?;
+    if let Some((path, rec)) = record
+        && let Err(e) = rec.store(path)
+    {
+        // Without it an adoption replaces the table whole: slower, never wrong.
+        tracing::warn!(path = %path.display(), error = %e, "cannot record the slot's firewall");
+        let _ = forget_record(path);
+    }
+    Ok(())
 }
 
 /// One slot's kernel policy: the `inet space` sets inside its namespace. Serializes every
@@ -582,6 +656,8 @@ struct FirewallState {
 pub struct SlotFirewall {
     /// The slot's pinned namespace, opened for each run: no open file is held per slot.
     ns: Option<PathBuf>,
+    /// Where the slot's [`FirewallRecord`] is kept, and its table's digest.
+    record: Option<(PathBuf, String)>,
     runner: Arc<dyn NftRunner>,
     address: Ipv4Addr,
     state: tokio::sync::Mutex<FirewallState>,
@@ -598,6 +674,7 @@ impl SlotFirewall {
     ) -> SlotFirewall {
         SlotFirewall {
             ns,
+            record: None,
             runner,
             address,
             state: tokio::sync::Mutex::new(FirewallState {
@@ -605,8 +682,30 @@ impl SlotFirewall {
                 sets: applied.map(|p| SlotSets::for_policy(p, address)),
                 dns: HashMap::new(),
                 table: None,
+                dns_unknown: false,
             }),
         }
+    }
+
+    /// Keeps the slot's [`FirewallRecord`] at `path` for a table of `digest` true after
+    /// every policy transaction.
+    pub fn recorded(mut self, path: PathBuf, digest: String) -> SlotFirewall {
+        self.record = Some((path, digest));
+        self
+    }
+
+    /// The firewall of a slot an earlier run made whose record names today's table and
+    /// `applied`: nothing to run until the policy changes, which then also flushes `dns4`
+    /// (its addresses were admitted under the same policy, by a node that is gone).
+    pub fn adopted_as_recorded(
+        ns: PathBuf,
+        runner: Arc<dyn NftRunner>,
+        address: Ipv4Addr,
+        applied: &Policy,
+    ) -> SlotFirewall {
+        let mut fw = SlotFirewall::new(Some(ns), runner, address, Some(applied));
+        fw.state.get_mut().dns_unknown = true;
+        fw
     }
 
     /// The firewall of a slot an earlier run made: `table` ([`replace_slot_table`]) goes in
@@ -623,12 +722,18 @@ impl SlotFirewall {
         fw
     }
 
-    async fn run(&self, script: String) -> Result<(), NftError> {
+    /// Runs `script`; `spec`: the policy the sets hold after it, when it changes them (the
+    /// slot's record is kept true then).
+    async fn run(&self, script: String, spec: Option<NetworkSpec>) -> Result<(), NftError> {
         let ns = self.ns.clone();
         let runner = self.runner.clone();
+        let record = spec.and_then(|spec| {
+            let (path, table) = self.record.clone()?;
+            Some((path, FirewallRecord { table, spec }))
+        });
         tokio::task::spawn_blocking(move || {
-            let ns = ns.map(File::open).transpose().map_err(NftError::Netns)?;
-            runner.apply(ns.as_ref(), &script)
+            let record = record.as_ref().map(|(p, r)| (p.as_path(), r.clone()));
+            apply_recorded(&*runner, ns.as_deref(), &script, record)
         })
         .await
         .unwrap_or_else(|e| Err(NftError::Netns(io::Error::other(e))))
@@ -651,7 +756,7 @@ impl SlotFirewall {
         let mut sets = SlotSets::for_policy(policy, self.address);
         let mut kept = HashMap::new();
         let mut lapsed = HashMap::new();
-        let mut dns_removed = false;
+        let mut dns_removed = st.dns_unknown;
         for (ip, mut e) in st.dns.drain() {
             if e.expires <= now {
                 if e.expires + DNS4_GRACE > now {
@@ -687,9 +792,10 @@ impl SlotFirewall {
         }
         let ran = !script.is_empty();
         if ran {
-            self.run(script).await?;
+            self.run(script, Some(policy.spec().clone())).await?;
         }
         st.table = None;
+        st.dns_unknown = false;
         // After a flush nothing lapsed is left in the kernel; otherwise it may be, for a while.
         if !dns_removed {
             kept.extend(lapsed);
@@ -774,7 +880,7 @@ impl SlotFirewall {
                 return Err(NftError::DnsFull);
             }
         }
-        self.run(add_dns4(&changes)).await?;
+        self.run(add_dns4(&changes), None).await?;
         for c in changes {
             let e = st.dns.entry(c.ip).or_insert_with(|| DnsEntry {
                 names: Vec::new(),

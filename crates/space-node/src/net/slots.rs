@@ -28,7 +28,7 @@ use space_sys::netns;
 use tracing::{debug, warn};
 
 use super::network::SlotInfo;
-use super::nft::{self, NftError, NftRunner, SlotFirewall, SlotSets};
+use super::nft::{self, FirewallRecord, NftError, NftRunner, SlotFirewall, SlotSets};
 use super::policy::Policy;
 
 #[derive(Debug, thiserror::Error)]
@@ -217,12 +217,28 @@ impl KernelSlots {
                 index,
                 format!("open {}", info.netns.display()),
             ))?;
-        let firewall = Arc::new(SlotFirewall::adopted(
-            info.netns.clone(),
-            self.nft.clone(),
-            info.address,
-            nft::replace_slot_table(&self.deny, info.gateway),
-        ));
+        // The record says whether the firewall holds today's table, and which policy: then
+        // nothing need run unless the sandbox's policy is another (issue 16).
+        let digest = nft::table_digest(&nft::slot_table(&self.deny, info.gateway));
+        let record_path = FirewallRecord::path(&info.netns);
+        let recorded = FirewallRecord::read(&record_path)
+            .filter(|r| r.table == digest)
+            .and_then(|r| Policy::new(&r.spec, &[self.subnet]).ok());
+        let firewall = match recorded {
+            Some(applied) => SlotFirewall::adopted_as_recorded(
+                info.netns.clone(),
+                self.nft.clone(),
+                info.address,
+                &applied,
+            ),
+            None => SlotFirewall::adopted(
+                info.netns.clone(),
+                self.nft.clone(),
+                info.address,
+                nft::replace_slot_table(&self.deny, info.gateway),
+            ),
+        };
+        let firewall = Arc::new(firewall.recorded(record_path, digest));
         Ok(Slot {
             info: info.clone(),
             netns: Arc::new(ns),
@@ -240,12 +256,18 @@ impl KernelSlots {
         let host = host_ifname(index);
 
         // 1. The namespace, its sysctls and its firewall (deny-all, then `initial`), before
-        //    any link exists.
+        //    any link exists; its record once they are in.
+        let table = nft::slot_table(&self.deny, gateway);
+        let digest = nft::table_digest(&table);
         let script = format!(
-            "{}{}",
-            nft::slot_table(&self.deny, gateway),
+            "{table}{}",
             nft::set_contents(&SlotSets::for_policy(initial, address))
         );
+        let record_path = FirewallRecord::path(&pin);
+        let record = FirewallRecord {
+            table: digest.clone(),
+            spec: initial.spec().clone(),
+        };
         let nft = self.nft.clone();
         let pin2 = pin.clone();
         let ns = blocking(move || -> Result<File, SlotError> {
@@ -258,7 +280,8 @@ impl KernelSlots {
             netns::run_in(ns.as_fd(), write_sysctls)
                 .and_then(|r| r)
                 .map_err(SlotError::io(index, "write the slot's sysctls"))?;
-            nft.apply(Some(&ns), &script)
+            let path = FirewallRecord::path(&pin2);
+            nft::apply_recorded(&*nft, Some(&pin2), &script, Some((&path, record)))
                 .map_err(|source| SlotError::Nft { index, source })?;
             Ok(ns)
         })
@@ -346,12 +369,10 @@ impl KernelSlots {
         conn.abort();
         inside_result?;
 
-        let firewall = Arc::new(SlotFirewall::new(
-            Some(pin.clone()),
-            self.nft.clone(),
-            address,
-            Some(initial),
-        ));
+        let firewall = Arc::new(
+            SlotFirewall::new(Some(pin.clone()), self.nft.clone(), address, Some(initial))
+                .recorded(record_path, digest),
+        );
         Ok(Slot {
             info: SlotInfo {
                 index,
@@ -393,6 +414,9 @@ impl SlotBackend for KernelSlots {
         // Deleting `spv<i>` here instead took ~29 ms of RTNL per slot on this 2-core node,
         // which every slot being made waited behind (decision 0052).
         let pin = pin_path(&self.dir, index);
+        if let Err(e) = nft::forget_record(&FirewallRecord::path(&pin)) {
+            warn!(index, error = %e, "failed to remove the slot's firewall record");
+        }
         match blocking(move || netns::remove_pinned(&pin)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) | Err(e) => warn!(index, error = %e, "failed to unpin the slot namespace"),
