@@ -217,7 +217,7 @@ impl InitStep {
             InitStep::BindDevices => "bind the device nodes",
             InitStep::MountDevpts => "mount /dev/pts",
             InitStep::DevSymlinks => "create /dev symlinks",
-            InitStep::MountShm => "mount /dev/shm",
+            InitStep::MountShm => "make /dev/shm",
             InitStep::MountTmp => "mount /tmp",
             InitStep::MaskPaths => "mask paths of /proc and /sys",
             InitStep::ReadOnlyPaths => "make paths of /proc read-only",
@@ -970,21 +970,34 @@ struct CapData {
 
 const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 
+/// Where the masks' empty directory is made, in /dev's tmpfs, and removed once bound.
+const MASK_SOURCE: &CStr = c"/dev/.space-mask";
+
 /// Covers a path (resolved inside the sandbox root): a file with /dev/null, a directory with
-/// an empty read-only tmpfs. The first directory masked gets the tmpfs; later ones are bound
-/// from it (`empty_dir`), which is cheaper than a superblock each. A missing path is fine.
+/// an empty read-only directory. The first directory masked gets a read-only bind of an empty
+/// directory of /dev's tmpfs ([`MASK_SOURCE`]; no superblock of its own); later ones are
+/// bound from it (`empty_dir`), read-only as it is. A missing path is fine.
 fn mask_path(m: &MaskedPath, empty_dir: &mut Option<&'static CStr>) -> io::Result<()> {
     let r = match (m.dir, *empty_dir) {
         (false, _) => raw_mount(c"/dev/null", m.path, None, libc::MS_BIND, None),
         (true, Some(dir)) => raw_mount(dir, m.path, None, libc::MS_BIND, None),
-        (true, None) => raw_mount(
-            c"tmpfs",
-            m.path,
-            Some(c"tmpfs"),
-            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            Some(c"size=0,mode=555"),
-        )
-        .map(|()| *empty_dir = Some(m.path)),
+        (true, None) => mkdir_p(MASK_SOURCE, 0o555)
+            .and_then(|()| raw_mount(MASK_SOURCE, m.path, None, libc::MS_BIND, None))
+            .and_then(|()| {
+                raw_mount(
+                    m.path,
+                    m.path,
+                    None,
+                    libc::MS_BIND
+                        | libc::MS_REMOUNT
+                        | libc::MS_RDONLY
+                        | libc::MS_NOSUID
+                        | libc::MS_NODEV
+                        | libc::MS_NOEXEC,
+                    None,
+                )
+            })
+            .map(|()| *empty_dir = Some(m.path)),
     };
     match r {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
@@ -1136,13 +1149,18 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     let have_sys =
         sys_fd >= 0 && mkdir_p(c"/sys", 0o555).is_ok() && raw_move_mount(sys_fd, c"/sys").is_ok();
 
+    // One tmpfs holds /dev and /dev/shm (and lends the masks their empty directory): every
+    // superblock a sandbox mounts is a memcg-aware shrinker, and each memory cgroup on the
+    // host keeps a slot for every shrinker there is, so a superblock per sandbox costs
+    // memory that grows with the square of the sandboxes on the node (issue 16). Its size is
+    // the default, half of RAM, charged to the sandbox's memory cgroup like any tmpfs page.
     mkdir_p(c"/dev", 0o755).at(MountDev)?;
     raw_mount(
         c"tmpfs",
         c"/dev",
         Some(c"tmpfs"),
         libc::MS_NOSUID | libc::MS_NOEXEC,
-        Some(c"mode=755,size=65536"),
+        Some(c"mode=755"),
     )
     .at(MountDev)?;
     for (i, node) in DEV_NODES.iter().enumerate() {
@@ -1162,15 +1180,10 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
         // SAFETY: both NUL-terminated and only read.
         check(unsafe { libc::symlink(target.as_ptr(), link.as_ptr()) }).at(DevSymlinks)?;
     }
+    // A directory of /dev's tmpfs: nosuid and noexec, as Docker mounts it.
     mkdir_p(c"/dev/shm", 0o1777).at(MountShm)?;
-    raw_mount(
-        c"shm",
-        c"/dev/shm",
-        Some(c"tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(c"mode=1777"),
-    )
-    .at(MountShm)?;
+    // SAFETY: NUL-terminated and only read. (mkdir's mode passes through the umask.)
+    check(unsafe { libc::chmod(c"/dev/shm".as_ptr(), 0o1777) }).at(MountShm)?;
     mkdir_p(c"/tmp", 0o1777).at(MountTmp)?;
     raw_mount(
         c"tmpfs",
@@ -1187,6 +1200,15 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
             continue;
         }
         mask_path(m, &mut empty_dir).at(MaskPaths)?;
+    }
+    // The masks keep the directory they show; its name goes, so nothing is ever put in it
+    // (a removed directory takes no new entries).
+    // SAFETY: NUL-terminated and only read.
+    if unsafe { libc::rmdir(MASK_SOURCE.as_ptr()) } == -1 {
+        let e = errno();
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            return Err(e).at(MaskPaths);
+        }
     }
     for path in &p.read_only {
         read_only_path(path).at(ReadOnlyPaths)?;

@@ -49,10 +49,11 @@ fn mem_available_mib() -> u64 {
 #[test]
 fn a_full_node_is_readopted_after_a_restart_and_a_kill9() {
     let n = count();
-    // 2 MiB each (measured 1.1 to 1.7), within half of what is free.
-    if n as u64 * 2 > mem_available_mib() / 2 {
+    // 2 MiB each (measured 1.1 to 1.7) within MemAvailable less a GiB, as `space bench
+    // scale` budgets.
+    if n as u64 * 2 + 1024 > mem_available_mib() {
         panic!(
-            "{n} sandboxes need about {} MiB: more than half of MemAvailable ({} MiB)",
+            "{n} sandboxes need about {} MiB and a GiB to spare: more than MemAvailable ({} MiB)",
             n * 2,
             mem_available_mib()
         );

@@ -16,7 +16,9 @@
 //!
 //! A level the node cannot reach (a create fails: memory, slots, any limit) ends the run
 //! there; the levels measured below it are kept, printed and plotted, and the report says
-//! where and why it stopped. Everything is removed at the end, also after Ctrl-C.
+//! where and why it stopped. The fill looks at MemAvailable every [`FILL_STEP`] sandboxes:
+//! what one costs grows with the count, so a node that runs low before a level is measured
+//! at the count it reached, and the run ends there. Everything is removed at the end, also after Ctrl-C.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -96,6 +98,11 @@ pub fn plan(
         plot,
     })
 }
+
+/// Sandboxes created between two looks at the node's memory while filling.
+const FILL_STEP: usize = 250;
+/// MemAvailable a fill leaves at least (plus what the level's timed creates need).
+const MEMORY_FLOOR: u64 = 1 << 30;
 
 /// Everything measured at one level.
 #[derive(Debug, Clone, Serialize)]
@@ -289,27 +296,59 @@ pub async fn measure(s: &Session, plan: Plan) -> Result<ScaleReport> {
     let mut levels = Vec::new();
     let mut live = 0;
     let mut stopped = None;
-    for &want in &plan.levels {
+    // What a level's timed creates (pool and cold) need on top of its idle sandboxes.
+    let floor = MEMORY_FLOOR + (2 * plan.runs as u64 + 1) * SCALE_BUDGET_BYTES;
+    'levels: for &want in &plan.levels {
         let t0 = Instant::now();
-        let add = want - live;
-        if let Err(e) = s.fill(add, &format!("scale: filling to {want}")).await {
-            // What the failed fill made is live now; the count is the server's.
-            let now = s.c.list_sandboxes().await.map(|l| l.len()).unwrap_or(0);
-            stopped = Some(format!(
-                "could not reach {want} live sandboxes (about {} on the node): {e:#}",
-                now.saturating_sub(1)
-            ));
-            break;
+        let from = live;
+        // In steps, each after a look at the node's memory: what a sandbox costs grows with
+        // the count (kernel memory per memory cgroup, decision 0059), so the plan's estimate
+        // can be short. A node that runs low is measured where it stands, and the run ends.
+        let mut short = None;
+        while live < want {
+            let step = FILL_STEP.min(want - live);
+            if let Err(e) = s
+                .fill(step, &format!("scale: filling to {want} (at {live})"))
+                .await
+            {
+                // What the failed fill made is live now; the count is the server's.
+                let now = s.c.list_sandboxes().await.map(|l| l.len()).unwrap_or(0);
+                stopped = Some(format!(
+                    "could not reach {want} live sandboxes (about {} on the node): {e:#}",
+                    now.saturating_sub(1)
+                ));
+                break 'levels;
+            }
+            live += step;
+            let avail = super::limits::mem_available()?;
+            if live < want && avail < floor {
+                short = Some(avail);
+                break;
+            }
         }
         let fill_s = t0.elapsed().as_secs_f64();
-        live = want;
+        if let Some(avail) = short {
+            stopped = Some(format!(
+                "MemAvailable fell to {} MiB at {live} live sandboxes, under the {} MiB this \
+                 run keeps free: the node cannot hold {want}; measured at {live} instead",
+                avail >> 20,
+                floor >> 20
+            ));
+            eprintln!(
+                "space bench: scale: {}",
+                stopped.as_deref().unwrap_or_default()
+            );
+        }
         eprintln!("space bench: scale: {live} live ({fill_s:.1} s to fill); measuring");
-        match measure_level(s, &plan, &probe, live, fill_s, add, base).await {
+        match measure_level(s, &plan, &probe, live, fill_s, live - from, base).await {
             Ok(l) => levels.push(l),
             Err(e) => {
                 stopped = Some(format!("measuring at {live} live sandboxes failed: {e:#}"));
                 break;
             }
+        }
+        if short.is_some() {
+            break;
         }
     }
     if levels.is_empty() {
