@@ -280,6 +280,10 @@ echo "nofile=$(ulimit -n):$(ulimit -Hn)"
 echo "core=$(ulimit -c)"
 echo "oom=$(cat /proc/self/oom_score_adj)"
 echo "oomlower=$(echo -999 2>/dev/null > /proc/self/oom_score_adj && echo lowered || echo refused)"
+echo "shm=$(stat -c %a /dev/shm):$(touch /dev/shm/x && echo w)"
+echo "masksrc=$( [ -e /dev/.space-mask ] && echo present || echo gone)"
+echo "acpiwrite=$(touch /proc/acpi/x 2>/dev/null && echo yes || echo no)"
+echo "fsmounts=$(awk '{for(i=1;i<=NF;i++) if($i=="-") print $(i+1), $3}' /proc/self/mountinfo | grep -E '^(proc|tmpfs|devpts|mqueue) ' | sort -u | wc -l)"
 touch /written-inside
 echo DONE
 exec sleep 1000
@@ -342,6 +346,13 @@ async fn real_sandbox_is_isolated() {
     assert_eq!(line(&log, "firmware"), "0");
     assert_eq!(line(&log, "sysctl"), "ro");
     assert_eq!(line(&log, "sysctlmount"), "1");
+    // Few superblocks (decision 0060): /dev/shm is a directory of /dev's tmpfs, the masks
+    // show a removed empty directory of it, read-only. Of its own the sandbox mounts one
+    // proc, two tmpfs (/dev, /tmp) and devpts, and sysfs where its network is its own.
+    assert_eq!(line(&log, "shm"), "1777:w");
+    assert_eq!(line(&log, "masksrc"), "gone");
+    assert_eq!(line(&log, "acpiwrite"), "no");
+    assert_eq!(line(&log, "fsmounts"), "4");
     // Resource limits and the OOM floor the node set.
     // Resource limits: the defaults, hard ones clamped to the node's own where it may not
     // raise them.
