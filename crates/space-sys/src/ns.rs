@@ -983,20 +983,7 @@ fn mask_path(m: &MaskedPath, empty_dir: &mut Option<&'static CStr>) -> io::Resul
         (true, Some(dir)) => raw_mount(dir, m.path, None, libc::MS_BIND, None),
         (true, None) => mkdir_p(MASK_SOURCE, 0o555)
             .and_then(|()| raw_mount(MASK_SOURCE, m.path, None, libc::MS_BIND, None))
-            .and_then(|()| {
-                raw_mount(
-                    m.path,
-                    m.path,
-                    None,
-                    libc::MS_BIND
-                        | libc::MS_REMOUNT
-                        | libc::MS_RDONLY
-                        | libc::MS_NOSUID
-                        | libc::MS_NODEV
-                        | libc::MS_NOEXEC,
-                    None,
-                )
-            })
+            .and_then(|()| remount_read_only(m.path))
             .map(|()| *empty_dir = Some(m.path)),
     };
     match r {
@@ -1011,6 +998,11 @@ fn read_only_path(path: &CStr) -> io::Result<()> {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
         other => other?,
     }
+    remount_read_only(path)
+}
+
+/// Makes the bind mount at `path` read-only (and nosuid, nodev, noexec).
+fn remount_read_only(path: &CStr) -> io::Result<()> {
     raw_mount(
         path,
         path,

@@ -437,23 +437,38 @@ fn run(seed: u64, rounds: usize) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // Network slots: none attached, and every pinned namespace is a ready pool slot.
+    // Network slots: none attached, and every pinned namespace is a ready pool slot (the
+    // pins are `slot-<i>`; each has its firewall record, `slot-<i>.firewall`, beside it).
     let pinned = || {
         std::fs::read_dir(s.run_dir().join("netns"))
-            .map(|rd| rd.count())
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().contains('.'))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let records = || {
+        std::fs::read_dir(s.run_dir().join("netns"))
+            .map(|rd| {
+                rd.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".firewall"))
+                    .count()
+            })
             .unwrap_or(0)
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let attached = gauge(&s, "space_net_slots_attached");
         let ready = gauge(&s, "space_net_slots_ready");
-        if attached == Some(0.0) && ready == Some(pinned() as f64) {
+        if attached == Some(0.0) && ready == Some(pinned() as f64) && records() == pinned() {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "slots leaked: attached {attached:?}, ready {ready:?}, pinned {}",
-            pinned()
+            "slots leaked: attached {attached:?}, ready {ready:?}, pinned {}, firewall records {}",
+            pinned(),
+            records()
         );
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -205,8 +205,9 @@ impl KernelSlots {
         &self.dir
     }
 
-    /// Takes back a slot an earlier run made. Its firewall holds an unknown policy (and
-    /// perhaps an older node's table) until the caller applies one, which replaces both.
+    /// Takes back a slot an earlier run made. Its firewall holds what the slot's record
+    /// says; without a record that names today's table, an unknown policy and perhaps an
+    /// older node's table, both replaced by the first policy the caller applies.
     pub async fn reopen(&self, info: &SlotInfo) -> Result<Slot, SlotError> {
         let index = info.index;
         let path = info.netns.clone();
