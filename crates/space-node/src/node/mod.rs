@@ -238,8 +238,8 @@ impl Node {
     /// Opens the node: prepares the btrfs volume (loop image if needed), builds the `base`
     /// template if missing, starts the namespace runtime, and adopts running sandboxes.
     pub async fn open(cfg: NodeConfig) -> Result<Arc<Node>, NodeError> {
-        // A node holds several descriptors per sandbox (channel, pidfd, slot listeners),
-        // and warm pools keep thousands of sandboxes.
+        // A node holds a descriptor per sandbox (its daemon's channel, decision 0059) and
+        // warm pools keep thousands of sandboxes.
         match space_sys::process::raise_open_file_limit() {
             Ok(limit) => tracing::debug!(?limit, "open file limit raised"),
             Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),

@@ -2,9 +2,10 @@
 //! network slot, which QEMU (jailed inside that slot) gets as an inherited descriptor.
 //!
 //! In a slot the tap is the guest's gateway: `169.254.0.1/30` (the guest is `.2`), with
-//! forwarding and `route_localnet` on so the slot's nftables rules can forward the guest's
-//! packets through the slot's egress policy and DNAT its DNS and HTTP(S) to the node's
-//! listeners on the slot's loopback. Without a slot (a node with networking off, a
+//! forwarding on so the slot's nftables rules can forward the guest's packets through the
+//! slot's egress policy; its DNS is DNATed to the slot's gateway, and the node's root table
+//! takes that and its HTTP(S) to the node's DNS and proxy (decision 0059). Nothing is
+//! routed to the slot's loopback, so `route_localnet` stays off. Without a slot (a node with networking off, a
 //! template's checkpoint builder) the tap sits alone, down, in a fresh namespace: the guest
 //! has the same NIC and reaches nothing.
 
@@ -59,13 +60,8 @@ fn slot_tap() -> io::Result<OwnedFd> {
     };
     netif::set_ipv4(TAP, GATEWAY, PREFIX)?;
     netif::set_up(TAP)?;
-    for (path, value) in [
-        ("/proc/sys/net/ipv4/ip_forward".to_owned(), "1"),
-        (format!("/proc/sys/net/ipv4/conf/{TAP}/route_localnet"), "1"),
-    ] {
-        std::fs::write(&path, value)
-            .map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
-    }
+    let path = "/proc/sys/net/ipv4/ip_forward";
+    std::fs::write(path, "1").map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
     Ok(tap)
 }
 
