@@ -439,24 +439,17 @@ fn run(seed: u64, rounds: usize) {
     }
     // Network slots: none attached, and every pinned namespace is a ready pool slot (the
     // pins are `slot-<i>`; each has its firewall record, `slot-<i>.firewall`, beside it).
-    let pinned = || {
+    let netns_entries = |keep: fn(&str) -> bool| {
         std::fs::read_dir(s.run_dir().join("netns"))
             .map(|rd| {
                 rd.filter_map(Result::ok)
-                    .filter(|e| !e.file_name().to_string_lossy().contains('.'))
+                    .filter(|e| keep(&e.file_name().to_string_lossy()))
                     .count()
             })
             .unwrap_or(0)
     };
-    let records = || {
-        std::fs::read_dir(s.run_dir().join("netns"))
-            .map(|rd| {
-                rd.filter_map(Result::ok)
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".firewall"))
-                    .count()
-            })
-            .unwrap_or(0)
-    };
+    let pinned = || netns_entries(|name| !name.contains('.'));
+    let records = || netns_entries(|name| name.ends_with(".firewall"));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let attached = gauge(&s, "space_net_slots_attached");

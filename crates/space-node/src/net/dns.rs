@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use tracing::debug;
 
 use super::nft::SlotFirewall;
-use super::{Egress, Resolve, SandboxNet};
+use super::{Egress, Resolve, SandboxNet, SlotLookup, slot_of};
 use space_node_api::policy::Policy;
 
 /// Wait for one upstream server at most this long.
@@ -398,10 +398,6 @@ impl SlotDns {
     }
 }
 
-/// Finds the slot a query or connection came from by its source address (None: from no
-/// slot of this node).
-pub type SlotLookup<T> = Arc<dyn Fn(Ipv4Addr) -> Option<T> + Send + Sync>;
-
 /// Serves every slot's DNS from the node's own namespace (decision 0059) until the handles
 /// are aborted. The root table redirects a slot's port 53 here; each query is answered by
 /// the [`SlotDns`] of the slot it came from, and one from no slot gets nothing.
@@ -420,13 +416,6 @@ pub fn serve_node(
     Ok(vec![u, t])
 }
 
-fn source(peer: SocketAddr) -> Option<Ipv4Addr> {
-    match peer {
-        SocketAddr::V4(p) => Some(*p.ip()),
-        SocketAddr::V6(_) => None,
-    }
-}
-
 async fn serve_udp(sock: Arc<UdpSocket>, lookup: SlotLookup<Arc<SlotDns>>) {
     let mut buf = vec![0u8; MAX_UDP];
     loop {
@@ -438,7 +427,7 @@ async fn serve_udp(sock: Arc<UdpSocket>, lookup: SlotLookup<Arc<SlotDns>>) {
                 continue;
             }
         };
-        let Some(slot) = source(peer).and_then(|ip| lookup(ip)) else {
+        let Some(slot) = slot_of(&lookup, peer) else {
             continue;
         };
         // A flood gets dropped, not queued: clients retry.
@@ -468,7 +457,7 @@ async fn serve_tcp(listener: TcpListener, lookup: SlotLookup<Arc<SlotDns>>) {
             tokio::time::sleep(Duration::from_millis(1)).await;
             continue;
         };
-        let Some(slot) = source(peer).and_then(|ip| lookup(ip)) else {
+        let Some(slot) = slot_of(&lookup, peer) else {
             continue;
         };
         let Ok(permit) = slot.tcp_conns.clone().try_acquire_owned() else {

@@ -49,6 +49,18 @@ impl Secrets {
     }
 }
 
+/// Finds the slot a query or connection came from by its source address (None: from no
+/// slot of this node). The node's DNS server and egress proxy serve every slot through one.
+pub type SlotLookup<T> = Arc<dyn Fn(Ipv4Addr) -> Option<T> + Send + Sync>;
+
+/// The slot `peer` (a query's or connection's source) belongs to, if any (slots are IPv4).
+pub fn slot_of<T>(lookup: &SlotLookup<T>, peer: std::net::SocketAddr) -> Option<T> {
+    match peer {
+        std::net::SocketAddr::V4(p) => lookup(*p.ip()),
+        std::net::SocketAddr::V6(_) => None,
+    }
+}
+
 /// Name resolution as the node does it (through its upstream servers, never the sandbox's).
 #[async_trait]
 pub trait Resolve: Send + Sync {

@@ -18,12 +18,15 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::ca::Ca;
-use super::dns::{self, SlotDns, SlotLookup, Upstream};
+use super::dns::{self, SlotDns, Upstream};
 use super::nft::{self, NftRunner, NodePorts, SlotFirewall, SystemNft};
 use super::policy::Policy;
 use super::proxy::{EgressProxy, ProxySlot};
 use super::slots::{self, KernelSlots, Pool, Slot, SlotError};
-use super::{Egress, NetworkSpec, NetworkStatus, SandboxNet, SecretBinding, SecretSource, Secrets};
+use super::{
+    Egress, NetworkSpec, NetworkStatus, SandboxNet, SecretBinding, SecretSource, Secrets,
+    SlotLookup,
+};
 
 /// Node networking configuration (spaced flags).
 #[derive(Debug, Clone)]
@@ -143,6 +146,16 @@ struct Served {
 }
 
 type ServedMap = Arc<std::sync::RwLock<HashMap<Ipv4Addr, Served>>>;
+
+/// What the node's DNS server (`pick` its `dns`) or proxy (its `proxy`) serves the slot at
+/// an address with.
+fn lookup_in<T: 'static>(served: &ServedMap, pick: fn(&Served) -> T) -> SlotLookup<T> {
+    let served = served.clone();
+    Arc::new(move |src| {
+        let map = served.read().unwrap_or_else(|e| e.into_inner());
+        map.get(&src).map(pick)
+    })
+}
 
 /// A sandbox's slot while attached: its policy state, served by the node's DNS and proxy
 /// while this lives.
@@ -354,25 +367,12 @@ impl Network {
             pool.reserve(i);
         }
         let served: ServedMap = Default::default();
-        let mut tasks = {
-            let served = served.clone();
-            let lookup: SlotLookup<Arc<SlotDns>> = Arc::new(move |src| {
-                let map = served.read().unwrap_or_else(|e| e.into_inner());
-                map.get(&src).map(|s| s.dns.clone())
-            });
-            dns::serve_node(listeners.dns_udp, listeners.dns_tcp, lookup)
-                .map_err(setup("serve the node's DNS"))?
-        };
-        {
-            let served = served.clone();
-            let lookup: SlotLookup<ProxySlot> = Arc::new(move |src| {
-                let map = served.read().unwrap_or_else(|e| e.into_inner());
-                map.get(&src).map(|s| s.proxy.clone())
-            });
-            let listener = tokio::net::TcpListener::from_std(listeners.proxy)
-                .map_err(setup("serve the egress proxy"))?;
-            tasks.push(proxy.serve_node(listener, lookup));
-        }
+        let dns_lookup = lookup_in(&served, |s| s.dns.clone());
+        let mut tasks = dns::serve_node(listeners.dns_udp, listeners.dns_tcp, dns_lookup)
+            .map_err(setup("serve the node's DNS"))?;
+        let listener = tokio::net::TcpListener::from_std(listeners.proxy)
+            .map_err(setup("serve the egress proxy"))?;
+        tasks.push(proxy.serve_node(listener, lookup_in(&served, |s| s.proxy.clone())));
         info!(
             %subnet,
             pool = pool_size,

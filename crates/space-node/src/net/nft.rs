@@ -626,19 +626,18 @@ pub fn forget_record(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Runs `script` in the namespace pinned at `ns` with the slot's record kept true: removed
-/// before, written after success (see [`FirewallRecord`]).
+/// Runs `script` in `ns` with the slot's record kept true: removed before, written after
+/// success (see [`FirewallRecord`]).
 pub fn apply_recorded(
     runner: &dyn NftRunner,
-    ns: Option<&Path>,
+    ns: Option<&File>,
     script: &str,
     record: Option<(&Path, FirewallRecord)>,
 ) -> Result<(), NftError> {
     if let Some((path, _)) = &record {
         forget_record(path).map_err(NftError::Netns)?;
     }
-    let ns = ns.map(File::open).transpose().map_err(NftError::Netns)?;
-    runner.apply(ns.as_ref(), script)?;
+    runner.apply(ns, script)?;
     if let Some((path, rec)) = record
         && let Err(e) = rec.store(path)
     {
@@ -732,8 +731,9 @@ impl SlotFirewall {
             Some((path, FirewallRecord { table, spec }))
         });
         tokio::task::spawn_blocking(move || {
+            let ns = ns.map(File::open).transpose().map_err(NftError::Netns)?;
             let record = record.as_ref().map(|(p, r)| (p.as_path(), r.clone()));
-            apply_recorded(&*runner, ns.as_deref(), &script, record)
+            apply_recorded(&*runner, ns.as_ref(), &script, record)
         })
         .await
         .unwrap_or_else(|e| Err(NftError::Netns(io::Error::other(e))))

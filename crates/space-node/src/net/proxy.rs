@@ -47,9 +47,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::ca::Ca;
-use super::dns::SlotLookup;
 use super::policy::{Policy, matches_host};
-use super::{Resolve, SandboxNet, Secrets};
+use super::{Resolve, SandboxNet, Secrets, SlotLookup, slot_of};
 use sniff::{Proto, Sniff};
 
 /// At most this many bytes are read before deciding.
@@ -368,11 +367,7 @@ impl EgressProxy {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((sock, peer)) => {
-                        let slot = match peer {
-                            SocketAddr::V4(p) => lookup(*p.ip()),
-                            SocketAddr::V6(_) => None,
-                        };
-                        let Some(ProxySlot { net: sandbox, limit }) = slot else {
+                        let Some(ProxySlot { net: sandbox, limit }) = slot_of(&lookup, peer) else {
                             tracing::debug!(%peer, "proxied connection from no slot; closed");
                             continue;
                         };

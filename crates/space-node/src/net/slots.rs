@@ -282,7 +282,7 @@ impl KernelSlots {
                 .and_then(|r| r)
                 .map_err(SlotError::io(index, "write the slot's sysctls"))?;
             let path = FirewallRecord::path(&pin2);
-            nft::apply_recorded(&*nft, Some(&pin2), &script, Some((&path, record)))
+            nft::apply_recorded(&*nft, Some(&ns), &script, Some((&path, record)))
                 .map_err(|source| SlotError::Nft { index, source })?;
             Ok(ns)
         })
