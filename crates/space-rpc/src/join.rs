@@ -11,6 +11,7 @@ use space_proto::node::{CaRequest, HeartbeatRequest, JoinRequest, SecretRequest}
 use tonic::transport::Channel;
 
 use crate::tls::{self, ClusterTls};
+use crate::wire;
 
 /// Join tokens start with this (and a version).
 pub const TOKEN_PREFIX: &str = "sj1";
@@ -185,7 +186,7 @@ pub async fn join(
             .map_err(|s| {
                 format!(
                     "cannot reach the control plane at {control}: {}",
-                    s.message()
+                    wire::status_text(&s)
                 )
             })?
             .into_inner()
@@ -211,7 +212,12 @@ pub async fn join(
             public_key: public.0,
         })
         .await
-        .map_err(|s| format!("the control plane refused the join: {}", s.message()))?
+        .map_err(|s| {
+            format!(
+                "the control plane refused the join: {}",
+                wire::status_text(&s)
+            )
+        })?
         .into_inner();
     Ok(Membership {
         node_id: reply.node_id,
@@ -243,7 +249,7 @@ pub async fn heartbeats(
             }
             Ok(Ok(_)) => {}
             Ok(Err(s)) if !failing => {
-                tracing::warn!(error = %s.message(), "heartbeat refused or lost; the node keeps its sandboxes running");
+                tracing::warn!(error = %wire::status_text(&s), "heartbeat refused or lost; the node keeps its sandboxes running");
                 failing = true;
             }
             Err(_) if !failing => {
@@ -269,7 +275,7 @@ impl space_node_api::net::SecretSource for ControlSecrets {
         match tokio::time::timeout(Duration::from_secs(5), self.0.clone().secret_value(req)).await {
             Ok(Ok(r)) => r.into_inner().value,
             Ok(Err(s)) => {
-                tracing::warn!(secret = name, error = %s.message(), "no secret value from the control plane");
+                tracing::warn!(secret = name, error = %wire::status_text(&s), "no secret value from the control plane");
                 None
             }
             Err(_) => {

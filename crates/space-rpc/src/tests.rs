@@ -303,5 +303,8 @@ async fn a_node_that_is_not_there_is_unavailable_by_name() {
         matches!(&e, NodeError::Unreachable { node, .. } if node == "n7"),
         "{e:?}"
     );
-    assert!(e.to_string().starts_with("node n7 is unreachable"), "{e}");
+    // The cause is named, not only tonic's "transport error".
+    let text = e.to_string();
+    assert!(text.starts_with("node n7 is unreachable"), "{e}");
+    assert!(text.to_lowercase().contains("connection refused"), "{e}");
 }

@@ -312,12 +312,28 @@ pub fn node_error_in(s: &tonic::Status) -> Option<NodeError> {
         .map(NodeError::from)
 }
 
+/// A status as text with its causes: tonic's summary of a transport failure ("transport
+/// error") followed by what it summarizes ("… Connection refused"), each cause once.
+pub fn status_text(s: &tonic::Status) -> String {
+    let mut text = s.message().to_owned();
+    let mut cause = std::error::Error::source(s);
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.contains(&c_text) {
+            text = format!("{text}: {c_text}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// The [`NodeError`] a status from `node` stands for: the node's own error when it sent one,
-/// else (a transport failure, a proxy between) Unreachable naming the node.
+/// else (a transport failure, a proxy between) Unreachable naming the node and the failure's
+/// causes ([`status_text`]).
 pub fn node_error(node: &str, s: &tonic::Status) -> NodeError {
     node_error_in(s).unwrap_or_else(|| NodeError::Unreachable {
         node: node.to_owned(),
-        reason: s.message().to_owned(),
+        reason: status_text(s),
     })
 }
 

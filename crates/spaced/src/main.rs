@@ -460,6 +460,12 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
+    // Every role holds a descriptor per peer: a control replica one per node it drives and per
+    // node's heartbeat stream, a node one per sandbox (decision 0059). A thousand nodes are far
+    // past a default soft limit of 1,024.
+    if let Err(e) = space_sys::process::raise_open_file_limit() {
+        eprintln!("spaced: cannot raise the open file limit: {e}");
+    }
     match cli.role {
         None => all_in_one(cli.all).await,
         Some(Role::Control(c)) => control_role(c).await,

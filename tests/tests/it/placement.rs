@@ -273,6 +273,16 @@ fn two_replicas_never_place_beyond_a_joined_node() {
     use space_tests::fake_node::{FakeNode, join_fake};
     const AGENTS: usize = 1000;
     const CREATES: usize = 1200;
+    // The replicas start under the soft limit on open files that most machines default to
+    // (1,024): each must lift its own, since it holds a connection per node it drives and per
+    // node's heartbeat (a thousand nodes are past 1,024; CI once failed here on that).
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let nofile = getrlimit(Resource::Nofile);
+    let common = Rlimit {
+        current: Some(nofile.maximum.map_or(1024, |m| m.min(1024))),
+        maximum: nofile.maximum,
+    };
+    setrlimit(Resource::Nofile, common).unwrap();
     let pg = Postgres::start().unwrap();
     let mut a =
         space_tests::Spaced::start_control_only(&["--database-url", &pg.socket_url]).unwrap();
@@ -284,11 +294,10 @@ fn two_replicas_never_place_beyond_a_joined_node() {
         assert!(page.contains("/ui/app.js"), "{page}");
     }
     // A thousand agents' listeners and heartbeat channels, and the replicas' connections to
-    // them, all in this process: far past a default soft limit of 1,024 open files.
-    let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
-    rustix::process::setrlimit(
-        rustix::process::Resource::Nofile,
-        rustix::process::Rlimit {
+    // them, all in this process: far past the soft limit it started the replicas under.
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
             current: nofile.maximum,
             maximum: nofile.maximum,
         },
