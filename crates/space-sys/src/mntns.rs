@@ -7,7 +7,7 @@
 //! of sandboxes: 8.9 ms for `unshare -m` with 3,000 slots here against 1.6 ms with none.
 //!
 //! [`launcher`] makes, once, a private copy of the caller's mount namespace without any
-//! `nsfs` mount; [`run_in`] runs the clone on a short-lived thread inside it. Mounts made in
+//! `nsfs` mount; the launch's cloning thread [`enter`]s it. Mounts made in
 //! the node's namespace afterwards do not propagate into the copy (it is private), which is
 //! what keeps it small: so it must be made after everything a sandbox init reads through a
 //! path (the volume holding the rootfs, the daemon binary) is mounted.
@@ -107,16 +107,25 @@ pub fn launcher() -> io::Result<OwnedFd> {
     })
 }
 
-/// Runs `f` on a fresh thread inside mount namespace `mnt` (from [`launcher`]): a process
-/// `f` clones with `CLONE_NEWNS` copies that namespace. The calling thread is unaffected.
-pub fn run_in<T: Send>(mnt: BorrowedFd<'_>, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+/// Moves the calling thread into mount namespace `mnt` (from [`launcher`]): a process it
+/// then clones with `CLONE_NEWNS` copies that namespace. Only for a thread of its own, which
+/// ends soon after (it unshares its filesystem attributes first, as a thread must to change
+/// namespace): [`crate::ns::launch_sandbox_init`]'s cloning thread.
+pub fn enter(mnt: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain integer arguments; both affect only this thread.
+    cvt(unsafe { libc::unshare(libc::CLONE_FS) })?;
+    // SAFETY: as above; `mnt` is an open mount namespace fd for the call.
+    cvt(unsafe { libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) })?;
+    Ok(())
+}
+
+/// Runs `f` on a fresh thread inside mount namespace `mnt` ([`enter`]). The calling thread
+/// is unaffected.
+#[cfg(test)]
+fn run_in<T: Send>(mnt: BorrowedFd<'_>, f: impl FnOnce() -> T + Send) -> io::Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| -> io::Result<T> {
-            // SAFETY: plain integer arguments; both affect only this thread, which ends
-            // after `f`. A thread must own its filesystem attributes to change namespace.
-            cvt(unsafe { libc::unshare(libc::CLONE_FS) })?;
-            // SAFETY: as above; `mnt` is an open mount namespace fd for the call.
-            cvt(unsafe { libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) })?;
+            enter(mnt)?;
             Ok(f())
         })
         .join()

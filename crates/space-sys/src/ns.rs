@@ -2,13 +2,16 @@
 //! sandbox up from the inside, and `execve` space-daemon as its PID 1.
 //!
 //! The caller (spaced) is a multithreaded tokio process, so the cloned child may neither
-//! allocate nor take locks until it execs. [`spawn_sandbox_init`] therefore prepares every
+//! allocate nor take locks until it execs. [`launch_sandbox_init`] therefore prepares every
 //! C string, pointer array and seccomp program *before* cloning; the child then runs only raw
-//! syscalls on that prepared data (see `child_main`).
+//! syscalls on that prepared data (see `child_main`). On x86_64 the child shares the
+//! caller's memory until its exec (`CLONE_VM | CLONE_VFORK`, on a stack of its own, decision
+//! 0061): it writes nothing but that stack, and its errno is the blocked cloning thread's.
 //!
 //! Handshake (the parent side is [`InitChild`]):
-//! 1. `spawn_sandbox_init` clones; the child blocks on a `SOCK_SEQPACKET` socketpair.
-//! 2. The parent writes uid_map/gid_map, places the child into its cgroups, builds the
+//! 1. A fresh thread clones (and, sharing memory, stays blocked until the exec); the child
+//!    says it runs on a `SOCK_SEQPACKET` socketpair and blocks on it.
+//! 2. The calling thread writes uid_map/gid_map, places the child into its cgroups, builds the
 //!    idmapped rootfs mount (it needs the child's userns fd, and CAP_SYS_ADMIN over the btrfs
 //!    superblock, which only the host side has), and passes it with [`InitChild::release`].
 //! 3. The child attaches the rootfs, pivots, mounts /proc, /dev, ..., drops privileges,
@@ -106,6 +109,9 @@ pub struct InitSpec<'a> {
     /// with EMFILE. The hard limit is clamped to the one the child has; raise that first with
     /// [`InitChild::set_rlimits`] where it must go higher.
     pub open_files: Option<Rlimit>,
+    /// The mount namespace to clone the init from (the node's launcher namespace, which
+    /// holds none of the node's per-slot mounts: decision 0053); None: the caller's.
+    pub mount_ns: Option<BorrowedFd<'a>>,
 }
 
 /// See [`InitSpec::netns`].
@@ -410,8 +416,23 @@ fn cstring(s: &[u8], what: &'static str) -> Result<CString, NsError> {
     CString::new(s).map_err(|_| NsError::Nul(what))
 }
 
-/// Clone the sandbox init. It waits for [`InitChild::release`] before touching anything.
-pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
+/// Launches a sandbox init: clones it (it waits for [`InitChild::release`] before touching
+/// anything), runs `between` (the parent's half of the handshake, which ends in
+/// [`InitChild::release`]) while it waits, and returns the init's pid and pidfd once it has
+/// exec'd. A failure of the clone, of `between`, of the child's setup, or no exec within
+/// `timeout`, kills and reaps the child before the error is returned.
+///
+/// On x86_64 the child shares the caller's memory until it execs (`CLONE_VM | CLONE_VFORK`,
+/// on a stack of its own), as `posix_spawn` does: a fork-like clone copied the page tables
+/// of the whole node (tens of MiB of heap on a busy one) for every sandbox and unmapped them
+/// again at the exec, a fifth of a pool build's CPU (decision 0061). The cloning thread is
+/// a fresh one, blocked until the exec; `between` runs on the calling thread.
+pub fn launch_sandbox_init<E: From<NsError>>(
+    spec: &InitSpec<'_>,
+    timeout: std::time::Duration,
+    between: impl FnOnce(&InitChild) -> Result<(), E>,
+) -> Result<(u32, OwnedFd), E> {
+    let deadline = std::time::Instant::now() + timeout;
     // ---- everything the child needs, allocated here, before the clone ----
     let argv: Vec<CString> = spec
         .argv
@@ -487,35 +508,206 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
         sync_parent: sync_parent.as_raw_fd(),
     };
 
-    let mut pidfd: c_int = -1;
+    // Written by the kernel during the clone, before the child runs: the child's pidfd
+    // (CLONE_PIDFD) and pid (CLONE_PARENT_SETTID). The calling thread reads them once the
+    // child has said it runs.
+    let pidfd_slot = std::sync::atomic::AtomicI32::new(-1);
+    let pid_slot = std::sync::atomic::AtomicI32::new(0);
     let into_cgroup = spec.cgroup.map_or(0, |_| CLONE_INTO_CGROUP);
+    let stack = ChildStack::new().map_err(parent_err("map the init's stack"))?;
     let args = CloneArgs {
         flags: into_cgroup
+            | SHARE_UNTIL_EXEC
             | (libc::CLONE_NEWUSER
                 | libc::CLONE_NEWPID
                 | libc::CLONE_NEWNS
                 | libc::CLONE_NEWUTS
                 | libc::CLONE_NEWIPC
-                | libc::CLONE_PIDFD) as u64
+                | libc::CLONE_PIDFD
+                | libc::CLONE_PARENT_SETTID) as u64
             | if spec.netns.is_some() {
                 0
             } else {
                 libc::CLONE_NEWNET as u64
             },
-        pidfd: &mut pidfd as *mut c_int as u64,
+        pidfd: pidfd_slot.as_ptr() as u64,
         child_tid: 0,
-        parent_tid: 0,
+        parent_tid: pid_slot.as_ptr() as u64,
         exit_signal: libc::SIGCHLD as u64,
-        stack: 0,
-        stack_size: 0,
+        stack: stack.base(),
+        stack_size: stack.size(),
         tls: 0,
         set_tid: 0,
         set_tid_size: 0,
         cgroup: spec.cgroup.map_or(0, |fd| fd.as_raw_fd() as u64),
     };
+    let (mount_ns, netns) = (spec.mount_ns, spec.netns);
+    let prepared = &prepared;
+    std::thread::scope(|s| {
+        // The cloning thread: in the launcher mount namespace and the slot's network
+        // namespace for the clone (the child inherits both), blocked in it until the exec
+        // where the child shares its memory. It closes its ends of the pipe and socket once
+        // the clone returns, so the calling thread sees EOF on them then.
+        let cloner = s.spawn(move || {
+            let r = clone_init(&args, prepared, mount_ns, netns);
+            drop(err_w);
+            drop(sync_child);
+            r
+        });
+        let hello = wait_hello(sync_parent.as_fd(), deadline);
+        let (pid, pidfd) = (
+            pid_slot.load(std::sync::atomic::Ordering::Acquire),
+            pidfd_slot.load(std::sync::atomic::Ordering::Acquire),
+        );
+        if pidfd < 0 {
+            // No child yet: the clone failed (its error), or is slow past the deadline (a
+            // child it makes yet finds this end closed and leaves quietly).
+            drop(sync_parent);
+            let cloned = cloner.join();
+            let late = pidfd_slot.load(std::sync::atomic::Ordering::Acquire);
+            if late >= 0 {
+                // Made after all, and gone: reap it.
+                // SAFETY: the pidfd the kernel stored for the clone, owned by nobody else.
+                let late = unsafe { OwnedFd::from_raw_fd(late) };
+                let _ = waitid_pidfd(late.as_fd(), 0);
+            }
+            return Err(E::from(match (cloned, hello) {
+                (Ok(Err(e)), _) => e,
+                (_, Err(e)) => parent_err("wait for the sandbox init to start")(e),
+                _ => NsError::Parent {
+                    op: "clone3 the sandbox init",
+                    source: io::Error::other("no child and no error"),
+                },
+            }));
+        }
+        let child = InitChild {
+            pid,
+            // SAFETY: with CLONE_PIDFD the kernel stored a fresh pidfd that nobody else owns.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+            sync: sync_parent,
+            err: err_r,
+        };
+        let released = match hello {
+            // The child runs and waits for the release.
+            Ok(true) => between(&child),
+            // It ended before it said so: its error pipe says why (below).
+            Ok(false) => Ok(()),
+            Err(e) => Err(E::from(parent_err("wait for the sandbox init to start")(e))),
+        };
+        if let Err(e) = released {
+            child.kill_and_reap();
+            // Dead and reaped: the clone has returned.
+            let _ = cloner.join();
+            return Err(e);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        // Exec'd, failed or killed on the deadline: in each case the clone returns.
+        let exec = child.wait_exec(left);
+        let _ = cloner.join();
+        let pidfd = exec.map_err(E::from)?;
+        Ok((pid as u32, pidfd))
+    })
+}
 
+/// Whether the child shares the caller's memory until it execs (see [`launch_sandbox_init`]).
+#[cfg(target_arch = "x86_64")]
+const SHARE_UNTIL_EXEC: u64 = (libc::CLONE_VM | libc::CLONE_VFORK) as u64;
+#[cfg(not(target_arch = "x86_64"))]
+const SHARE_UNTIL_EXEC: u64 = 0;
+
+/// The stack the child runs on until it execs: its own (it shares the caller's memory), with
+/// an inaccessible page below it. Unmapped when the launch returns, after the exec.
+struct ChildStack {
+    map: *mut libc::c_void,
+}
+
+impl ChildStack {
+    const GUARD: usize = 4096;
+    /// The child's setup runs a few frames deep; a debug build's frames are large.
+    const SIZE: usize = 256 << 10;
+
+    #[cfg(target_arch = "x86_64")]
+    fn new() -> io::Result<ChildStack> {
+        // SAFETY: a fresh anonymous mapping; nothing else refers to it.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::GUARD + Self::SIZE,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let stack = ChildStack { map };
+        // SAFETY: the range lies inside the mapping just made.
+        check(unsafe {
+            libc::mprotect(
+                map.cast::<u8>().add(Self::GUARD).cast(),
+                Self::SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        })?;
+        Ok(stack)
+    }
+
+    /// No stack of its own where the child gets a copy of the caller's memory.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn new() -> io::Result<ChildStack> {
+        Ok(ChildStack {
+            map: std::ptr::null_mut(),
+        })
+    }
+
+    fn base(&self) -> u64 {
+        if self.map.is_null() {
+            0
+        } else {
+            self.map as u64 + Self::GUARD as u64
+        }
+    }
+
+    fn size(&self) -> u64 {
+        if self.map.is_null() {
+            0
+        } else {
+            Self::SIZE as u64
+        }
+    }
+}
+
+impl Drop for ChildStack {
+    fn drop(&mut self) {
+        if !self.map.is_null() {
+            // SAFETY: the mapping made in `new`, which no one uses any more: the child has
+            // exec'd or died (the launch waited for it).
+            unsafe { libc::munmap(self.map, Self::GUARD + Self::SIZE) };
+        }
+    }
+}
+
+// SAFETY: the child only reads `Prepared` (C strings, pointer arrays into them and into the
+// spec, integers), which the launch keeps alive and unchanged until the child has exec'd.
+unsafe impl Sync for Prepared {}
+
+/// The cloning thread's work: enters the launcher mount namespace and the slot's network
+/// namespace, clones with every signal blocked (no handler of the caller's may run in the
+/// child before it has reset them), and answers the child's pid. Where the child shares this
+/// thread's memory (x86_64), the clone returns once it has exec'd or died.
+fn clone_init(
+    args: &CloneArgs,
+    prepared: &Prepared,
+    mount_ns: Option<BorrowedFd<'_>>,
+    netns: Option<NetnsJoin<'_>>,
+) -> Result<libc::pid_t, NsError> {
+    if let Some(mnt) = mount_ns {
+        crate::mntns::enter(mnt).map_err(parent_err("enter the launcher mount namespace"))?;
+    }
     // The child inherits this thread's network namespace: enter the slot for the clone only.
-    if let Some(join) = spec.netns {
+    if let Some(join) = netns {
         // SAFETY: plain integer arguments; affects only this thread, undone right after
         // clone3 below.
         if unsafe { libc::setns(join.ns.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
@@ -525,8 +717,6 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
             });
         }
     }
-    // Block every signal across the clone so that no handler of the parent (tokio's, say)
-    // runs in the child before it has reset all dispositions.
     // SAFETY: sigset_t is plain data; sigfillset/pthread_sigmask only write the given sets.
     let old_mask = unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
@@ -535,28 +725,17 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
         old
     };
-    // SAFETY: clone3 without CLONE_VM is fork-like: the child gets a private copy of memory and
-    // continues on its copy of this stack. `args` and `pidfd` are live for the call. The child
-    // branch never returns: it only runs `child_main`, which uses raw syscalls on `prepared`
-    // (allocated above) and ends in execve or _exit.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
-    if ret == 0 {
-        child_main(&prepared);
-    }
-    let clone_err = io::Error::last_os_error();
+    // SAFETY: `args` and the pidfd/pid words it points to are live for the call; the child
+    // runs only `child_main` on `prepared` (raw syscalls, no allocation) and ends in execve or
+    // _exit (see `clone3_child`).
+    let ret = unsafe { clone3_child(args, prepared) };
     // SAFETY: restores the mask saved above for this thread.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut()) };
-    if let Some(join) = spec.netns {
+    if let Some(join) = netns {
         // SAFETY: plain integer arguments; returns this thread to the node's namespace.
         if unsafe { libc::setns(join.home.as_raw_fd(), libc::CLONE_NEWNET) } < 0 {
-            // This thread (a pooled one, maybe) would go on creating sockets in a sandbox's
-            // network: a panic could be caught and the thread reused, so stop the process.
+            // The child's setup goes on, but this thread must not outlive a failed return:
+            // stop the process rather than leave a thread in a sandbox's network.
             eprintln!(
                 "fatal: cannot return to the node's network namespace: {}",
                 io::Error::last_os_error()
@@ -564,22 +743,118 @@ pub fn spawn_sandbox_init(spec: &InitSpec<'_>) -> Result<InitChild, NsError> {
             std::process::abort();
         }
     }
-    if ret < 0 {
-        return Err(NsError::Parent {
-            op: "clone3 the sandbox init",
-            source: clone_err,
-        });
-    }
-    drop(err_w);
-    drop(sync_child);
-    drop(prepared);
-    Ok(InitChild {
-        pid: ret as libc::pid_t,
-        // SAFETY: with CLONE_PIDFD the kernel stored a fresh pidfd that nobody else owns.
-        pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
-        sync: sync_parent,
-        err: err_r,
+    ret.map_err(|source| NsError::Parent {
+        op: "clone3 the sandbox init",
+        source,
     })
+}
+
+/// The child's entry on its own stack.
+#[cfg(target_arch = "x86_64")]
+extern "C" fn child_entry(p: *const Prepared) -> ! {
+    // SAFETY: the pointer the launch passed, to a `Prepared` alive until the exec.
+    child_main(unsafe { &*p })
+}
+
+/// `clone3(args)`; the child runs [`child_main`] and never returns. Where the child shares
+/// memory (x86_64) it starts on `args.stack` with the pointer in a register: raw `syscall`, so
+/// that nothing of this thread's stack frame is used by both.
+///
+/// # Safety
+/// `args` must describe a valid clone3 (its stack, where given, mapped and unused) and
+/// `prepared` outlive the child's exec.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3_child(args: &CloneArgs, prepared: &Prepared) -> io::Result<libc::pid_t> {
+    let ret: i64;
+    // SAFETY: the syscall clobbers only rax, rcx and r11. In the child (rax == 0) the kernel
+    // has set rsp to the top of `args.stack` (16-byte aligned, so the call below leaves the
+    // entry's frame as the ABI wants); it calls `child_entry`, which never returns.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r12",
+            "call r13",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") args as *const CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") prepared as *const Prepared,
+            in("r13") child_entry as extern "C" fn(*const Prepared) -> !,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    if ret < 0 {
+        Err(io::Error::from_raw_os_error(-ret as i32))
+    } else {
+        Ok(ret as libc::pid_t)
+    }
+}
+
+/// `clone3(args)` without a stack: fork-like, the child continues on its copy of this one.
+///
+/// # Safety
+/// As the x86_64 variant.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone3_child(args: &CloneArgs, prepared: &Prepared) -> io::Result<libc::pid_t> {
+    // SAFETY: clone3 without CLONE_VM: the child gets a private copy of memory; it only runs
+    // `child_main`, which never returns.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret == 0 {
+        child_main(prepared);
+    }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as libc::pid_t)
+    }
+}
+
+/// Waits until the child says it runs (true), or its end of the socket closes first (false:
+/// the clone failed, or the child ended).
+fn wait_hello(sock: BorrowedFd<'_>, deadline: std::time::Instant) -> io::Result<bool> {
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut pfd = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd on the stack; the count matches.
+        let r = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if r == 0 {
+            return Err(io::Error::from(io::ErrorKind::TimedOut));
+        }
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut b = 0u8;
+        // SAFETY: reads at most one byte into a live stack byte.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), (&mut b as *mut u8).cast(), 1, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(n == 1);
+    }
 }
 
 impl InitChild {
@@ -1020,6 +1295,12 @@ fn remount_read_only(path: &CStr) -> io::Result<()> {
 fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Infallible> {
     use InitStep::*;
 
+    // Say that we run: the parent then reads our pid and pidfd (stored by clone3 before we
+    // started) and does its half of the handshake. Nothing more to do if it is gone.
+    let hello = 1u8;
+    // SAFETY: writes one byte from a live stack byte to the sync socket.
+    unsafe { libc::write(p.sync_child, (&hello as *const u8).cast(), 1) };
+
     // Signals: default dispositions, then unblock (the parent blocked all around clone3).
     for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
@@ -1313,7 +1594,7 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     }
 
     // SAFETY: path, argv and envp are NUL-terminated strings / NULL-terminated pointer arrays
-    // prepared before the clone and alive in this (copied) address space.
+    // prepared before the clone and alive until the exec (shared or copied memory).
     unsafe {
         libc::execve(
             p.exec_path.as_ptr(),

@@ -454,15 +454,12 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
             home: n.home.as_fd(),
         }),
         open_files,
+        // Cloned inside the launcher namespace, the init's mount namespace copies a few dozen
+        // mounts instead of the node's own, which holds one per network slot (decision 0053).
+        mount_ns: inner.launcher().map(|m| m.as_fd()),
     };
-    // Cloned inside the launcher namespace, the init's mount namespace copies a few dozen
-    // mounts instead of the node's own, which holds one per network slot (decision 0053).
-    let child = match inner.launcher() {
-        Some(mnt) => space_sys::mntns::run_in(mnt.as_fd(), || ns::spawn_sandbox_init(&spec))
-            .map_err(setup("enter the launcher mount namespace"))??,
-        None => ns::spawn_sandbox_init(&spec)?,
-    };
-    let released = (|| -> Result<(), RuntimeError> {
+    // The parent's half of the handshake, while the cloned init waits for it.
+    let between = |child: &ns::InitChild| -> Result<(), RuntimeError> {
         child.write_id_maps(plan.uid_base, plan.id_count)?;
         child.set_rlimits(&rlimits)?;
         if let Some(l) = open_files {
@@ -494,13 +491,8 @@ fn launch_blocking(inner: &Inner, plan: &LaunchPlan) -> Result<(Launched, OwnedF
         })?;
         child.release(rootfs.as_fd())?;
         Ok(())
-    })();
-    if let Err(e) = released {
-        child.kill_and_reap();
-        return Err(e);
-    }
-    let pid = child.pid();
-    let pidfd = child.wait_exec(inner.cfg.launch_timeout)?;
+    };
+    let (pid, pidfd) = ns::launch_sandbox_init(&spec, inner.cfg.launch_timeout, between)?;
     let start_time = match read_stat(pid) {
         Ok(st) => st.start_time,
         Err(e) => {
