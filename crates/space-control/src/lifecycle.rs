@@ -585,7 +585,14 @@ impl Engine {
             OnTimeout::Stop => {
                 tracing::info!(sandbox = %row.id, deadline, "timeout expired: stopping");
                 if row.state == SandboxState::Running {
-                    self.stop_locked(&row.id).await?;
+                    self.node.stop_sandbox(&row.id).await?;
+                    // The consumed deadline is written before the state, so that no reader
+                    // sees a stopped sandbox still carrying the deadline that stopped it.
+                    l.timeout_at = None;
+                    self.store.put_lifecycle(&l).await?;
+                    return self
+                        .write_status(&row.id, SandboxState::Stopped, None)
+                        .await;
                 }
             }
         }
