@@ -38,6 +38,11 @@ type ClaimsByNode = HashMap<String, (u64, u64)>;
 /// Tries of a placement whose claim lost a race (each with fresh figures).
 pub const PLACE_TRIES: usize = 20;
 
+/// Calls of one create on its node while the node, though unreachable, is not lost (a
+/// connection refused or slow to open on a loaded node). Every node operation is idempotent
+/// on the sandbox id, so a call that may have reached the node is safe to send again.
+const CREATE_CALLS: usize = 3;
+
 /// How old the members' reports may be when a create is placed (they are read again at
 /// every reconcile pass as well).
 const MEMBERS_FRESH: Duration = Duration::from_secs(1);
@@ -833,7 +838,18 @@ impl NodeApi for ClusterNodes {
         };
         self.ensure_template(&node_id, &node, &spec.template)
             .await?;
-        node.create_sandbox(spec).await
+        let mut call = 1;
+        loop {
+            match node.create_sandbox(spec).await {
+                Err(e @ NodeError::Unreachable { .. })
+                    if call < CREATE_CALLS && !self.is_lost(&node_id) =>
+                {
+                    tracing::warn!(sandbox = %spec.id, node = %node_id, error = %e, call, "create: node unreachable; calling again");
+                    call += 1;
+                }
+                answer => return answer,
+            }
+        }
     }
 
     async fn remove_sandbox(&self, id: &str) -> Result<(), NodeError> {
