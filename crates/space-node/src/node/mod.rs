@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use crate::api::GuestChannel;
 use async_trait::async_trait;
 use futures::StreamExt;
+use tracing::Instrument;
 
 use crate::api::moves::{MoveStep, MoveStream, Received};
 use crate::api::{
@@ -595,7 +596,10 @@ impl Node {
         rec: &mut SandboxRecord,
         from: Option<&Path>,
     ) -> Result<(Launched, GuestChannel), NodeError> {
-        let attached = self.ensure_slot(rec).await?;
+        let attached = self
+            .ensure_slot(rec)
+            .instrument(tracing::debug_span!("build.slot"))
+            .await?;
         if !attached && let Some(net) = &self.network {
             // A restart, rollback or checkpoint restore: the spec may carry a newer policy.
             net.update(&rec.spec.id, &rec.spec.network)
@@ -632,18 +636,20 @@ impl Node {
         let plan = self.launch_plan(rec)?;
         storage::remove_tree(&plan.run_dir)?;
         storage::mkdir_private(&plan.run_dir)?;
-        let launched =
-            match from {
-                Some(ckpt) => self.rt(rec).restore(&plan, ckpt).await.map_err(|e| {
-                    NodeError::Internal(format!(
-                        "failed to restore sandbox {id} from {}: {e}",
-                        ckpt.display()
-                    ))
-                })?,
-                None => self.rt(rec).launch(&plan).await.map_err(|e| {
-                    NodeError::Internal(format!("failed to launch sandbox {id}: {e}"))
-                })?,
-            };
+        let launched = match from {
+            Some(ckpt) => self.rt(rec).restore(&plan, ckpt).await.map_err(|e| {
+                NodeError::Internal(format!(
+                    "failed to restore sandbox {id} from {}: {e}",
+                    ckpt.display()
+                ))
+            })?,
+            None => self
+                .rt(rec)
+                .launch(&plan)
+                .instrument(tracing::debug_span!("build.launch"))
+                .await
+                .map_err(|e| NodeError::Internal(format!("failed to launch sandbox {id}: {e}")))?,
+        };
         let t_connect = std::time::Instant::now();
         let connected = if let Some(identity) = self.rt(rec).guest_identity(&rec.spec.id) {
             // A VM's daemon learns its environment, hostname and identity over the channel,
@@ -669,6 +675,7 @@ impl Node {
         } else {
             self.connector
                 .connect(&plan.channel_socket)
+                .instrument(tracing::debug_span!("build.connect"))
                 .await
                 .map_err(|e| e.to_string())
         };
@@ -678,6 +685,7 @@ impl Node {
         let connected = match connected {
             Ok(client) => self
                 .start_and_wait_ready(rec, &client, from.is_some())
+                .instrument(tracing::debug_span!("build.ready"))
                 .await
                 .map(|()| client)
                 .map_err(|reason| NodeError::NotReady {
@@ -815,6 +823,7 @@ impl Node {
             storage::write_json_atomic(&layout.sandbox_record(&rec2.spec.id), &rec2, false)?;
             Ok(())
         })
+        .instrument(tracing::debug_span!("build.storage"))
         .await?;
         self.launch(rec, from).await
     }

@@ -430,8 +430,10 @@ impl Node {
         // host reboot anyway).
         let path = self.layout.sandbox_record(&rec.spec.id);
         let rec2 = rec.clone();
-        if let Err(e) = blocking(move || Ok(storage::write_json_atomic(&path, &rec2, false)?)).await
-        {
+        let written = blocking(move || Ok(storage::write_json_atomic(&path, &rec2, false)?))
+            .instrument(tracing::debug_span!("build.record"))
+            .await;
+        if let Err(e) = written {
             let entry = Entry {
                 record: rec,
                 client: Some(client),
@@ -439,7 +441,9 @@ impl Node {
             self.retire(entry).await;
             return Err(e);
         }
-        warm_up(&client, &rec.spec.id).await;
+        warm_up(&client, &rec.spec.id)
+            .instrument(tracing::debug_span!("build.warm_up"))
+            .await;
         Ok(Entry {
             record: rec,
             client: Some(client),
