@@ -1285,6 +1285,47 @@ mod tests {
                 let policy = Policy::new(&spec(Egress::Open, &[]), &[subnet]).unwrap();
                 let slot = k.create(0, &policy).await.unwrap();
                 assert!(link(0));
+                // The host end carries no IPv6 (no route in the node's IPv6 table); inside,
+                // IPv6 is off and any port may be bound.
+                let host_conf = format!(
+                    "/proc/sys/net/ipv6/conf/{}/disable_ipv6",
+                    slots::host_ifname(0)
+                );
+                if Path::new("/proc/sys/net/ipv6").exists() {
+                    assert_eq!(std::fs::read_to_string(&host_conf).unwrap().trim(), "1");
+                    let routes = Command::new("ip")
+                        .args([
+                            "-6",
+                            "route",
+                            "show",
+                            "table",
+                            "all",
+                            "dev",
+                            &slots::host_ifname(0),
+                        ])
+                        .output()
+                        .unwrap();
+                    assert_eq!(String::from_utf8_lossy(&routes.stdout).trim(), "");
+                }
+                let inside = space_sys::netns::run_in(slot.netns.as_fd(), || {
+                    [
+                        "/proc/sys/net/ipv4/ip_unprivileged_port_start",
+                        "/proc/sys/net/ipv6/conf/all/disable_ipv6",
+                        "/proc/sys/net/ipv6/conf/default/disable_ipv6",
+                        "/proc/sys/net/ipv6/conf/eth0/disable_ipv6",
+                    ]
+                    .map(|p| {
+                        std::fs::read_to_string(p)
+                            .unwrap_or_default()
+                            .trim()
+                            .to_owned()
+                    })
+                })
+                .unwrap();
+                assert_eq!(inside[0], "0");
+                if Path::new("/proc/sys/net/ipv6").exists() {
+                    assert_eq!(inside[1..], ["1", "1", "1"]);
+                }
                 drop(slot);
                 let t0 = Instant::now();
                 k.destroy(0).await;
