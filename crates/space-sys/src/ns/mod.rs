@@ -686,22 +686,17 @@ impl InitChild {
             let r =
                 unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
             if r == 0 {
-                self.kill_and_reap();
-                return Err(NsError::Parent {
-                    op: "wait for the sandbox init to exec (timed out)",
-                    source: io::Error::from(io::ErrorKind::TimedOut),
-                });
+                return self.fail(
+                    "wait for the sandbox init to exec (timed out)",
+                    io::Error::from(io::ErrorKind::TimedOut),
+                );
             }
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                self.kill_and_reap();
-                return Err(NsError::Parent {
-                    op: "poll the init error pipe",
-                    source: e,
-                });
+                return self.fail("poll the init error pipe", e);
             }
             // SAFETY: reads into the live stack buffer within its bounds.
             let n = unsafe {
@@ -716,11 +711,7 @@ impl InitChild {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                self.kill_and_reap();
-                return Err(NsError::Parent {
-                    op: "read the init error pipe",
-                    source: e,
-                });
+                return self.fail("read the init error pipe", e);
             }
             if n == 0 {
                 break;
@@ -746,6 +737,12 @@ impl InitChild {
             }
             _ => Ok(self.pidfd),
         }
+    }
+
+    /// The parent's failure at `op`: the child is killed and reaped first.
+    fn fail<T>(&self, op: &'static str, source: io::Error) -> Result<T, NsError> {
+        self.kill_and_reap();
+        Err(NsError::Parent { op, source })
     }
 
     /// SIGKILL the child and reap it (used on every failure path).
