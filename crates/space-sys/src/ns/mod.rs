@@ -1186,11 +1186,14 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     let have_sys =
         sys_fd >= 0 && mkdir_p(c"/sys", 0o555).is_ok() && raw_move_mount(sys_fd, c"/sys").is_ok();
 
-    // One tmpfs holds /dev and /dev/shm (and lends the masks their empty directory): every
-    // superblock a sandbox mounts is a memcg-aware shrinker, and each memory cgroup on the
-    // host keeps a slot for every shrinker there is, so a superblock per sandbox costs
-    // memory that grows with the square of the sandboxes on the node (issue 16). Its size is
-    // the default, half of RAM, charged to the sandbox's memory cgroup like any tmpfs page.
+    // One tmpfs holds /dev, /dev/shm and /tmp (and lends the masks their empty directory):
+    // every superblock a sandbox mounts is a memcg-aware shrinker, and each memory cgroup on
+    // the host keeps a slot for every shrinker there is, so a superblock per sandbox costs
+    // memory that grows with the square of the sandboxes on the node (decisions 0060, 0063).
+    // It is mounted at /dev just long enough to make its `dev` and `tmp` directories and
+    // clone a mount of each; then /dev shows `dev` and /tmp shows `tmp`, and its root is
+    // mounted nowhere, so neither directory shows inside the other. Its size is the default,
+    // half of RAM, charged to the sandbox's memory cgroup like any tmpfs page.
     mkdir_p(c"/dev", 0o755).at(MountDev)?;
     raw_mount(
         c"tmpfs",
@@ -1200,6 +1203,36 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
         Some(c"mode=755"),
     )
     .at(MountDev)?;
+    mkdir_p(c"/dev/dev", 0o755).at(MountDev)?;
+    let dev_tree = raw_open_tree(
+        libc::AT_FDCWD,
+        c"/dev/dev",
+        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
+    )
+    .at(MountDev)?;
+    mkdir_p(c"/dev/tmp", 0o1777).at(MountTmp)?;
+    // SAFETY: NUL-terminated and only read. (mkdir's mode passes through the umask.)
+    check(unsafe { libc::chmod(c"/dev/tmp".as_ptr(), 0o1777) }).at(MountTmp)?;
+    let tmp_tree = raw_open_tree(
+        libc::AT_FDCWD,
+        c"/dev/tmp",
+        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
+    )
+    .at(MountTmp)?;
+    // /tmp runs programs (builds run scripts there); /dev does not.
+    raw_mount_setattr(
+        tmp_tree,
+        c"",
+        libc::AT_EMPTY_PATH as u32,
+        &MountAttr {
+            attr_set: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            attr_clr: MOUNT_ATTR_NOEXEC,
+            ..MountAttr::default()
+        },
+    )
+    .at(MountTmp)?;
+    raw_umount_detach(c"/dev").at(MountDev)?;
+    raw_move_mount(dev_tree, c"/dev").at(MountDev)?;
     for (i, node) in DEV_NODES.iter().enumerate() {
         touch(node, 0o666).at(BindDevices)?;
         raw_move_mount(dev_fds[i], node).at(BindDevices)?;
@@ -1222,14 +1255,7 @@ fn child_setup(p: &Prepared, err_fd: &mut RawFd) -> StepResult<std::convert::Inf
     // SAFETY: NUL-terminated and only read. (mkdir's mode passes through the umask.)
     check(unsafe { libc::chmod(c"/dev/shm".as_ptr(), 0o1777) }).at(MountShm)?;
     mkdir_p(c"/tmp", 0o1777).at(MountTmp)?;
-    raw_mount(
-        c"tmpfs",
-        c"/tmp",
-        Some(c"tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV,
-        Some(c"mode=1777"),
-    )
-    .at(MountTmp)?;
+    raw_move_mount(tmp_tree, c"/tmp").at(MountTmp)?;
 
     let mut empty_dir = None;
     for m in &p.masked {

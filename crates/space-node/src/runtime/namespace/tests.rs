@@ -283,6 +283,12 @@ echo "oomlower=$(echo -999 2>/dev/null > /proc/self/oom_score_adj && echo lowere
 echo "shm=$(stat -c %a /dev/shm):$(touch /dev/shm/x && echo w)"
 echo "masksrc=$( [ -e /dev/.space-mask ] && echo present || echo gone)"
 echo "acpiwrite=$(touch /proc/acpi/x 2>/dev/null && echo yes || echo no)"
+echo "tmpdev=$( [ "$(stat -c %d /tmp)" = "$(stat -c %d /dev)" ] && echo same || echo apart)"
+echo "devdirs=$(ls -A /dev | grep -cxE 'dev|tmp')"
+echo "tmpopts=$(awk '$5 == "/tmp" {print $6}' /proc/self/mountinfo | tr ',' '\n' | grep -xE 'nosuid|nodev|noexec' | sort | xargs)"
+printf '#!/bin/sh\necho ran\n' > /tmp/x.sh && chmod +x /tmp/x.sh && cp /tmp/x.sh /dev/shm/x.sh
+echo "tmpexec=$(/tmp/x.sh)"
+echo "shmexec=$(/dev/shm/x.sh 2>/dev/null || echo denied)"
 echo "fsmounts=$(awk '{for(i=1;i<=NF;i++) if($i=="-") print $(i+1), $3}' /proc/self/mountinfo | grep -E '^(proc|tmpfs|devpts|mqueue) ' | sort -u | wc -l)"
 touch /written-inside
 echo DONE
@@ -346,13 +352,19 @@ async fn real_sandbox_is_isolated() {
     assert_eq!(line(&log, "firmware"), "0");
     assert_eq!(line(&log, "sysctl"), "ro");
     assert_eq!(line(&log, "sysctlmount"), "1");
-    // Few superblocks (decision 0060): /dev/shm is a directory of /dev's tmpfs, the masks
-    // show a removed empty directory of it, read-only. Of its own the sandbox mounts one
-    // proc, two tmpfs (/dev, /tmp) and devpts, and sysfs where its network is its own.
+    // Few superblocks (decisions 0060, 0063): /dev, /dev/shm and /tmp are directories of one
+    // tmpfs whose root is mounted nowhere, the masks show a removed empty directory of it,
+    // read-only. Of its own the sandbox mounts one proc, one tmpfs and devpts, and sysfs
+    // where its network is its own. /tmp runs programs, /dev/shm does not.
     assert_eq!(line(&log, "shm"), "1777:w");
     assert_eq!(line(&log, "masksrc"), "gone");
     assert_eq!(line(&log, "acpiwrite"), "no");
-    assert_eq!(line(&log, "fsmounts"), "4");
+    assert_eq!(line(&log, "tmpdev"), "same");
+    assert_eq!(line(&log, "devdirs"), "0");
+    assert_eq!(line(&log, "tmpopts"), "nodev nosuid");
+    assert_eq!(line(&log, "tmpexec"), "ran");
+    assert_eq!(line(&log, "shmexec"), "denied");
+    assert_eq!(line(&log, "fsmounts"), "3");
     // Resource limits and the OOM floor the node set.
     // Resource limits: the defaults, hard ones clamped to the node's own where it may not
     // raise them.
