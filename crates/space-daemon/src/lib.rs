@@ -8,6 +8,7 @@ pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod guest_init;
+pub mod idle;
 pub mod log;
 pub mod netsetup;
 pub mod output;
@@ -62,9 +63,15 @@ where
         }
         Err(e) => tracing::error!(error = %e, "cannot watch SIGCHLD; exits will not be seen"),
     }
+    tokio::spawn(idle::trim_when_idle());
     let svc = GuestServer::new(service::GuestService::new(cfg, procs, started_unix_ms))
         .max_decoding_message_size(space_proto::MAX_MESSAGE_BYTES)
         .max_encoding_message_size(space_proto::MAX_MESSAGE_BYTES);
+    // Every call counts as activity for the idle trim.
+    let svc = tonic::service::interceptor::InterceptedService::new(svc, |req| {
+        idle::note_activity();
+        Ok(req)
+    });
     tonic::transport::Server::builder()
         .add_service(svc)
         .serve_with_incoming(incoming)

@@ -376,6 +376,7 @@ impl Procs {
             st.ring.shrink();
             tracing::debug!(pid = proc.pid, exit = ?st.exit, output_bytes = end, "process finished");
         }
+        crate::idle::note_activity();
         if let Ok(mut input) = proc.input.try_lock() {
             *input = None;
         }
@@ -386,6 +387,7 @@ impl Procs {
         let mut table = self.table();
         if table.get(&proc.pid).is_some_and(|p| Arc::ptr_eq(p, &proc)) {
             table.remove(&proc.pid);
+            crate::idle::note_activity();
         }
     }
 

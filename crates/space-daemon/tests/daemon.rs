@@ -1308,6 +1308,51 @@ async fn concurrent_clients_and_reconnects() {
     }
 }
 
+/// The daemon's anonymous memory (heap, stack, written data), KiB.
+fn rss_anon_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("RssAnon in /proc/PID/status")
+}
+
+/// A burst of work leaves freed memory in the allocator; once nothing has happened for
+/// `TRIM_AFTER` the daemon hands it back (decision 0063), without being asked.
+#[tokio::test]
+async fn an_idle_daemon_gives_back_what_a_burst_freed() {
+    let d = Daemon::start(&[]);
+    let c = d.client().await;
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let mut c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let ev = run(&mut c, req(&["sh", "-c", &format!("seq 1 {}", 2000 + i)])).await;
+            assert_eq!(exit_of(&ev).code, 0);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let busy = rss_anon_kib(d.pid());
+    let deadline = Instant::now() + space_daemon::idle::TRIM_AFTER + Duration::from_secs(8);
+    let mut idle = busy;
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        idle = rss_anon_kib(d.pid());
+        if idle + 256 <= busy {
+            break;
+        }
+    }
+    eprintln!("daemon anonymous memory: {busy} KiB after the burst, {idle} KiB idle");
+    assert!(
+        idle + 256 <= busy,
+        "idle {idle} KiB, after the burst {busy} KiB: nothing was given back"
+    );
+}
+
 /// Exec round trip of `true` (Exec call to Exit event) over one connection: prints the p50.
 #[tokio::test]
 async fn exec_round_trip_latency() {

@@ -387,6 +387,16 @@ pub fn raise_open_file_limit() -> io::Result<Option<u64>> {
     Ok(getrlimit(Resource::Nofile).current)
 }
 
+/// Hands the allocator's free memory back to the kernel (`malloc_trim(0)`: the free top of the
+/// heap and every free page inside it). A no-op where the C library has no such call.
+pub fn release_free_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists, under its own lock.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
