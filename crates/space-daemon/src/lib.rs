@@ -72,6 +72,8 @@ where
         idle::note_activity();
         Ok(req)
     });
+    // A closed connection frees its buffers: activity too.
+    let incoming = futures::StreamExt::map(incoming, |conn| conn.map(idle::Noted));
     tonic::transport::Server::builder()
         .add_service(svc)
         .serve_with_incoming(incoming)
