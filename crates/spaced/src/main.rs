@@ -171,6 +171,10 @@ struct NodeArgs {
     /// metrics; decision 0024). 0 turns sampling off.
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     usage_interval: u64,
+    /// Seconds a namespace sandbox's daemon connection may go unused before it is closed (the
+    /// next call connects again; decision 0064). 0 keeps every connection open.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    guest_idle: u64,
     /// Per-sandbox disk limits (`disk_mib`, decision 0043): `on` turns btrfs simple quotas on
     /// for the volume (Linux 6.7+; a volume with full qgroups keeps them); `off` refuses
     /// creates that ask for a disk limit.
@@ -530,6 +534,7 @@ async fn open_node(
         usage_interval: Duration::from_secs(args.usage_interval),
         disk_quotas: args.disk_quotas == OnOff::On,
         min_free_memory_mib: args.min_free_memory,
+        guest_idle: Duration::from_secs(args.guest_idle),
         ..NodeConfig::default()
     };
     if let Some(ca) = &args.upstream_ca {

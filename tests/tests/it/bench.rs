@@ -318,7 +318,8 @@ fn bench_scale_measures_each_level_plots_and_cleans_up() {
     // no more (decision 0059: no slot socket, no pidfd).
     let fds = levels[1]["fds_per_sandbox"].as_f64().unwrap();
     println!("spaced's open files per sandbox at 500: {fds:.2}");
-    assert!((0.5..=1.5).contains(&fds), "{}", levels[1]);
+    // At most its daemon's channel each; fewer once idle connections close (decision 0064).
+    assert!((0.0..=1.5).contains(&fds), "{}", levels[1]);
     let names: Vec<&str> = r["targets"]
         .as_array()
         .unwrap()

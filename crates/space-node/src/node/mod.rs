@@ -115,6 +115,9 @@ pub struct NodeConfig {
     pub disk_quotas: bool,
     /// MiB of MemAvailable below which new sandboxes are refused (decision 0049); 0: never.
     pub min_free_memory_mib: u64,
+    /// How long a namespace sandbox's daemon connection may go unused before the node closes
+    /// it (decision 0064); the next call connects again. Zero: never. Default 30 s.
+    pub guest_idle: std::time::Duration,
 }
 
 impl Default for NodeConfig {
@@ -137,6 +140,7 @@ impl Default for NodeConfig {
             usage_interval: std::time::Duration::from_secs(5),
             disk_quotas: true,
             min_free_memory_mib: 256,
+            guest_idle: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -160,6 +164,19 @@ pub struct NodeParts {
 struct Entry {
     record: SandboxRecord,
     client: Option<GuestChannel>,
+    /// When `client` was last handed out (or set): a namespace sandbox's connection unused
+    /// for `NodeConfig::guest_idle` is closed (decision 0064).
+    used: std::time::Instant,
+}
+
+impl Entry {
+    fn new(record: SandboxRecord, client: Option<GuestChannel>) -> Entry {
+        Entry {
+            record,
+            client,
+            used: std::time::Instant::now(),
+        }
+    }
 }
 
 pub struct Node {
@@ -334,6 +351,7 @@ impl Node {
         node.start_pool_refill();
         node.start_vm_warm();
         node.start_usage_sampler();
+        node.start_idle_guest_closer();
         Ok(node)
     }
 
@@ -862,13 +880,10 @@ impl Node {
         let id = rec.spec.id.clone();
         rec.launched = Some(launched);
         let status = self.status_of(&rec);
-        self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            id.clone(),
-            Entry {
-                record: rec,
-                client: Some(client),
-            },
-        );
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), Entry::new(rec, Some(client)));
         // Launched only matters while the host is up: no fsync needed.
         if let Err(e) = self.persist(&id, false).await {
             tracing::warn!(id, error = %e, "failed to record the launched init");
@@ -1060,7 +1075,15 @@ impl NodeApi for Node {
             && !self
                 .rt(&entry.record)
                 .is_frozen(entry.record.runtime_name());
-        if running && !snapshots::flush_guest(entry.client.clone()).await {
+        // A namespace sandbox's connection may have been closed for being idle: open one.
+        let client = match entry.client.clone() {
+            None if running => {
+                let sock = self.layout.channel_socket(entry.record.runtime_name());
+                self.connector.connect(&sock).await.ok()
+            }
+            c => c,
+        };
+        if running && !snapshots::flush_guest(client).await {
             tracing::warn!(id, "the guest did not flush its disk before the stop");
         }
         self.rt(&entry.record)
@@ -1114,9 +1137,18 @@ impl NodeApi for Node {
         if let Some(c) = entry.client {
             // tonic's Channel reconnects by itself (through the same socket path) after the
             // connection breaks, so a cached client stays usable.
+            if let Some(e) = self
+                .table
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(id)
+            {
+                e.used = std::time::Instant::now();
+            }
             return Ok(c);
         }
-        // No client (adopt or an earlier connect failed): connect once now.
+        // No client (adopt, an earlier connect failed, or closed for being idle): connect
+        // once now.
         let sock = self.layout.channel_socket(entry.record.runtime_name());
         let client = self
             .connector
@@ -1133,6 +1165,7 @@ impl NodeApi for Node {
             .get_mut(id)
         {
             e.client = Some(client.clone());
+            e.used = std::time::Instant::now();
         }
         Ok(client)
     }
@@ -1401,6 +1434,7 @@ impl NodeApi for Node {
     }
 }
 
+mod idle_guests;
 mod status;
 mod usage;
 

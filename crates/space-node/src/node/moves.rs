@@ -248,13 +248,10 @@ impl Node {
             return Err(e);
         }
         let status = self.status_of(&rec);
-        self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            id.clone(),
-            Entry {
-                record: rec,
-                client: None,
-            },
-        );
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), Entry::new(rec, None));
         tracing::info!(id, template = %spec.template, version = tmpl.version, doing, "sandbox from another node adopted");
         self.sync_record_in_background(&id);
         Ok(status)

@@ -434,20 +434,14 @@ impl Node {
             .instrument(tracing::debug_span!("build.record"))
             .await;
         if let Err(e) = written {
-            let entry = Entry {
-                record: rec,
-                client: Some(client),
-            };
+            let entry = Entry::new(rec, Some(client));
             self.retire(entry).await;
             return Err(e);
         }
         warm_up(&client, &rec.spec.id)
             .instrument(tracing::debug_span!("build.warm_up"))
             .await;
-        Ok(Entry {
-            record: rec,
-            client: Some(client),
-        })
+        Ok(Entry::new(rec, Some(client)))
     }
 
     /// Serves a create from `spec.template`'s pool when it has a ready member of `tmpl`'s
@@ -497,10 +491,10 @@ impl Node {
         member: Entry,
         spec: &SandboxSpec,
     ) -> Result<SandboxStatus, Box<(NodeError, Entry)>> {
-        let Entry { record, client } = member;
+        let Entry { record, client, .. } = member;
         let name = record.spec.id.clone();
         let fail = |e: NodeError, record: SandboxRecord, client| {
-            Err(Box::new((e, Entry { record, client })))
+            Err(Box::new((e, Entry::new(record, client))))
         };
         let (Some(launched), Some(mut guest)) = (
             record.launched.clone(),
@@ -604,13 +598,10 @@ impl Node {
             "pool sandbox personalized"
         );
         let status = self.status_of(&rec);
-        self.table.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            spec.id.clone(),
-            Entry {
-                record: rec,
-                client,
-            },
-        );
+        self.table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(spec.id.clone(), Entry::new(rec, client));
         self.sync_record_in_background(&spec.id);
         Ok(status)
     }

@@ -78,13 +78,7 @@ impl Node {
                         rec.launched.take(),
                     ));
                 }
-                table.insert(
-                    id,
-                    Entry {
-                        record: rec,
-                        client: None,
-                    },
-                );
+                table.insert(id, Entry::new(rec, None));
             }
             // Ranges are only mapped at launch (the rootfs is idmapped, never chowned), so a
             // stopped sandbox whose range collides simply gets a fresh one.

@@ -523,6 +523,32 @@ async fn guest_connects_when_no_client_is_cached() {
     assert_eq!(conn2.connects.lock().unwrap().len(), 2);
 }
 
+/// Decision 0064: a namespace sandbox's connection that no call used for the idle window is
+/// closed; one used within it is kept; the next call connects again.
+#[tokio::test]
+async fn an_idle_guest_connection_is_closed_and_the_next_call_reconnects() {
+    let f = fixture().await;
+    f.node.create_sandbox(&spec("g")).await.unwrap();
+    let connects = || f.conn.connects.lock().unwrap().len();
+    let after_create = connects();
+    f.node.guest("g").await.unwrap();
+    assert_eq!(f.node.close_idle_guests(Duration::from_secs(60)), 0);
+    f.node.guest("g").await.unwrap();
+    assert_eq!(connects(), after_create, "a client in use is kept");
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(f.node.close_idle_guests(Duration::from_millis(50)), 1);
+    assert_eq!(f.node.close_idle_guests(Duration::from_millis(50)), 0);
+    f.node.guest("g").await.unwrap();
+    assert_eq!(connects(), after_create + 1, "the next call connects again");
+    f.node.guest("g").await.unwrap();
+    assert_eq!(connects(), after_create + 1, "and caches the new client");
+    // A stop of a sandbox whose connection was closed connects to flush it first.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(f.node.close_idle_guests(Duration::from_millis(50)), 1);
+    f.node.stop_sandbox("g").await.unwrap();
+    assert_eq!(connects(), after_create + 2);
+}
+
 #[tokio::test]
 async fn import_template_validates_and_versions() {
     let f = fixture().await;
