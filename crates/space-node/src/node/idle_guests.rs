@@ -1,6 +1,6 @@
 //! Idle daemon connections (decision 0064): a namespace sandbox's connection that no call has
 //! used for `NodeConfig::guest_idle` is closed, and the next call connects again. An open
-//! HTTP/2 connection keeps buffers at both ends (about 60 KiB together) and a file descriptor
+//! HTTP/2 connection keeps buffers at both ends (about 45 KiB together) and a file descriptor
 //! in spaced, for every idle sandbox on the node. A microvm's channel is left open: its guest
 //! keeps its disk's page cache, which a stop or snapshot must reach without a reconnect.
 
