@@ -387,6 +387,20 @@ pub fn raise_open_file_limit() -> io::Result<Option<u64>> {
     Ok(getrlimit(Resource::Nofile).current)
 }
 
+/// Bytes the allocator holds free in its arenas (`mallinfo2`'s `fordblks`), which it keeps
+/// until [`release_free_memory`]; None where the C library has no such call.
+pub fn free_heap_bytes() -> Option<usize> {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallinfo2 only reads the allocator's statistics, under its own locks.
+        Some(unsafe { libc::mallinfo2() }.fordblks)
+    }
+    #[cfg(not(target_env = "gnu"))]
+    {
+        None
+    }
+}
+
 /// Hands the allocator's free memory back to the kernel (`malloc_trim(0)`: the free top of the
 /// heap and every free page inside it). A no-op where the C library has no such call.
 pub fn release_free_memory() {

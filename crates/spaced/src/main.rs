@@ -16,6 +16,7 @@ use space_control::{ControlConfig, ControlPlane};
 use space_node::{Node, NodeConfig};
 
 mod daemon_bin;
+mod heap;
 use daemon_bin::daemon_binary;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -470,6 +471,7 @@ async fn main() -> Result<()> {
     if let Err(e) = space_sys::process::raise_open_file_limit() {
         eprintln!("spaced: cannot raise the open file limit: {e}");
     }
+    heap::spawn_trim();
     match cli.role {
         None => all_in_one(cli.all).await,
         Some(Role::Control(c)) => control_role(c).await,
