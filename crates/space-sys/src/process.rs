@@ -387,6 +387,19 @@ pub fn raise_open_file_limit() -> io::Result<Option<u64>> {
     Ok(getrlimit(Resource::Nofile).current)
 }
 
+/// Resident memory of a process (VmRSS in /proc/PID/status).
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vmrss(&s)
+}
+
+/// VmRSS, in bytes, from the text of `/proc/PID/status`.
+pub fn parse_vmrss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Bytes the allocator holds free in its arenas (`mallinfo2`'s `fordblks`), which it keeps
 /// until [`release_free_memory`]; None where the C library has no such call.
 pub fn free_heap_bytes() -> Option<usize> {

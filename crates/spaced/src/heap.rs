@@ -46,10 +46,7 @@ fn trim_if_worth_it() {
 
 /// This process's resident memory, MiB (0 if /proc cannot say).
 fn rss_mib() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| (pages * 4096) >> 20)
+    space_sys::process::rss_bytes(std::process::id()).map_or(0, |b| b >> 20)
 }
 
 #[cfg(test)]

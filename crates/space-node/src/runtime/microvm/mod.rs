@@ -1053,7 +1053,7 @@ impl Runtime for MicrovmRuntime {
         }
         // Unjailed: QEMU's resident memory (guest RAM it touched plus its own).
         let pid = self.inner.tracked.lock().unwrap().get(id)?.pid;
-        qemu::rss_bytes(pid)
+        space_sys::process::rss_bytes(pid)
     }
 
     async fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), RuntimeError> {

@@ -602,15 +602,3 @@ pub fn read_stat(pid: u32) -> io::Result<ProcStat> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat"))?;
     parse_stat(&s).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed stat"))
 }
-
-/// Resident memory of a process (VmRSS in /proc/PID/status).
-pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let s = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    parse_vmrss(&s)
-}
-
-pub fn parse_vmrss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}

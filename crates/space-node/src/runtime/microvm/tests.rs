@@ -6,8 +6,9 @@ use std::process::Command;
 use serde_json::json;
 
 use super::initramfs::{S_IFCHR, S_IFDIR, S_IFREG, build, check_static, load_order};
-use super::qemu::{Marker, parse_marker, parse_stat, parse_vmrss, port_opened};
+use super::qemu::{Marker, parse_marker, parse_stat, port_opened};
 use super::*;
+use space_sys::process::parse_vmrss;
 
 // ---- command line ------------------------------------------------------------------------
 
