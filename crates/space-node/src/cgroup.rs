@@ -6,6 +6,7 @@
 //! mounts it apart from `cpu`, for CPU usage), v2 `<root>/<parent>/<id>`.
 //! A zero limit means "no limit".
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
@@ -55,8 +56,8 @@ pub trait CgroupManager: Send + Sync + std::fmt::Debug {
     fn remove(&self, id: &str) -> Result<(), CgroupError>;
     /// Freeze or thaw every process of the sandbox (returns once the state is reached).
     fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), CgroupError>;
-    /// Whether the sandbox's cgroup is frozen now (read from the kernel, so it survives a
-    /// node restart). `None` when unknown (no such cgroup).
+    /// Whether the sandbox's cgroup is frozen now (read from the kernel the first time, so it
+    /// survives a node restart). `None` when unknown (no such cgroup).
     fn is_frozen(&self, _id: &str) -> Option<bool> {
         None
     }
@@ -103,6 +104,10 @@ pub struct LinuxCgroups {
     /// v2: the controllers of [`V2_CONTROLLERS`] the host offers (limits of the others are
     /// skipped). v1: [`V1_CONTROLLERS`], plus `cpuacct` when it is mounted on its own.
     enabled: Vec<&'static str>,
+    /// The freezer state of each sandbox as last written by [`CgroupManager::set_frozen`] or
+    /// first read from the kernel. Only this process writes it, and the reconciler's pass
+    /// asks every sandbox's: a map lookup instead of a file read each (decision 0066).
+    frozen: Mutex<HashMap<String, bool>>,
 }
 
 fn io_err(op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> CgroupError {
@@ -156,6 +161,7 @@ impl LinuxCgroups {
             parent: parent.to_owned(),
             version,
             enabled: Vec::new(),
+            frozen: Mutex::new(HashMap::new()),
         };
         me.init_parent()?;
         Ok(me)
@@ -251,6 +257,99 @@ impl LinuxCgroups {
         }
     }
 
+    /// Drops the remembered freezer state of `id`: the next [`CgroupManager::is_frozen`]
+    /// reads the kernel.
+    fn forget_frozen(&self, id: &str) {
+        self.frozen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+    }
+
+    fn read_frozen(&self, id: &str) -> Option<bool> {
+        match self.version {
+            CgroupVersion::V1 => {
+                let s = fs::read_to_string(self.v1("freezer", id).join("freezer.state")).ok()?;
+                // FREEZING counts as frozen: a pause was asked for and not undone.
+                Some(s.trim() != "THAWED")
+            }
+            CgroupVersion::V2 => {
+                let s = fs::read_to_string(self.v2(id).join("cgroup.freeze")).ok()?;
+                Some(s.trim() == "1")
+            }
+        }
+    }
+
+    /// Writes the freezer state and waits (5 s at most) until the kernel has reached it.
+    fn write_frozen(&self, id: &str, frozen: bool) -> Result<(), CgroupError> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        match self.version {
+            CgroupVersion::V1 => {
+                let state = self.v1("freezer", id).join("freezer.state");
+                let want = if frozen { "FROZEN" } else { "THAWED" };
+                write(&state, want)?;
+                self.wait_state(&state, want, deadline)
+            }
+            CgroupVersion::V2 => {
+                let d = self.v2(id);
+                write(&d.join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
+                self.wait_state(
+                    &d.join("cgroup.events"),
+                    if frozen { "frozen 1" } else { "frozen 0" },
+                    deadline,
+                )
+            }
+        }
+    }
+
+    /// [`CgroupManager::kill_all`]'s work.
+    fn kill_everything(&self, id: &str, timeout: Duration) -> Result<(), CgroupError> {
+        let deadline = Instant::now() + timeout;
+        let dir = self.procs_dir(id);
+        if !dir.exists() {
+            return Ok(());
+        }
+        let mut pause = Duration::from_micros(200);
+        loop {
+            let procs = self.procs(id)?;
+            if procs.is_empty() {
+                return Ok(());
+            }
+            match self.version {
+                CgroupVersion::V2 => {
+                    let kill = dir.join("cgroup.kill");
+                    if kill.exists() {
+                        write(&kill, "1")?;
+                    } else {
+                        for pid in &procs {
+                            let _ = rustix::process::kill_process(
+                                rustix::process::Pid::from_raw(*pid)
+                                    .ok_or_else(|| CgroupError::Busy(dir.clone()))?,
+                                rustix::process::Signal::KILL,
+                            );
+                        }
+                    }
+                }
+                CgroupVersion::V1 => {
+                    // Freeze so nothing forks while we kill, kill, thaw so the kills land.
+                    let state = dir.join("freezer.state");
+                    let _ = write(&state, "FROZEN");
+                    for pid in self.procs(id)? {
+                        if let Some(p) = rustix::process::Pid::from_raw(pid) {
+                            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                        }
+                    }
+                    let _ = write(&state, "THAWED");
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(CgroupError::Busy(dir));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
     fn wait_state(&self, path: &Path, want: &str, deadline: Instant) -> Result<(), CgroupError> {
         let mut pause = Duration::from_micros(200);
         loop {
@@ -270,6 +369,7 @@ impl LinuxCgroups {
 impl CgroupManager for LinuxCgroups {
     fn create(&self, id: &str, limits: &Limits) -> Result<(), CgroupError> {
         valid_name(id)?;
+        self.forget_frozen(id);
         let (mem, cpu, pids) = limit_values(limits);
         match self.version {
             CgroupVersion::V1 => {
@@ -345,54 +445,17 @@ impl CgroupManager for LinuxCgroups {
 
     fn kill_all(&self, id: &str, timeout: Duration) -> Result<(), CgroupError> {
         valid_name(id)?;
-        let deadline = Instant::now() + timeout;
-        let dir = self.procs_dir(id);
-        if !dir.exists() {
-            return Ok(());
-        }
-        let mut pause = Duration::from_micros(200);
-        loop {
-            let procs = self.procs(id)?;
-            if procs.is_empty() {
-                return Ok(());
-            }
-            match self.version {
-                CgroupVersion::V2 => {
-                    let kill = dir.join("cgroup.kill");
-                    if kill.exists() {
-                        write(&kill, "1")?;
-                    } else {
-                        for pid in &procs {
-                            let _ = rustix::process::kill_process(
-                                rustix::process::Pid::from_raw(*pid)
-                                    .ok_or_else(|| CgroupError::Busy(dir.clone()))?,
-                                rustix::process::Signal::KILL,
-                            );
-                        }
-                    }
-                }
-                CgroupVersion::V1 => {
-                    // Freeze so nothing forks while we kill, kill, thaw so the kills land.
-                    let state = dir.join("freezer.state");
-                    let _ = write(&state, "FROZEN");
-                    for pid in self.procs(id)? {
-                        if let Some(p) = rustix::process::Pid::from_raw(pid) {
-                            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
-                        }
-                    }
-                    let _ = write(&state, "THAWED");
-                }
-            }
-            if Instant::now() > deadline {
-                return Err(CgroupError::Busy(dir));
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
-        }
+        // It freezes and thaws (v1) behind set_frozen's back: a state read meanwhile is
+        // not kept.
+        self.forget_frozen(id);
+        let killed = self.kill_everything(id, timeout);
+        self.forget_frozen(id);
+        killed
     }
 
     fn remove(&self, id: &str) -> Result<(), CgroupError> {
         valid_name(id)?;
+        self.forget_frozen(id);
         let deadline = Instant::now() + Duration::from_secs(2);
         for d in self.dirs(id) {
             let mut pause = Duration::from_micros(200);
@@ -416,39 +479,30 @@ impl CgroupManager for LinuxCgroups {
 
     fn set_frozen(&self, id: &str, frozen: bool) -> Result<(), CgroupError> {
         valid_name(id)?;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        match self.version {
-            CgroupVersion::V1 => {
-                let state = self.v1("freezer", id).join("freezer.state");
-                let want = if frozen { "FROZEN" } else { "THAWED" };
-                write(&state, want)?;
-                self.wait_state(&state, want, deadline)
-            }
-            CgroupVersion::V2 => {
-                let d = self.v2(id);
-                write(&d.join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
-                self.wait_state(
-                    &d.join("cgroup.events"),
-                    if frozen { "frozen 1" } else { "frozen 0" },
-                    deadline,
-                )
-            }
+        // Forgotten while it changes, so a reader meanwhile asks the kernel; remembered once
+        // reached. A reader that read the old state stores it under the map's lock, before
+        // this store can take it: the last store is this one.
+        self.forget_frozen(id);
+        let reached = self.write_frozen(id, frozen);
+        if reached.is_ok() {
+            self.frozen
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.to_owned(), frozen);
         }
+        reached
     }
 
     fn is_frozen(&self, id: &str) -> Option<bool> {
         valid_name(id).ok()?;
-        match self.version {
-            CgroupVersion::V1 => {
-                let s = fs::read_to_string(self.v1("freezer", id).join("freezer.state")).ok()?;
-                // FREEZING counts as frozen: a pause was asked for and not undone.
-                Some(s.trim() != "THAWED")
-            }
-            CgroupVersion::V2 => {
-                let s = fs::read_to_string(self.v2(id).join("cgroup.freeze")).ok()?;
-                Some(s.trim() == "1")
-            }
+        let mut known = self.frozen.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&f) = known.get(id) {
+            return Some(f);
         }
+        // Read and stored under the lock (see set_frozen).
+        let f = self.read_frozen(id)?;
+        known.insert(id.to_owned(), f);
+        Some(f)
     }
 
     fn memory_bytes(&self, id: &str) -> Option<u64> {
@@ -648,6 +702,36 @@ mod tests {
                 "4242"
             );
         }
+    }
+
+    /// The freezer state is read from the kernel once, then known from what this process
+    /// writes (decision 0066); what could change it behind set_frozen's back forgets it.
+    #[test]
+    fn the_freezer_state_is_read_once_then_known() {
+        let t = fake_v1_root();
+        let cg = LinuxCgroups::detect(t.path(), "space").unwrap();
+        assert_eq!(cg.is_frozen("sb3"), None, "no cgroup, nothing known");
+        cg.create("sb3", &Limits::default()).unwrap();
+        let state = t.path().join("freezer/space/sb3/freezer.state");
+        fs::write(&state, "THAWED\n").unwrap();
+        assert_eq!(cg.is_frozen("sb3"), Some(false));
+        // Known now: a change nobody made through set_frozen is not read again...
+        fs::write(&state, "FROZEN\n").unwrap();
+        assert_eq!(cg.is_frozen("sb3"), Some(false));
+        // ...and what set_frozen reached is what is known.
+        cg.set_frozen("sb3", true).unwrap();
+        assert_eq!(read(&state), "FROZEN");
+        assert_eq!(cg.is_frozen("sb3"), Some(true));
+        cg.set_frozen("sb3", false).unwrap();
+        assert_eq!(cg.is_frozen("sb3"), Some(false));
+        // kill_all freezes and thaws on its own: the kernel is asked again after it.
+        fs::write(&state, "FROZEN\n").unwrap();
+        cg.kill_all("sb3", Duration::from_secs(1)).unwrap();
+        assert_eq!(cg.is_frozen("sb3"), Some(true));
+        // A state set_frozen could not reach is not remembered either.
+        fs::remove_dir_all(t.path().join("freezer/space/sb3")).unwrap();
+        assert!(cg.set_frozen("sb3", false).is_err());
+        assert_eq!(cg.is_frozen("sb3"), None);
     }
 
     #[test]

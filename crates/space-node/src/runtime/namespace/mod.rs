@@ -135,6 +135,10 @@ struct Inner {
     boundary: Boundary,
     dev_null: OwnedFd,
     tracked: Mutex<HashMap<String, Tracked>>,
+    /// pid → start time of every tracked init not reaped yet: [`Runtime::alive`] answers for
+    /// these with one `waitid` instead of reading `/proc/PID/stat` (decision 0066). Locked
+    /// after `tracked` when both are held.
+    own: Mutex<HashMap<u32, u64>>,
     /// The mount namespace inits are cloned from (made at the first launch; None when it
     /// could not be made: they are cloned from the node's own then). Decision 0053.
     launcher: std::sync::OnceLock<Option<OwnedFd>>,
@@ -195,7 +199,13 @@ impl NamespaceRuntime {
             && matches!(ns::waitid_pidfd(pidfd.as_fd(), libc::WNOHANG), Ok(Some(_)))
         {
             t.reaped = true;
+            self.inner.own.lock().unwrap().remove(&pid);
         }
+    }
+
+    /// Whether `l` is the init of a tracked sandbox, our own child not reaped yet.
+    fn is_own(&self, l: &Launched) -> bool {
+        self.inner.own.lock().unwrap().get(&l.init_pid) == Some(&l.start_time)
     }
 }
 
@@ -264,6 +274,7 @@ impl NamespaceRuntime {
                 boundary,
                 dev_null: dev_null.into(),
                 tracked: Mutex::new(HashMap::new()),
+                own: Mutex::new(HashMap::new()),
                 launcher: std::sync::OnceLock::new(),
             }),
         })
@@ -559,6 +570,13 @@ impl Runtime for NamespaceRuntime {
                 reaped: false,
             },
         );
+        {
+            let mut own = self.inner.own.lock().unwrap();
+            if let Some(old) = old.as_ref().filter(|o| !o.reaped) {
+                own.remove(&old.pid);
+            }
+            own.insert(launched.init_pid, launched.start_time);
+        }
         if let Some(old) = old.filter(|o| !o.reaped) {
             // A relaunch of a live id: the old init must not linger unowned.
             tokio::spawn(kill_and_reap(old.pid, Duration::MAX));
@@ -580,6 +598,7 @@ impl Runtime for NamespaceRuntime {
         if let Some(t) = tracked {
             // No longer in the map, so `alive` will not reap it: this does.
             if !t.reaped {
+                self.inner.own.lock().unwrap().remove(&t.pid);
                 kill_and_reap(t.pid, timeout).await;
             }
             match fs::remove_file(&t.socket) {
@@ -605,6 +624,19 @@ impl Runtime for NamespaceRuntime {
     }
 
     fn alive(&self, launched: &Launched) -> bool {
+        // Our own unreaped child keeps its pid until we reap it: one waitid, no /proc
+        // lookup, which the reconciler's pass would do for every sandbox (decision 0066).
+        if self.is_own(launched) {
+            match ns::child_exited(launched.init_pid) {
+                Ok(false) => return true,
+                Ok(true) => {
+                    self.reap(launched.init_pid);
+                    return false;
+                }
+                // Not ours after all (reaped meanwhile): /proc says.
+                Err(_) => {}
+            }
+        }
         match read_stat(launched.init_pid) {
             Ok(st) if st.start_time == launched.start_time => {
                 if st.state == 'Z' {

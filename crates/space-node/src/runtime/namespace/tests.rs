@@ -564,6 +564,9 @@ async fn real_destroy_kills_every_process_and_adopted_inits() {
         ..launched.clone()
     };
     assert!(!restarted.alive(&wrong));
+    // The launching instance answers from its own child (decision 0066), the same way.
+    assert!(rt.alive(&launched));
+    assert!(!rt.alive(&wrong));
     restarted.destroy("sbreal3", Some(&launched)).await.unwrap();
     // Our first instance still reaps its child (its exit watcher): no zombie is left.
     let deadline = Instant::now() + Duration::from_secs(5);
