@@ -41,7 +41,11 @@ pub const PLACE_TRIES: usize = 20;
 /// Calls of one create on its node while the node, though unreachable, is not lost (a
 /// connection refused or slow to open on a loaded node). Every node operation is idempotent
 /// on the sandbox id, so a call that may have reached the node is safe to send again.
-const CREATE_CALLS: usize = 3;
+const CREATE_CALLS: usize = 4;
+
+/// The pause before the second call of [`CREATE_CALLS`], doubled before each next one: a
+/// node slow to open connections because it is loaded gets a moment to catch up.
+const CREATE_RETRY_PAUSE: Duration = Duration::from_millis(250);
 
 /// How old the members' reports may be when a create is placed (they are read again at
 /// every reconcile pass as well).
@@ -845,6 +849,7 @@ impl NodeApi for ClusterNodes {
                     if call < CREATE_CALLS && !self.is_lost(&node_id) =>
                 {
                     tracing::warn!(sandbox = %spec.id, node = %node_id, error = %e, call, "create: node unreachable; calling again");
+                    tokio::time::sleep(CREATE_RETRY_PAUSE * (1 << (call - 1))).await;
                     call += 1;
                 }
                 answer => return answer,
