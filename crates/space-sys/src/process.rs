@@ -3,7 +3,8 @@
 //! - Child-side spawn hooks (`pre_exec` closures) as safe functions over `std::process::Command`:
 //!   a new session with an optional controlling terminal, and a credential switch.
 //! - Taking ownership of an inherited file descriptor (the daemon's channel socket).
-//! - Bringing up the loopback interface, sending signals.
+//! - Bringing up the loopback interface, sending signals; whether an own child has exited
+//!   without reaping it (spaced's liveness check of the inits it launched).
 //! - Harmless "is this denied?" probes used by space-probe. Each probe returns `Ok(())` when
 //!   the kernel let the call through (isolation broken) and the OS error otherwise. Every
 //!   probe is built so that a successful call has no lasting effect (invalid magic numbers,
@@ -424,6 +425,34 @@ pub fn release_free_memory() {
     }
 }
 
+/// Whether our own child `pid` has exited, without reaping it: `waitid(P_PID, pid, WEXITED |
+/// WNOHANG | WNOWAIT)`, one system call and no `/proc` lookup (decision 0066). An error
+/// (`ECHILD`) means `pid` is not our unreaped child.
+pub fn child_exited(pid: u32) -> io::Result<bool> {
+    loop {
+        // SAFETY: siginfo_t is plain data, zeroed so si_pid reads 0 when nothing exited.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `info` is a live, writable siginfo_t.
+        let r = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        if r == -1 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: waitid filled `info` or left it zeroed.
+        return Ok(unsafe { info.si_pid() } != 0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -468,5 +497,33 @@ mod tests {
     fn take_inherited_fd_refuses_stdio_and_closed() {
         assert!(take_inherited_fd(1).is_err());
         assert!(take_inherited_fd(987_654).is_err());
+    }
+}
+
+#[cfg(test)]
+mod child_exited_tests {
+    use super::child_exited;
+
+    /// Running, then exited but left for its owner to reap, then gone; a pid that is not
+    /// ours is an error, never an answer.
+    #[test]
+    fn an_exit_is_seen_without_reaping_the_child() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        assert!(!child_exited(pid).unwrap());
+        // SAFETY: plain integer arguments, our own unreaped child.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !child_exited(pid).unwrap() {
+            assert!(std::time::Instant::now() < deadline, "no exit seen in 10 s");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Still the owner's to reap, with its status.
+        assert!(child.wait().unwrap().code().is_none());
+        assert!(child_exited(pid).is_err());
+        assert!(child_exited(1).is_err());
     }
 }

@@ -627,7 +627,7 @@ impl Runtime for NamespaceRuntime {
         // Our own unreaped child keeps its pid until we reap it: one waitid, no /proc
         // lookup, which the reconciler's pass would do for every sandbox (decision 0066).
         if self.is_own(launched) {
-            match ns::child_exited(launched.init_pid) {
+            match space_sys::process::child_exited(launched.init_pid) {
                 Ok(false) => return true,
                 Ok(true) => {
                     self.reap(launched.init_pid);
