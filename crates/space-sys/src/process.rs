@@ -429,28 +429,12 @@ pub fn release_free_memory() {
 /// WNOHANG | WNOWAIT)`, one system call and no `/proc` lookup (decision 0066). An error
 /// (`ECHILD`) means `pid` is not our unreaped child.
 pub fn child_exited(pid: u32) -> io::Result<bool> {
-    loop {
-        // SAFETY: siginfo_t is plain data, zeroed so si_pid reads 0 when nothing exited.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `info` is a live, writable siginfo_t.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-            )
-        };
-        if r == -1 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        // SAFETY: waitid filled `info` or left it zeroed.
-        return Ok(unsafe { info.si_pid() } != 0);
-    }
+    let exited = crate::ns::waitid(
+        libc::P_PID,
+        pid as libc::id_t,
+        libc::WNOHANG | libc::WNOWAIT,
+    )?;
+    Ok(exited.is_some())
 }
 
 #[cfg(test)]
@@ -498,11 +482,6 @@ mod tests {
         assert!(take_inherited_fd(1).is_err());
         assert!(take_inherited_fd(987_654).is_err());
     }
-}
-
-#[cfg(test)]
-mod child_exited_tests {
-    use super::child_exited;
 
     /// Running, then exited but left for its owner to reap, then gone; a pid that is not
     /// ours is an error, never an answer.

@@ -780,18 +780,21 @@ pub fn waitid_pidfd(pidfd: BorrowedFd<'_>, extra: c_int) -> io::Result<Option<i3
 /// [`waitid_pidfd`] with how the child ended: `(si_code, si_status)`, the code one of
 /// `CLD_EXITED`, `CLD_KILLED` or `CLD_DUMPED`.
 fn waitid_full(pidfd: BorrowedFd<'_>, extra: c_int) -> io::Result<Option<(i32, i32)>> {
+    waitid(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t, extra)
+}
+
+/// `waitid(idtype, id, WEXITED | extra)`, retried on `EINTR`: `(si_code, si_status)` of a
+/// child that exited, `None` under `WNOHANG` when none has.
+pub(crate) fn waitid(
+    idtype: libc::idtype_t,
+    id: libc::id_t,
+    extra: c_int,
+) -> io::Result<Option<(i32, i32)>> {
     loop {
         // SAFETY: siginfo_t is plain data, zeroed so si_pid reads 0 when nothing was waited.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: `info` is a live, writable siginfo_t.
-        let r = unsafe {
-            libc::waitid(
-                libc::P_PIDFD,
-                pidfd.as_raw_fd() as libc::id_t,
-                &mut info,
-                libc::WEXITED | extra,
-            )
-        };
+        let r = unsafe { libc::waitid(idtype, id, &mut info, libc::WEXITED | extra) };
         if r == -1 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
