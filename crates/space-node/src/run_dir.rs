@@ -17,6 +17,10 @@ pub const DEFAULT_DATA_DIR: &str = "/var/lib/space";
 /// The run dir of [`DEFAULT_DATA_DIR`]; other data dirs get `/run/space-<hash>`.
 pub const DEFAULT_RUN_DIR: &str = "/run/space";
 const LOCK_FILE: &str = "node.lock";
+/// How long a node waits for the lock when the node named in it is dead: a child it forked
+/// (a sandbox init before its exec) holds the lock's open file until it execs or exits, so a
+/// node restarted at once after a kill -9 may find it held for a moment.
+const DEAD_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The run dir of a node whose data dir is `data_dir`: `/run/space` for `/var/lib/space`,
 /// else `/run/space-` and 12 hex digits of the SHA-256 of the data dir's absolute path
@@ -56,6 +60,30 @@ impl RunDirLock {
     /// Creates `run_dir` if needed and locks it, writing this process's pid and `data_dir`
     /// into the lock file for the message a second node would get.
     pub fn acquire(run_dir: &Path, data_dir: &Path) -> Result<RunDirLock, RunDirError> {
+        Self::acquire_within(run_dir, data_dir, DEAD_HOLDER_WAIT)
+    }
+
+    /// [`acquire`](Self::acquire), waiting at most `dead_wait` while the node named in the
+    /// lock file is no longer alive.
+    fn acquire_within(
+        run_dir: &Path,
+        data_dir: &Path,
+        dead_wait: std::time::Duration,
+    ) -> Result<RunDirLock, RunDirError> {
+        let deadline = std::time::Instant::now() + dead_wait;
+        loop {
+            match Self::try_acquire(run_dir, data_dir) {
+                Err(RunDirError::Held { holder, .. })
+                    if holder_is_dead(&holder) && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                done => return done,
+            }
+        }
+    }
+
+    fn try_acquire(run_dir: &Path, data_dir: &Path) -> Result<RunDirLock, RunDirError> {
         let path = run_dir.join(LOCK_FILE);
         let io = |source| RunDirError::Io {
             path: path.clone(),
@@ -99,9 +127,20 @@ impl RunDirLock {
     }
 }
 
+/// Whether the node named in a lock file's text (`pid N, data dir D`) is gone.
+fn holder_is_dead(holder: &str) -> bool {
+    let pid = holder
+        .strip_prefix("pid ")
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse::<i32>().ok())
+        .and_then(rustix::process::Pid::from_raw);
+    pid.is_some_and(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn run_dirs_follow_data_dirs() {
@@ -134,5 +173,42 @@ mod tests {
         );
         drop(first);
         RunDirLock::acquire(&run, Path::new("/data/two")).unwrap();
+    }
+
+    /// A lock still held after its node died (by a child of that node, here another open of
+    /// the file) is waited for, not refused at once; one that stays held is refused.
+    #[test]
+    fn a_dead_nodes_lock_is_waited_for() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run");
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let dead = gone.id();
+        gone.wait().unwrap();
+        let first = RunDirLock::acquire(&run, Path::new("/data/old")).unwrap();
+        fs::write(
+            run.join(LOCK_FILE),
+            format!("pid {dead}, data dir /data/old\n"),
+        )
+        .unwrap();
+        // Held for good: refused once the wait is over, naming the dead node.
+        let err =
+            RunDirLock::acquire_within(&run, Path::new("/data/new"), Duration::from_millis(200))
+                .unwrap_err();
+        assert!(err.to_string().contains(&format!("pid {dead}")), "{err}");
+        // Let go of 300 ms later: taken.
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(first);
+        });
+        // (A live holder is refused at once: a_second_holder_is_refused_with_the_first_ones_name.)
+        let t0 = std::time::Instant::now();
+        RunDirLock::acquire(&run, Path::new("/data/new")).unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(250));
+        t.join().unwrap();
+        assert!(!holder_is_dead(&format!(
+            "pid {}, data dir /d",
+            std::process::id()
+        )));
+        assert!(!holder_is_dead("pid unknown"));
     }
 }
